@@ -1,0 +1,42 @@
+"""Leaf data types that cross the runner/model seam: one batch of tokens from many sequences.
+
+Tensor layout, stated once for the whole engine: activations are (T, C) with T the tokens of a
+batch in order; attention heads are (T, H, D); the KV cache stores (H_kv, cells, D) per layer.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Tokens to run through the model in one forward pass.
+
+    tokens, positions and sequences have one entry per token of the batch; outputs lists the
+    indices (into tokens) whose logits the caller wants, in the order the logits come back.
+    """
+
+    tokens: tuple[int, ...]
+    positions: tuple[int, ...]
+    sequences: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if n == 0 or len(self.positions) != n or len(self.sequences) != n:
+            raise ValueError("a batch needs one position and one sequence per token, and a token")
+        if any(not 0 <= i < n for i in self.outputs):
+            raise ValueError("batch outputs must index tokens of the batch")
+
+    @classmethod
+    def single(cls, tokens: list[int], start: int, *, seq: int = 0) -> "Batch":
+        """One sequence's tokens at positions start.., with logits of the last token only."""
+        n = len(tokens)
+        return cls(
+            tokens=tuple(tokens),
+            positions=tuple(range(start, start + n)),
+            sequences=(seq,) * n,
+            outputs=(n - 1,),
+        )
+
+    def __len__(self) -> int:
+        return len(self.tokens)

@@ -1,0 +1,44 @@
+"""The Cache seam between models (put/get per layer) and the runner (cells, sequences, shifts)."""
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from ember.batch import Batch
+from ember.errors import EmberError
+
+# Re-rotates stored keys after positions move: (layer, keys (H_kv, n, D), delta (n,)) -> keys.
+ShiftFn = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class CacheFullError(EmberError):
+    """No free cells are left for the tokens of a batch."""
+
+
+class Cache(Protocol):
+    # --- used by models ---
+    def set_layer(self, layer: int) -> None:
+        """Selects the layer that the next put and get act on."""
+
+    def put(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Stores the batch's keys and values (T, H_kv, D) of the current layer."""
+
+    def get(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Keys, values (H_kv, S, D) visible to the batch, and an additive mask (T, S) or None."""
+
+    # --- used by the runner ---
+    def init(self, *, max_sequences: int, capacity: int, max_batch: int) -> None:
+        """Sizes the cell pool: capacity tokens for each of max_sequences sequences."""
+
+    def start_forward(self, batch: Batch, *, reserve: bool = False) -> None:
+        """Places the batch's tokens in free cells and builds the masks for this forward pass."""
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Makes dst share src's cells for positions below length (no data is copied)."""
+
+    def remove(self, seq: int, begin: int, end: int | None) -> None:
+        """Drops seq's positions in [begin, end) and shifts later ones down (None: to the end)."""
+
+    def can_resume(self, seq: int, pos: int) -> bool:
+        """Whether seq can continue from pos with what the cache still holds."""

@@ -1,0 +1,45 @@
+"""A cache per layer type (e.g. sliding-window and global layers), behind one Cache."""
+
+from collections.abc import Sequence
+
+import torch
+
+from ember.batch import Batch
+from ember.kvcache.base import Cache
+
+
+class WrapperCache:
+    def __init__(self, caches: Sequence[Cache], layer_types: Sequence[int]) -> None:
+        """layer_types[i] is the index in caches of the cache that layer i uses."""
+        self.caches = list(caches)
+        self.layer_types = list(layer_types)
+        self.current = self.caches[0]
+
+    def init(self, *, max_sequences: int, capacity: int, max_batch: int) -> None:
+        for c in self.caches:
+            c.init(max_sequences=max_sequences, capacity=capacity, max_batch=max_batch)
+
+    def start_forward(self, batch: Batch, *, reserve: bool = False) -> None:
+        for c in self.caches:
+            c.start_forward(batch, reserve=reserve)
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        for c in self.caches:
+            c.copy_prefix(src, dst, length)
+
+    def remove(self, seq: int, begin: int, end: int | None) -> None:
+        for c in self.caches:
+            c.remove(seq, begin, end)
+
+    def can_resume(self, seq: int, pos: int) -> bool:
+        return all(c.can_resume(seq, pos) for c in self.caches)
+
+    def set_layer(self, layer: int) -> None:
+        self.current = self.caches[self.layer_types[layer]]
+        self.current.set_layer(layer)
+
+    def put(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        self.current.put(key, value)
+
+    def get(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return self.current.get()

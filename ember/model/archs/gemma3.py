@@ -1,0 +1,149 @@
+"""Gemma 3 (text): sliding-window layers with a local RoPE base, a global layer every sixth,
+q/k norms, post-norms around attention and MLP, GELU-tanh MLP, embeddings scaled by sqrt(hidden).
+
+The GGUF's norm weights already include Gemma's +1, so they are used as plain RMSNorm weights.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ember.batch import Batch
+from ember.gguf import GGUFFile
+from ember.kvcache import Cache, CausalCache, WrapperCache
+from ember.model.config import Config
+from ember.model.registry import register
+from ember.model.weights import Weights
+from ember.nn import RoPE, attention, rms_norm
+
+SLIDING, GLOBAL = 0, 1
+LOCAL_ROPE_BASE = 10_000.0  # not in the file: Gemma 3's default
+GLOBAL_EVERY = 6  # layers with (i + 1) % 6 == 0 attend globally (not in the file either)
+
+
+@dataclass(frozen=True, slots=True)
+class Gemma3Options:
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn: int
+    eps: float
+    window: int
+    context_length: int
+    query_scale: float
+    local_rope: RoPE
+    global_rope: RoPE
+
+    @classmethod
+    def from_config(cls, c: Config) -> "Gemma3Options":
+        hidden, num_heads = c.uint("embedding_length"), c.uint("attention.head_count")
+        num_layers, head_dim = c.uint("block_count", maximum=1024), c.uint("attention.key_length")
+        # Gemma 3 27B (62 layers) scales queries by hidden/heads instead of the head size.
+        query_dim = hidden // num_heads if num_layers == 62 else head_dim
+        scale = c.float("rope.scaling.factor", 1.0)
+        return cls(
+            num_layers=num_layers,
+            hidden=hidden,
+            num_heads=num_heads,
+            num_kv_heads=c.uint("attention.head_count_kv", num_heads),
+            head_dim=head_dim,
+            ffn=c.uint("feed_forward_length"),
+            eps=c.float("attention.layer_norm_rms_epsilon", 1e-6),
+            window=c.uint("attention.sliding_window", 4096, maximum=1 << 28),
+            context_length=c.uint("context_length", 32768, maximum=1 << 28),
+            query_scale=query_dim**-0.5,
+            local_rope=RoPE(head_dim, c.float("rope.local.freq_base", LOCAL_ROPE_BASE), True),
+            global_rope=RoPE(head_dim, c.float("rope.freq_base", 1_000_000.0), True, scale),
+        )
+
+    def layer_type(self, i: int) -> int:
+        return GLOBAL if (i + 1) % GLOBAL_EVERY == 0 else SLIDING
+
+
+class Block:
+    def __init__(self, w: Weights, i: int, o: Gemma3Options) -> None:
+        p = f"blk.{i}."
+        self.is_global = o.layer_type(i) == GLOBAL
+        self.splits = [o.num_heads * o.head_dim, *[o.num_kv_heads * o.head_dim] * 2]
+        self.attn_norm = w.tensor(p + "attn_norm.weight", (o.hidden,))
+        self.attn_qkv = w.fused(
+            [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], self.splits, o.hidden
+        )
+        self.attn_q_norm = w.tensor(p + "attn_q_norm.weight", (o.head_dim,))
+        self.attn_k_norm = w.tensor(p + "attn_k_norm.weight", (o.head_dim,))
+        self.attn_output = w.linear(p + "attn_output.weight", o.hidden, o.num_heads * o.head_dim)
+        self.post_attention_norm = w.tensor(p + "post_attention_norm.weight", (o.hidden,))
+        self.ffn_norm = w.tensor(p + "ffn_norm.weight", (o.hidden,))
+        self.ffn_gate_up = w.fused(
+            [p + "ffn_gate.weight", p + "ffn_up.weight"], [o.ffn, o.ffn], o.hidden
+        )
+        self.ffn_down = w.linear(p + "ffn_down.weight", o.hidden, o.ffn)
+        self.post_ffw_norm = w.tensor(p + "post_ffw_norm.weight", (o.hidden,))
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        ropes: dict[int, tuple[torch.Tensor, ...]],
+        cache: Cache,
+        o: Gemma3Options,
+        outputs: torch.Tensor | None,
+    ) -> torch.Tensor:
+        rope = o.global_rope if self.is_global else o.local_rope
+        cos_sin = ropes[GLOBAL if self.is_global else SLIDING]
+        q, k, v = self.attn_qkv(rms_norm(x, self.attn_norm, o.eps)).split(self.splits, dim=-1)
+        q = rms_norm(q.unflatten(-1, (o.num_heads, o.head_dim)), self.attn_q_norm, o.eps)
+        k = rms_norm(k.unflatten(-1, (o.num_kv_heads, o.head_dim)), self.attn_k_norm, o.eps)
+        q, k = rope.apply(q, *cos_sin), rope.apply(k, *cos_sin)
+        v = v.unflatten(-1, (o.num_kv_heads, o.head_dim))
+        h = attention(q, k, v, cache, scale=o.query_scale)
+        if outputs is not None:
+            h, x = h[outputs], x[outputs]
+        x = x + rms_norm(self.attn_output(h), self.post_attention_norm, o.eps)
+        gate, up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps)).chunk(2, dim=-1)
+        mlp = self.ffn_down(F.gelu(gate, approximate="tanh") * up)
+        return x + rms_norm(mlp, self.post_ffw_norm, o.eps)
+
+
+@register("gemma3")
+class Gemma3:
+    def __init__(self, gguf: GGUFFile, config: Config) -> None:
+        w = Weights(gguf)
+        o = self.options = Gemma3Options.from_config(config)
+        self.vocab_size = w.vocab_size()
+        self.context_length = o.context_length
+        self.token_embd = w.embedding("token_embd.weight", self.vocab_size, o.hidden)
+        self.blocks = [Block(w, i, o) for i in range(o.num_layers)]
+        self.output_norm = w.tensor("output_norm.weight", (o.hidden,))
+        self.output = (
+            w.linear("output.weight", self.vocab_size, o.hidden)
+            if w.has("output.weight")
+            else self.token_embd.as_linear()
+        )
+
+    def make_cache(self) -> Cache:
+        caches = [
+            CausalCache(window=self.options.window, shift=self.shift),
+            CausalCache(shift=self.shift),
+        ]
+        return WrapperCache(
+            caches, [self.options.layer_type(i) for i in range(self.options.num_layers)]
+        )
+
+    def shift(self, layer: int, key: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        o = self.options
+        rope = o.global_rope if o.layer_type(layer) == GLOBAL else o.local_rope
+        return rope.shift(key, delta)
+
+    def forward(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        o = self.options
+        x = self.token_embd.lookup(torch.tensor(batch.tokens)) * o.hidden**0.5  # (T, C)
+        positions = torch.tensor(batch.positions)
+        ropes = {SLIDING: o.local_rope.cos_sin(positions), GLOBAL: o.global_rope.cos_sin(positions)}
+        outputs = torch.tensor(batch.outputs)
+        for i, block in enumerate(self.blocks):
+            cache.set_layer(i)
+            x = block(x, ropes, cache, o, outputs if i == o.num_layers - 1 else None)
+        return self.output(rms_norm(x, self.output_norm, o.eps))

@@ -1,0 +1,148 @@
+"""Llama (also Mistral and SmolLM): pre-norm decoder, grouped-query attention, SwiGLU MLP.
+
+llama.cpp's converter permutes the Q and K rows of llama-family files for ggml's "normal" RoPE
+(adjacent pairs), so this file rotates pairs; qwen2.py reuses it with NeoX RoPE and biases.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ember.batch import Batch
+from ember.gguf import GGUFFile
+from ember.kvcache import Cache, CausalCache
+from ember.model.config import Config
+from ember.model.registry import register
+from ember.model.weights import Weights
+from ember.nn import RoPE, attention, rms_norm
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaOptions:
+    num_layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    value_dim: int
+    ffn: int
+    eps: float
+    context_length: int
+    rope: RoPE
+
+    @classmethod
+    def from_config(cls, c: Config, w: Weights, *, is_neox: bool) -> "LlamaOptions":
+        hidden, num_heads = c.uint("embedding_length"), c.uint("attention.head_count")
+        head_dim = c.uint("attention.key_length", hidden // num_heads)
+        scaling = c.string("rope.scaling.type", "none")
+        scale = c.float("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0
+        rope_dim = c.uint("rope.dimension_count", head_dim)
+        factors = w.optional("rope_freqs.weight", (rope_dim // 2,))  # llama 3.1 long-context
+        rope = RoPE(
+            rope_dim,
+            c.float("rope.freq_base", 10000.0),
+            is_neox,
+            scale,
+            factors,
+        )
+        return cls(
+            num_layers=c.uint("block_count", maximum=1024),
+            hidden=hidden,
+            num_heads=num_heads,
+            num_kv_heads=c.uint("attention.head_count_kv", num_heads),
+            head_dim=head_dim,
+            value_dim=c.uint("attention.value_length", head_dim),
+            ffn=c.uint("feed_forward_length"),
+            eps=c.float("attention.layer_norm_rms_epsilon", 1e-5),
+            context_length=c.uint("context_length", 2048, maximum=1 << 28),
+            rope=rope,
+        )
+
+
+class Block:
+    """One decoder layer, its weights named as in the GGUF (`blk.N.*`)."""
+
+    def __init__(self, w: Weights, i: int, o: LlamaOptions) -> None:
+        p, q_out = f"blk.{i}.", o.num_heads * o.head_dim
+        kv_outs = [o.num_kv_heads * o.head_dim, o.num_kv_heads * o.value_dim]
+        self.splits = [q_out, *kv_outs]
+        self.attn_norm = w.tensor(p + "attn_norm.weight", (o.hidden,))
+        self.attn_qkv = w.fused(
+            [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], self.splits, o.hidden
+        )
+        biases = [
+            w.optional(p + f"attn_{n}.bias", (s,)) for n, s in zip("qkv", self.splits, strict=True)
+        ]
+        self.qkv_bias = _cat_all(biases)
+        self.attn_output = w.linear(p + "attn_output.weight", o.hidden, o.num_heads * o.value_dim)
+        self.ffn_norm = w.tensor(p + "ffn_norm.weight", (o.hidden,))
+        self.ffn_gate_up = w.fused(
+            [p + "ffn_gate.weight", p + "ffn_up.weight"], [o.ffn, o.ffn], o.hidden
+        )
+        self.ffn_down = w.linear(p + "ffn_down.weight", o.hidden, o.ffn)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, ...],
+        cache: Cache,
+        o: LlamaOptions,
+        outputs: torch.Tensor | None,
+    ) -> torch.Tensor:
+        qkv = self.attn_qkv(rms_norm(x, self.attn_norm, o.eps))
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
+        q, k, v = qkv.split(self.splits, dim=-1)
+        q = o.rope.apply(q.unflatten(-1, (o.num_heads, o.head_dim)), *rope)  # (T, H, D)
+        k = o.rope.apply(k.unflatten(-1, (o.num_kv_heads, o.head_dim)), *rope)
+        v = v.unflatten(-1, (o.num_kv_heads, o.value_dim))
+        h = attention(q, k, v, cache, scale=o.head_dim**-0.5)
+        if outputs is not None:  # last layer: only the rows whose logits are wanted go on
+            h, x = h[outputs], x[outputs]
+        x = x + self.attn_output(h)
+        gate, up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps)).chunk(2, dim=-1)
+        return x + self.ffn_down(F.silu(gate) * up)
+
+
+class Llama:
+    is_neox_rope = False
+
+    def __init__(self, gguf: GGUFFile, config: Config) -> None:
+        w = Weights(gguf)
+        o = self.options = LlamaOptions.from_config(config, w, is_neox=self.is_neox_rope)
+        self.vocab_size = w.vocab_size()
+        self.context_length = o.context_length
+        self.token_embd = w.embedding("token_embd.weight", self.vocab_size, o.hidden)
+        self.blocks = [Block(w, i, o) for i in range(o.num_layers)]
+        self.output_norm = w.tensor("output_norm.weight", (o.hidden,))
+        self.output = (
+            w.linear("output.weight", self.vocab_size, o.hidden)
+            if w.has("output.weight")
+            else self.token_embd.as_linear()
+        )
+
+    def make_cache(self) -> Cache:
+        return CausalCache(shift=self.shift)
+
+    def shift(self, layer: int, key: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        return self.options.rope.shift(key, delta)
+
+    def forward(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        o = self.options
+        x = self.token_embd.lookup(torch.tensor(batch.tokens))  # (T, C)
+        rope = o.rope.cos_sin(torch.tensor(batch.positions))
+        outputs = torch.tensor(batch.outputs)
+        for i, block in enumerate(self.blocks):
+            cache.set_layer(i)
+            x = block(x, rope, cache, o, outputs if i == o.num_layers - 1 else None)
+        return self.output(rms_norm(x, self.output_norm, o.eps))
+
+
+def _cat_all(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The parts joined, or None unless every part is present."""
+    present = [t for t in parts if t is not None]
+    return torch.cat(present) if len(present) == len(parts) else None
+
+
+register("llama", "mistral")(Llama)

@@ -1,0 +1,27 @@
+"""The Model seam: forward(batch, cache) -> logits of the batch's output rows."""
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from ember.batch import Batch
+from ember.kvcache import Cache
+
+
+@runtime_checkable
+class Model(Protocol):
+    vocab_size: int
+    context_length: int
+
+    def make_cache(self) -> Cache:
+        """A fresh, unsized cache of the kind this architecture needs (runner calls init)."""
+
+    def forward(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        """Logits (len(batch.outputs), vocab) float32; the cache has been started for batch."""
+
+
+def forward(model: Model, cache: Cache, batch: Batch) -> torch.Tensor:
+    """Runs one forward pass: places the batch in the cache, then computes the model."""
+    cache.start_forward(batch)
+    with torch.inference_mode():
+        return model.forward(batch, cache)

@@ -1,0 +1,58 @@
+"""Typed, validated access to a GGUF's hyperparameters, read once when a model is built."""
+
+from typing import Any
+
+from ember.errors import EmberError
+
+
+class ModelLoadError(EmberError):
+    """A model file that cannot run: unknown architecture, missing or mis-shaped tensor, bad key."""
+
+
+class Config:
+    """Metadata of one GGUF, with keys relative to its architecture (`llama.block_count`...)."""
+
+    def __init__(self, metadata: dict[str, Any], arch: str | None = None) -> None:
+        self.metadata = metadata
+        self.arch = arch or self.string("general.architecture", absolute=True)
+
+    def _lookup(self, key: str, absolute: bool) -> Any:
+        return self.metadata.get(key if absolute else f"{self.arch}.{key}")
+
+    def uint(
+        self,
+        key: str,
+        default: int | None = None,
+        *,
+        absolute: bool = False,
+        maximum: int = 1 << 24,
+    ) -> int:
+        value = self._lookup(key, absolute)
+        if value is None:
+            return self._default(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= maximum:
+            raise ModelLoadError(
+                f"model key {key!r} must be an integer in 1..{maximum}, got {value!r}"
+            )
+        return value
+
+    def float(self, key: str, default: float | None = None, *, absolute: bool = False) -> float:
+        value = self._lookup(key, absolute)
+        if value is None:
+            return self._default(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+            raise ModelLoadError(f"model key {key!r} must be a number, got {value!r}")
+        return float(value)
+
+    def string(self, key: str, default: str | None = None, *, absolute: bool = False) -> str:
+        value = self._lookup(key, absolute)
+        if value is None:
+            return self._default(key, default)
+        if not isinstance(value, str):
+            raise ModelLoadError(f"model key {key!r} must be a string, got {type(value).__name__}")
+        return value
+
+    def _default(self, key: str, default: Any) -> Any:
+        if default is None:
+            raise ModelLoadError(f"the model file lacks the key {key!r}")
+        return default

@@ -1,0 +1,58 @@
+"""Strict name-based binding of GGUF tensors to a model: a missing or mis-shaped tensor fails
+loudly."""
+
+import torch
+
+from ember.backend.quant import dequantize
+from ember.backend.weights import Embedding, Linear, concat_linear
+from ember.gguf import GGUFFile, TensorInfo
+from ember.model.config import ModelLoadError
+
+
+class Weights:
+    """Hands out a GGUF's tensors by name, checked against the shape the model expects."""
+
+    def __init__(self, gguf: GGUFFile) -> None:
+        self.gguf = gguf
+
+    def has(self, name: str) -> bool:
+        return name in self.gguf.tensors
+
+    def _info(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
+        info = self.gguf.tensors.get(name)
+        if info is None:
+            raise ModelLoadError(f"the model file lacks the tensor {name!r}")
+        if info.shape != shape:
+            raise ModelLoadError(
+                f"tensor {name!r} has shape {info.shape}, the model expects {shape}"
+            )
+        return info
+
+    def vocab_size(self) -> int:
+        """The number of rows of the token embedding table."""
+        info = self.gguf.tensors.get("token_embd.weight")
+        if info is None or len(info.shape) != 2:
+            raise ModelLoadError("the model file lacks a 2-D tensor 'token_embd.weight'")
+        return info.shape[0]
+
+    def tensor(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A small tensor (norm weight, bias) expanded to float32."""
+        info = self._info(name, shape)
+        return dequantize(self.gguf.raw(name), info.ggml_type, info.shape)
+
+    def optional(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
+        return self.tensor(name, shape) if self.has(name) else None
+
+    def linear(self, name: str, out_features: int, in_features: int) -> Linear:
+        info = self._info(name, (out_features, in_features))
+        return Linear.from_gguf(self.gguf.raw(name), info.ggml_type, info.shape)
+
+    def fused(self, names: list[str], outs: list[int], in_features: int) -> Linear:
+        """Several projections of the same input as one matmul (q/k/v, gate/up)."""
+        return concat_linear(
+            [self.linear(n, o, in_features) for n, o in zip(names, outs, strict=True)]
+        )
+
+    def embedding(self, name: str, vocab_size: int, dim: int) -> Embedding:
+        info = self._info(name, (vocab_size, dim))
+        return Embedding.from_gguf(self.gguf.raw(name), info.ggml_type, info.shape)

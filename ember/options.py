@@ -1,0 +1,91 @@
+"""Ollama's generation options: names, types, defaults, and validation of what a user sends."""
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from ember.errors import OptionsError
+from ember.sample import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    num_ctx: int = 4096
+    num_batch: int = 512
+    num_keep: int = 4
+    num_predict: int = -1
+    num_thread: int = 0
+    seed: int = -1
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.9
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    repeat_last_n: int = 64
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, given: dict[str, Any] | None, base: "Options | None" = None) -> "Options":
+        """Merges given (Ollama option names) over base, rejecting unknown names and bad values."""
+        if given is None:
+            return base or cls()
+        if not isinstance(given, dict):
+            raise OptionsError("options must be a mapping of option names to values")
+        types = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(given) - set(types) - _ACCEPTED_ELSEWHERE)
+        if unknown:
+            raise OptionsError(f"unknown option {unknown[0]!r} (known: {', '.join(types)})")
+        values = {k: _coerce(k, v, types[k]) for k, v in given.items() if k in types}
+        return _validated(replace(base or cls(), **values))
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            seed=self.seed,
+        )
+
+
+# Runner options of Ollama that have no meaning on this engine (GPU layout, mmap): accepted, unused.
+_ACCEPTED_ELSEWHERE = {"num_gpu", "main_gpu", "use_mmap", "numa", "low_vram"}
+_NOT_YET = {
+    "typical_p": 1.0,
+    "repeat_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
+def _coerce(name: str, value: Any, kind: Any) -> Any:
+    if kind in (int, "int"):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise OptionsError(f"option {name!r} must be an integer, got {value!r}")
+        return value
+    if kind in (float, "float"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise OptionsError(f"option {name!r} must be a number, got {value!r}")
+        return float(value)
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple) or not all(isinstance(s, str) for s in value):
+        raise OptionsError(f"option {name!r} must be a list of strings")
+    return tuple(s for s in value if s)
+
+
+def _validated(o: Options) -> Options:
+    for name in ("num_ctx", "num_batch"):
+        if getattr(o, name) < 1:
+            raise OptionsError(f"option {name!r} must be at least 1, got {getattr(o, name)}")
+    if o.num_thread < 0 or o.repeat_last_n < -1:
+        raise OptionsError("num_thread must be >= 0 and repeat_last_n >= -1")
+    for name, default in _NOT_YET.items():
+        if getattr(o, name) != default:
+            raise OptionsError(f"option {name!r} is not supported by this version of Ember yet")
+    o.sampling()  # validates temperature, top_k, top_p, min_p
+    return o

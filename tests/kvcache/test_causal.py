@@ -1,0 +1,142 @@
+"""Cache masks drawn as grids: rows are the batch's tokens, columns the cells the cache shows;
+0 = visible, x = masked."""
+
+import pytest
+import torch
+
+from ember.batch import Batch
+from ember.kvcache import CacheFullError, CausalCache, WrapperCache
+
+
+def grid(rows: str) -> torch.Tensor:
+    lines = [line.split() for line in rows.strip().splitlines()]
+    return torch.tensor([[0.0 if c == "0" else float("-inf") for c in line] for line in lines])
+
+
+def mask_of(cache: CausalCache, batch: Batch) -> torch.Tensor:
+    cache.start_forward(batch)
+    mask = cache.mask
+    if mask is None:
+        return torch.zeros(len(batch), cache.hi - cache.lo)
+    return mask
+
+
+def batch(positions: list[int], seqs: list[int] | None = None) -> Batch:
+    seqs = seqs or [0] * len(positions)
+    return Batch(
+        tokens=tuple(positions),
+        positions=tuple(positions),
+        sequences=tuple(seqs),
+        outputs=(len(positions) - 1,),
+    )
+
+
+def test_causal_mask_prefill_then_decode():
+    cache = CausalCache()
+    cache.init(max_sequences=1, capacity=8, max_batch=4)
+    assert torch.equal(
+        mask_of(cache, batch([0, 1, 2])),
+        grid("""
+        0 x x
+        0 0 x
+        0 0 0
+    """),
+    )
+    assert cache.mask is not None
+    assert torch.equal(mask_of(cache, batch([3])), grid("0 0 0 0"))
+    assert cache.mask is None  # nothing masked: plain attention
+
+
+def test_swa_mask_slides_past_window():
+    cache = CausalCache(window=2)
+    cache.init(max_sequences=1, capacity=8, max_batch=4)
+    assert torch.equal(
+        mask_of(cache, batch([0, 1, 2, 3])),
+        grid("""
+        0 x x x
+        0 0 x x
+        x 0 0 x
+        x x 0 0
+    """),
+    )
+    assert torch.equal(mask_of(cache, batch([4])), grid("x x x 0 0"))
+
+
+def test_two_sequences_never_see_each_other():
+    cache = CausalCache()
+    cache.init(max_sequences=2, capacity=4, max_batch=4)
+    assert torch.equal(
+        mask_of(cache, batch([0, 1, 0, 1], [0, 0, 1, 1])),
+        grid("""
+        0 x x x
+        0 0 x x
+        x x 0 x
+        x x 0 0
+    """),
+    )
+    assert torch.equal(
+        mask_of(cache, batch([2, 2], [1, 0])),
+        grid("""
+        x x 0 0 0 x
+        0 0 x x x 0
+    """),
+    )
+
+
+def test_copy_prefix_shares_cells():
+    cache = CausalCache()
+    cache.init(max_sequences=2, capacity=4, max_batch=4)
+    mask_of(cache, batch([0, 1, 2]))
+    cache.copy_prefix(0, 1, 2)
+    assert torch.equal(mask_of(cache, batch([2], [1])), grid("0 0 x 0"))
+
+
+def test_remove_shifts_later_positions_and_rerotates_keys():
+    shifted = []
+
+    def shift(layer: int, key: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        shifted.append(delta.tolist())
+        return key + delta[None, :, None]
+
+    cache = CausalCache(shift=shift)
+    cache.init(max_sequences=1, capacity=8, max_batch=8)
+    cache.start_forward(batch([0, 1, 2, 3, 4]))
+    cache.set_layer(0)
+    cache.put(torch.zeros(5, 1, 2), torch.zeros(5, 1, 2))
+    cache.remove(0, 1, 3)
+    assert cache.cell_pos.tolist()[:5] == [0, -1, -1, 1, 2]
+    assert shifted == [[-2, -2]]
+    assert cache.keys[0][0, 3:5, 0].tolist() == [-2.0, -2.0]
+    # cells 0..4: the new token took free cell 1; cell 2 stays empty
+    assert torch.equal(mask_of(cache, batch([3])), grid("0 0 x 0 0"))
+
+
+def test_full_cache_is_an_error():
+    cache = CausalCache()
+    cache.init(max_sequences=1, capacity=2, max_batch=2)
+    cache.start_forward(batch([0, 1]))
+    with pytest.raises(CacheFullError):
+        cache.start_forward(batch([2]))
+
+
+def test_can_resume_with_window():
+    cache = CausalCache(window=2)
+    cache.init(max_sequences=1, capacity=8, max_batch=8)
+    cache.start_forward(batch([0, 1, 2, 3]))
+    assert cache.can_resume(0, 4) and cache.can_resume(0, 2)
+    assert not cache.can_resume(0, 5)
+
+
+def test_wrapper_routes_layers_to_their_cache():
+    local, full = CausalCache(window=1), CausalCache()
+    cache = WrapperCache([local, full], [0, 1])
+    cache.init(max_sequences=1, capacity=4, max_batch=4)
+    cache.start_forward(batch([0, 1]))
+    for layer in (0, 1):
+        cache.set_layer(layer)
+        cache.put(torch.full((2, 1, 1), float(layer)), torch.zeros(2, 1, 1))
+    cache.set_layer(0)
+    assert torch.equal(cache.get()[2], grid("0 x\nx 0"))
+    cache.set_layer(1)
+    assert torch.equal(cache.get()[2], grid("0 x\n0 0"))
+    assert full.keys[1][0, :2, 0].tolist() == [1.0, 1.0] and 1 not in local.keys
