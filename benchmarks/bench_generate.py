@@ -1,0 +1,156 @@
+"""Prompt-processing and generation speed, and peak memory, of Ember on one model; beside
+llama.cpp (llama-cpp-python) on the same GGUF file and in the same run when it is installed.
+
+    .venv/bin/python benchmarks/bench_generate.py --model smollm2:135m --threads 2 --runs 3
+
+Each engine runs in its own process (so peak RSS is its own), the engines interleaved run by
+run, and the medians are printed. The prompt is exactly --prompt-tokens ids, the same for both
+engines; generation is greedy for --gen-tokens steps without stopping at end tokens.
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+TEXT = " ".join(
+    f"Entry {i}: the {c} lantern on shelf {i % 7} was lit at {i % 24} o'clock."
+    for i, c in enumerate(["amber", "blue", "crimson", "golden"] * 64)
+)
+
+
+def prompt_ids(path: str, n: int) -> list[int]:
+    from ember.gguf import GGUFFile
+    from ember.tokenizer import Tokenizer
+
+    with GGUFFile.open(path) as gguf:
+        ids = Tokenizer.from_metadata(gguf.metadata).encode(TEXT)
+    if len(ids) < n:
+        raise SystemExit(f"the benchmark text has only {len(ids)} tokens")
+    return ids[:n]
+
+
+def run_ember(path: str, ids: list[int], gen: int, threads: int) -> dict:
+    import torch
+
+    from ember.gguf import GGUFFile
+    from ember.model import load_model
+    from ember.options import Options
+    from ember.runner.generation import Session
+    from ember.tokenizer import Tokenizer
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    gguf = GGUFFile.open(path)
+    session = Session(load_model(gguf), Tokenizer.from_metadata(gguf.metadata))
+    session.fit(Options(num_ctx=len(ids) + gen + 8))
+    load = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    logits = session.step(ids, 512)
+    prefill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(gen):
+        logits = session.step([int(logits.argmax())], 1)
+    decode = time.perf_counter() - t0
+    return {"load_s": load, "prefill_s": prefill, "decode_s": decode}
+
+
+def run_llama_cpp(path: str, ids: list[int], gen: int, threads: int) -> dict:
+    import numpy as np
+    from llama_cpp import Llama
+
+    t0 = time.perf_counter()
+    llm = Llama(
+        model_path=path,
+        n_ctx=len(ids) + gen + 8,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+    load = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    prefill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(gen):
+        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+    decode = time.perf_counter() - t0
+    return {"load_s": load, "prefill_s": prefill, "decode_s": decode}
+
+
+def worker(args: argparse.Namespace) -> None:
+    ids = json.loads(sys.stdin.read())
+    run = run_ember if args.worker == "ember" else run_llama_cpp
+    result = run(args.path, ids, args.gen_tokens, args.threads)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(result))
+
+
+def has_llama_cpp() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2:135m")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--gen-tokens", type=int, default=128)
+    parser.add_argument("--worker", choices=["ember", "llama.cpp"], help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+
+    from ember.catalog import resolve_model
+
+    path = str(resolve_model(args.model))
+    ids = prompt_ids(path, args.prompt_tokens)
+    engines = ["ember"] + (["llama.cpp"] if has_llama_cpp() else [])
+    results: dict[str, list[dict]] = {e: [] for e in engines}
+    for _ in range(args.runs):
+        for engine in engines:
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                engine,
+                "--path",
+                path,
+                "--threads",
+                str(args.threads),
+                "--gen-tokens",
+                str(args.gen_tokens),
+            ]
+            out = subprocess.run(
+                cmd, input=json.dumps(ids), capture_output=True, text=True, check=True
+            )
+            results[engine].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(
+        f"model {args.model} ({path}), {args.threads} threads, prompt {len(ids)} tokens, "
+        f"{args.gen_tokens} generated, median of {args.runs} interleaved runs"
+    )
+    header = ("engine", "prefill tok/s", "decode tok/s", "load s", "peak RSS MB")
+    print("{:<10} {:>14} {:>13} {:>7} {:>12}".format(*header))
+    for engine, runs in results.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        print(
+            f"{engine:<10} {len(ids) / med['prefill_s']:>14.1f} "
+            f"{args.gen_tokens / med['decode_s']:>13.1f} {med['load_s']:>7.2f} "
+            f"{med['peak_rss_mb']:>12.0f}"
+        )
+    if not has_llama_cpp():
+        print("(llama-cpp-python is not installed: no llama.cpp figures in this run)")
+
+
+if __name__ == "__main__":
+    main()
