@@ -15,7 +15,11 @@ from ember.errors import ModelNotFoundError
 if TYPE_CHECKING:
     from tinymodels import TinyModel
 
-REFERENCE_DIRS = (Path(__file__).parent / "reference", Path("/work/shared/reference"))
+# ours, then the shared ones (shared/ lies beside the repository, in CI as here)
+REFERENCE_DIRS = (
+    Path(__file__).parent / "reference",
+    Path(__file__).resolve().parents[2] / "shared" / "reference",
+)
 
 
 @pytest.fixture(scope="session")
@@ -74,3 +78,32 @@ def load_reference() -> Callable[[str], dict[str, Any]]:
         pytest.skip(f"no reference file {key}.reference.json in {[str(d) for d in REFERENCE_DIRS]}")
 
     return load
+
+
+REFERENCE_KEYS = {
+    "smollm2:135m": "smollm2-135m-instruct-q4_1",
+    "gemma3:270m": "gemma-3-270m-q4_k_m",
+    "qwen2.5-coder:0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m",
+}
+
+
+@pytest.fixture(scope="session")
+def reference(load_reference: Callable[[str], dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
+    """reference("gemma3:270m") -> the reference file of a bundled model name."""
+    return lambda name: load_reference(REFERENCE_KEYS[name])
+
+
+@pytest.fixture(scope="session")
+def real_llm() -> Callable[[str], Any]:
+    """ember.LLM objects by bundled name, loaded on first use and shared by every test."""
+    from ember import LLM
+
+    loaded: dict[str, LLM] = {}
+
+    def get(name: str) -> LLM:
+        if name not in loaded:
+            real_model_path(name)  # skips when the package is missing
+            loaded[name] = LLM(name)
+        return loaded[name]
+
+    return get

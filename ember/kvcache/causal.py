@@ -96,9 +96,10 @@ class CausalCache:
     def _shift(self, cells: torch.Tensor, delta: int) -> None:
         self.cell_pos[cells] += delta
         offsets = torch.full((cells.numel(),), delta, dtype=torch.int64)
-        for layer, k in self.keys.items():
-            if self.shift_fn is not None:
-                k[:, cells] = self.shift_fn(layer, k[:, cells], offsets)
+        with torch.inference_mode():  # the buffers were made in the forward's inference mode
+            for layer, k in self.keys.items():
+                if self.shift_fn is not None:
+                    k[:, cells] = self.shift_fn(layer, k[:, cells], offsets)
 
     def _free_empty(self) -> None:
         self.cell_pos[self.cell_seqs == 0] = -1

@@ -1,0 +1,86 @@
+"""The embeddable Python API on real models, as a user calls it."""
+
+import pytest
+
+from ember import LLM, ModelNotFoundError, OptionsError
+
+pytestmark = pytest.mark.model
+
+GREEDY = {"temperature": 0}
+
+
+def test_raw_greedy_generation_follows_the_reference(real_llm, reference):
+    llm = real_llm("smollm2:135m")
+    ref = reference("smollm2:135m")["prompts"]["raw_capital_of_france"]
+    result = llm.generate(ref["prompt_text"], raw=True, options={**GREEDY, "num_predict": 12})
+    gaps = ref["greedy"]["gap_to_second"]
+    must_hold = min(12, next(i for i, g in enumerate(gaps) if g < 0.2))
+    assert result.tokens[:must_hold] == ref["greedy"]["ids"][:must_hold]
+    assert result.text == llm.detokenize(result.tokens)
+    assert result.prompt_eval_count == len(ref["prompt_ids"])
+    assert result.eval_count == 12 and result.done_reason == "length"
+    assert result.prompt_eval_duration > 0 and result.eval_duration > 0
+
+
+def test_chat_template_wraps_the_prompt(real_llm, reference):
+    for name in ("smollm2:135m", "gemma3:270m"):
+        ref = reference(name)["prompts"]["chat_why_sky_blue"]
+        assert real_llm(name).prompt_ids("Why is the sky blue?") == ref["prompt_ids"]
+
+
+def test_stream_yields_the_same_text(real_llm):
+    llm = real_llm("smollm2:135m")
+    options = {**GREEDY, "num_predict": 16}
+    whole = llm.generate("Name three colours.", options=options)
+    stream = llm.generate("Name three colours.", options=options, stream=True)
+    pieces = list(stream)
+    assert "".join(pieces) == whole.text and stream.result.tokens == whole.tokens
+    assert len(pieces) > 1
+
+
+def test_stop_string_is_never_emitted(real_llm):
+    llm = real_llm("smollm2:135m")
+    free = llm.generate("Count: 1, 2, 3,", raw=True, options={**GREEDY, "num_predict": 20})
+    stop = free.text.strip()[2:5]
+    assert stop, free.text
+    result = llm.generate("Count: 1, 2, 3,", raw=True, options={**GREEDY, "stop": [stop]})
+    assert stop not in result.text and result.done_reason == "stop"
+    assert free.text.startswith(result.text)
+
+
+def test_seed_repeats_a_sampled_answer(real_llm):
+    llm = real_llm("smollm2:135m")
+    options = {"temperature": 1.0, "seed": 1234, "num_predict": 12}
+    assert (
+        llm.generate("Tell a story.", options=options).tokens
+        == llm.generate("Tell a story.", options=options).tokens
+    )
+
+
+def test_generation_goes_past_num_ctx_by_shifting(real_llm):
+    llm = real_llm("smollm2:135m")
+    result = llm.generate(
+        "Write a long essay about the sea.", options={**GREEDY, "num_ctx": 64, "num_predict": 120}
+    )
+    assert result.eval_count == 120 and result.done_reason == "length"
+
+
+def test_tokenize_round_trips(real_llm):
+    llm = real_llm("qwen2.5-coder:0.5b")
+    text = "def f(x):\n    return x ** 2  # ünïcode 🙂"
+    assert llm.detokenize(llm.tokenize(text)) == text
+
+
+def test_bad_options_fail_before_generation(real_llm):
+    llm = real_llm("smollm2:135m")
+    with pytest.raises(OptionsError, match="unknown option"):
+        llm.generate("hi", options={"temprature": 0})
+    with pytest.raises(OptionsError, match="top_k"):
+        llm.generate("hi", options={"top_k": -3})
+
+
+def test_unknown_model_names_the_problem():
+    with pytest.raises(ModelNotFoundError, match="nosuchmodel"):
+        LLM("nosuchmodel:1b")
+    with pytest.raises(ModelNotFoundError):
+        LLM("/nonexistent/model.gguf")
