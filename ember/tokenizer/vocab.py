@@ -1,0 +1,207 @@
+"""The vocabulary a GGUF file describes, read and validated from its `tokenizer.ggml.*` metadata.
+
+Only reads and checks values; the encoders that use it live in `bpe.py` and `spm.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ember.errors import EmberError
+
+SUPPORTED_MODELS = ("gpt2", "llama")
+
+# Ollama adds Gemma's end-of-turn marker to the stop ids even where the file does not list it.
+_GEMMA_END_OF_TURN = "<end_of_turn>"
+
+
+class TokenizerError(EmberError):
+    """A tokenizer could not be built or used."""
+
+
+class VocabularyError(TokenizerError, ValueError):
+    """The file's vocabulary is missing, malformed or inconsistent."""
+
+
+class UnsupportedTokenizerError(TokenizerError):
+    """The file names a tokenizer model Ember does not implement."""
+
+
+class TokenType(enum.IntEnum):
+    """`tokenizer.ggml.token_type` values, as llama.cpp writes them."""
+
+    UNDEFINED = 0
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Vocabulary:
+    """Everything a tokenizer needs from the file, checked for consistency."""
+
+    model: str  # "gpt2" (byte-level BPE) or "llama" (SentencePiece)
+    pre: str  # pre-tokenizer name (byte-level BPE only)
+    tokens: tuple[str, ...]
+    types: np.ndarray  # (V,) int8 TokenType
+    scores: np.ndarray | None  # (V,) float32; SentencePiece merge priorities
+    merges: tuple[str, ...]  # "left right" pairs, best first (byte-level BPE only)
+    bos_id: int | None
+    eos_id: int | None  # the one appended when add_eos
+    eos_ids: frozenset[int]  # every id that ends generation
+    unknown_id: int | None
+    padding_id: int | None
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def special_ids(self) -> np.ndarray:
+        """Ids matched literally in text before encoding: control and user-defined tokens."""
+        is_special = (self.types == TokenType.CONTROL) | (self.types == TokenType.USER_DEFINED)
+        return np.flatnonzero(is_special)
+
+
+def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
+    """Read and validate the `tokenizer.ggml.*` keys of a GGUF metadata mapping."""
+    model = _get(metadata, "model", str)
+    if model is None:
+        raise VocabularyError("the model file has no tokenizer (tokenizer.ggml.model is missing)")
+    if model not in SUPPORTED_MODELS:
+        raise UnsupportedTokenizerError(
+            f"tokenizer model {model!r} is not supported (supported: {', '.join(SUPPORTED_MODELS)})"
+        )
+    tokens = _read_tokens(metadata)
+    types = _read_array(metadata, "token_type", len(tokens), np.int8)
+    if types is None:
+        types = np.full(len(tokens), TokenType.NORMAL, np.int8)
+    scores = _read_array(metadata, "scores", len(tokens), np.float32)
+    merges = _read_merges(metadata) if model == "gpt2" else ()
+    is_spm = model == "llama"
+    bos_id = _read_id(metadata, "bos_token_id", len(tokens))
+    add_bos = bool(_get(metadata, "add_bos_token", bool, default=is_spm))
+    if add_bos and bos_id is None:
+        raise VocabularyError("tokenizer.ggml.add_bos_token is set but there is no bos_token_id")
+    add_eos = bool(_get(metadata, "add_eos_token", bool, default=False))
+    eos_id = _read_id(metadata, "eos_token_id", len(tokens))
+    eos_ids = _read_eos_ids(metadata, tokens)
+    if add_eos and eos_id is None:
+        raise VocabularyError("tokenizer.ggml.add_eos_token is set but there is no eos_token_id")
+    return Vocabulary(
+        model=model,
+        pre=str(_get(metadata, "pre", str, default="default")),
+        tokens=tokens,
+        types=types,
+        scores=scores,
+        merges=merges,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        eos_ids=eos_ids,
+        unknown_id=_read_id(metadata, "unknown_token_id", len(tokens)),
+        padding_id=_read_id(metadata, "padding_token_id", len(tokens)),
+        add_bos=add_bos,
+        add_eos=add_eos,
+        # llama.cpp adds the SentencePiece dummy prefix unless the file says otherwise.
+        add_space_prefix=is_spm and bool(_get(metadata, "add_space_prefix", bool, default=True)),
+    )
+
+
+def _get(metadata: Mapping[str, Any], name: str, kind: type, default: Any = None) -> Any:
+    """The value of `tokenizer.ggml.<name>` if it has the right kind, else a VocabularyError."""
+    key = f"tokenizer.ggml.{name}"
+    value = metadata.get(key, default)
+    if value is None:
+        return None
+    if kind is str and isinstance(value, str):
+        return value
+    # GGUF stores flags as bool and ids as any integer width; numpy scalars count too.
+    if kind is bool and isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if kind is int and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    expected = {str: "a string", bool: "true or false", int: "an integer"}[kind]
+    raise VocabularyError(f"{key} should be {expected}, got {type(value).__name__}")
+
+
+def _read_tokens(metadata: Mapping[str, Any]) -> tuple[str, ...]:
+    raw = metadata.get("tokenizer.ggml.tokens")
+    if raw is None or isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence | np.ndarray):
+        raise VocabularyError("tokenizer.ggml.tokens is missing or is not a list of strings")
+    tokens = tuple(raw)
+    if not tokens:
+        raise VocabularyError("tokenizer.ggml.tokens is empty")
+    if set(map(type, tokens)) != {str}:
+        raise VocabularyError("tokenizer.ggml.tokens holds a value that is not a string")
+    return tokens
+
+
+def _read_array(
+    metadata: Mapping[str, Any], name: str, length: int, dtype: type
+) -> np.ndarray | None:
+    raw = metadata.get(f"tokenizer.ggml.{name}")
+    if raw is None:
+        return None
+    try:
+        array: np.ndarray = np.asarray(raw, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise VocabularyError(f"tokenizer.ggml.{name} is not a list of numbers") from err
+    if array.shape != (length,):
+        raise VocabularyError(f"tokenizer.ggml.{name} has {array.size} entries for {length} tokens")
+    return array
+
+
+def _read_merges(metadata: Mapping[str, Any]) -> tuple[str, ...]:
+    raw = metadata.get("tokenizer.ggml.merges")
+    if raw is None:
+        raise VocabularyError("a byte-level BPE vocabulary needs tokenizer.ggml.merges")
+    merges = tuple(raw)
+    if not all(isinstance(merge, str) for merge in merges):
+        raise VocabularyError("tokenizer.ggml.merges holds a value that is not a string")
+    return merges
+
+
+def _read_id(metadata: Mapping[str, Any], name: str, size: int) -> int | None:
+    value = _get(metadata, name, int)
+    if value is None:
+        return None
+    if not 0 <= value < size:
+        raise VocabularyError(f"tokenizer.ggml.{name} = {value} is outside the vocabulary")
+    return int(value)
+
+
+def _read_eos_ids(metadata: Mapping[str, Any], tokens: tuple[str, ...]) -> frozenset[int]:
+    ids: set[int] = set()
+    eos_id = _read_id(metadata, "eos_token_id", len(tokens))
+    if eos_id is not None:
+        ids.add(eos_id)
+    eot_id = _read_id(metadata, "eot_token_id", len(tokens))
+    if eot_id is not None:
+        ids.add(eot_id)
+    raw = metadata.get("tokenizer.ggml.eos_token_ids")
+    if raw is not None:
+        if (
+            not isinstance(raw, Sequence | np.ndarray)
+            or isinstance(raw, str)
+            or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in raw)
+        ):
+            raise VocabularyError("tokenizer.ggml.eos_token_ids is not a list of integers")
+        if any(not 0 <= i < len(tokens) for i in raw):
+            raise VocabularyError("tokenizer.ggml.eos_token_ids has an id outside the vocabulary")
+        ids.update(int(i) for i in raw)
+    architecture = metadata.get("general.architecture")
+    if isinstance(architecture, str) and architecture.startswith("gemma"):
+        with contextlib.suppress(ValueError):
+            ids.add(tokens.index(_GEMMA_END_OF_TURN))
+    return frozenset(ids)
