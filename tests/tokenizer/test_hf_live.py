@@ -1,7 +1,7 @@
 """Qwen2.5-Coder against HF transformers' GGUF tokenizer, live: random text and the stored corpus.
 
 Slow (transformers takes ~20 s to build this tokenizer); the stored ids in data/hf_ids.json give
-the same check quickly in test_models.py.
+the same check quickly in test_real_vocabularies.py.
 """
 
 from __future__ import annotations
