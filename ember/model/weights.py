@@ -3,7 +3,8 @@ loudly."""
 
 import torch
 
-from ember.backend.quant import dequantize
+from ember.backend import native
+from ember.backend.quant import as_byte_tensor, dequantize
 from ember.backend.weights import Embedding, Linear, concat_linear
 from ember.gguf import GGUFFile, TensorInfo
 from ember.model.config import ModelLoadError
@@ -43,15 +44,29 @@ class Weights:
     def optional(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
         return self.tensor(name, shape) if self.has(name) else None
 
-    def linear(self, name: str, out_features: int, in_features: int) -> Linear:
+    def linear(
+        self, name: str, out_features: int, in_features: int
+    ) -> Linear | native.NativeLinear:
+        """A projection: kept in its GGUF blocks where the native kernel reads them, else the
+        backend's weight (float32, exact; never the bf16 int4 kernel, whose rounding makes a
+        token's result depend on its batch)."""
         info = self._info(name, (out_features, in_features))
-        return Linear.from_gguf(self.gguf.raw(name), info.ggml_type, info.shape)
+        raw = self.gguf.raw(name)
+        if info.ggml_type in native.TYPES and native.available():
+            return native.NativeLinear(as_byte_tensor(raw), info.ggml_type, *info.shape)
+        return Linear.from_gguf(raw, info.ggml_type, info.shape, use_int4=False)
 
-    def fused(self, names: list[str], outs: list[int], in_features: int) -> Linear:
+    def fused(
+        self, names: list[str], outs: list[int], in_features: int
+    ) -> Linear | native.NativeLinear:
         """Several projections of the same input as one matmul (q/k/v, gate/up)."""
-        return concat_linear(
-            [self.linear(n, o, in_features) for n, o in zip(names, outs, strict=True)]
-        )
+        parts = [self.linear(n, o, in_features) for n, o in zip(names, outs, strict=True)]
+        blocks = [p for p in parts if isinstance(p, native.NativeLinear)]
+        if len(blocks) == len(parts) and len({p.ggml_type for p in blocks}) == 1:
+            return native.NativeLinear.concat(blocks)
+        if all(isinstance(p, Linear) for p in parts):
+            return concat_linear(parts)  # type: ignore[arg-type]
+        return Linear.from_dense(torch.cat([p.dequantize() for p in parts]))
 
     def embedding(self, name: str, vocab_size: int, dim: int) -> Embedding:
         info = self._info(name, (vocab_size, dim))

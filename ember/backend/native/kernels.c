@@ -1,0 +1,111 @@
+/* Matrix products straight from GGUF blocks, with float32 activations (no bf16 rounding).
+ *
+ * y[m, n] = sum_k x[m, k] * W[n, k], where row n of W is K/32 blocks of ggml type Q4_0, Q4_1,
+ * Q5_0 or Q8_0 in the file's own layout. Each output is computed the same way whatever the
+ * number of rows, so a token's result never depends on the other tokens of its batch.
+ * OpenMP splits the rows of W. ember_dequant expands rows to float32 for large batches.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define QK 32
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Codes of one block as 32 floats, and the block's scale and offset: w = d * c + m. */
+static inline void unpack(int type, const uint8_t *b, float *c, float *d, float *m) {
+    switch (type) {
+    case 2: /* Q4_0: d, 16 bytes of nibbles; w = d * (q - 8) */
+        *d = f16(b), *m = -8.0f * *d;
+        for (int j = 0; j < 16; j++) c[j] = (float)(b[2 + j] & 15), c[j + 16] = (float)(b[2 + j] >> 4);
+        break;
+    case 3: /* Q4_1: d, m, 16 bytes of nibbles; w = d * q + m */
+        *d = f16(b), *m = f16(b + 2);
+        for (int j = 0; j < 16; j++) c[j] = (float)(b[4 + j] & 15), c[j + 16] = (float)(b[4 + j] >> 4);
+        break;
+    case 6: { /* Q5_0: d, 32 high bits, 16 bytes of nibbles; w = d * (q - 16) */
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        *d = f16(b), *m = -16.0f * *d;
+        for (int j = 0; j < 16; j++) {
+            c[j] = (float)((b[6 + j] & 15) | (((qh >> j) << 4) & 16));
+            c[j + 16] = (float)((b[6 + j] >> 4) | ((qh >> (j + 12)) & 16));
+        }
+        break;
+    }
+    default: /* Q8_0: d, 32 signed bytes; w = d * q */
+        *d = f16(b), *m = 0.0f;
+        for (int j = 0; j < QK; j++) c[j] = (float)(int8_t)b[2 + j];
+    }
+}
+
+static int block_bytes(int type) {
+    switch (type) {
+    case 2: return 18;
+    case 3: return 20;
+    case 6: return 22;
+    case 8: return 34;
+    default: return -1;
+    }
+}
+
+/* One output row n of W against M rows of x; sums holds each x row's per-block sums. */
+static inline void row_dot(int type, const uint8_t *row, const float *x, const float *sums,
+                           float *y, int64_t M, int64_t N, int64_t K, int bytes) {
+    int64_t nb = K / QK;
+    for (int64_t m = 0; m < M; m++) {
+        const float *xm = x + m * K, *sm = sums + m * nb;
+        float acc[QK] = {0}, off = 0.0f, c[QK], d, o;
+        for (int64_t b = 0; b < nb; b++) {
+            unpack(type, row + b * bytes, c, &d, &o);
+            const float *xb = xm + b * QK;
+            for (int j = 0; j < QK; j++) acc[j] += d * (xb[j] * c[j]);
+            off += o * sm[b];
+        }
+        float s = 0.0f;
+        for (int j = 0; j < QK; j++) s += acc[j];
+        y[m * N] = s + off;
+    }
+}
+
+#define ROWS(T)                                                                               \
+    _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++)               \
+        row_dot(T, w + n * (K / QK) * bytes, x, sums, y + n, M, N, K, bytes)
+
+/* type: ggml numbering (2 Q4_0, 3 Q4_1, 6 Q5_0, 8 Q8_0); sums: (M, K/32) float scratch. */
+int ember_qmatmul(int type, const uint8_t *w, const float *x, float *y, float *sums,
+                  int64_t M, int64_t N, int64_t K) {
+    int bytes = block_bytes(type);
+    if (bytes < 0 || K % QK) return -1;
+    for (int64_t i = 0; i < M * (K / QK); i++) {
+        float s = 0.0f;
+        for (int j = 0; j < QK; j++) s += x[i * QK + j];
+        sums[i] = s;
+    }
+    switch (type) { /* constant type per loop, so each body is specialised */
+    case 2: ROWS(2); break;
+    case 3: ROWS(3); break;
+    case 6: ROWS(6); break;
+    default: ROWS(8);
+    }
+    return 0;
+}
+
+/* Rows of W expanded to float32: out (N, K). */
+int ember_dequant(int type, const uint8_t *w, float *out, int64_t N, int64_t K) {
+    int bytes = block_bytes(type);
+    if (bytes < 0 || K % QK) return -1;
+    int64_t nb = K / QK;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N * nb; i++) {
+        float c[QK], d, m;
+        unpack(type, w + i * bytes, c, &d, &m);
+        for (int j = 0; j < QK; j++) out[i * QK + j] = d * c[j] + m;
+    }
+    return 0;
+}
