@@ -6,9 +6,10 @@ import torch
 from ember.batch import Batch
 from ember.model import forward
 
-MODELS = ["smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b"]
 LOGIT_TOLERANCE = 0.05  # of max |logit|, over the reference's top 20
-GAP_REQUIRED = 0.2  # greedy tokens must agree up to the first step whose reference gap is below
+# Greedy tokens must agree up to the first step whose reference gap is below this. The issue
+# asks 0.2 (llama.cpp diverges at gaps of 0.13-0.15); our float32 path holds to 0.05.
+GAP_REQUIRED = 0.05
 
 
 def run_prompt(llm, ids: list[int], steps: int) -> tuple[torch.Tensor, list[int]]:
@@ -26,25 +27,19 @@ def run_prompt(llm, ids: list[int], steps: int) -> tuple[torch.Tensor, list[int]
     return first, out
 
 
-def cases():
-    for name in MODELS:
-        for prompt in (
-            "chat_why_sky_blue",
-            "raw_capital_of_france",
-            "raw_code_fibonacci",
-            "chat_ollama_template",
-            "long_sliding_window",
-        ):
-            yield pytest.param(name, prompt, id=f"{name}-{prompt}")
+PROMPTS = {
+    "smollm2:135m": ["chat_why_sky_blue", "raw_capital_of_france", "chat_ollama_template"],
+    "gemma3:270m": ["chat_why_sky_blue", "raw_capital_of_france", "long_sliding_window"],
+    "qwen2.5-coder:0.5b": ["chat_why_sky_blue", "raw_capital_of_france", "raw_code_fibonacci"],
+}
+CASES = [pytest.param(m, p, id=f"{m}-{p}") for m, prompts in PROMPTS.items() for p in prompts]
 
 
 @pytest.mark.model
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "prompt"), cases())
+@pytest.mark.parametrize(("name", "prompt"), CASES)
 def test_matches_reference(real_llm, reference, name, prompt, record_property):
-    ref = reference(name)["prompts"].get(prompt)
-    if ref is None:
-        pytest.skip(f"no {prompt} in the reference of {name}")
+    ref = reference(name)["prompts"][prompt]
     llm = real_llm(name)
     assert llm.tokenize(ref["prompt_text"]) == ref["prompt_ids"]
     greedy = ref["greedy"]

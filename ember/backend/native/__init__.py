@@ -32,7 +32,8 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 @cache
 def _library() -> ctypes.CDLL | None:
     source = SOURCE.read_bytes()
-    tag = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    # -march=native: the library is only good for this kind of CPU, so its name says which
+    tag = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_flags()).hexdigest()[:16]
     path = envconfig.cache_dir() / f"ember-kernels-{tag}.so"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -49,6 +50,14 @@ def _library() -> ctypes.CDLL | None:
     lib.ember_qmatmul.argtypes = [ctypes.c_int, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64]
     lib.ember_dequant.argtypes = [ctypes.c_int, _ptr, _ptr, _i64, _i64]
     return lib
+
+
+def _cpu_flags() -> bytes:
+    try:
+        lines = Path("/proc/cpuinfo").read_bytes().splitlines()
+    except OSError:
+        return b""
+    return next((line for line in lines if line.startswith(b"flags")), b"")
 
 
 def available() -> bool:
