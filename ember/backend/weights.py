@@ -1,24 +1,26 @@
 """Weight objects models hold: linear layers (int4-packed where torch has a kernel, else fp32) and
 embedding tables kept quantized in memory and decoded by row. CPU kernels only.
 
-Kernels (torch 2.13, this CPU): Q4_0, Q4_1 and Q4_K run through
-`aten._weight_int4pack_mm_for_cpu` (groups of 32). Only its bf16 entry point is vectorised on x86
-(the fp32 one is a scalar loop, 20-100x slower than a dense fp32 matmul), so the int4 kind rounds
-activations, scales/zeros and outputs to bf16: its outputs differ from `dequantize(W) @ x` by
-about 2^-8 relative (bf16 rounding), not by fp32 rounding. `use_int4=False` gives the exact path.
-Every other type is expanded once to fp32 (exact): Q8_0, Q5_x and Q6_K have no exact torch
-kernel (`_weight_int8pack_mm` has one scale per output channel, not per 32-block).
+Kernels (torch 2.13): Q4_0, Q4_1 and Q4_K run on `aten._weight_int4pack_mm_for_cpu` (groups of
+32). Only its bf16 entry point is vectorised on x86 (the fp32 one is a scalar loop, 20-100x
+slower than a dense fp32 matmul), so the int4 kinds round activations, scales/zeros and outputs
+to bf16: outputs differ from `dequantize(W) @ x` by ~3e-3 rms relative (bf16 rounding), not by
+fp32 rounding. `use_int4=False` gives the exact path. Every other type is expanded once to fp32
+(exact): Q8_0, Q5_x and Q6_K have no exact torch kernel (`_weight_int8pack_mm` has one scale per
+output channel, not per 32-block). Opt-in `use_int4_planes` runs Q5_0/Q5_1/Q8_0 as two int4
+planes: 1.25 bytes a weight, bf16 precision, faster than fp32 for big heads at one row.
 
-Time per call, median ms, 1 thread (2 threads were unmeasurable: a neighbour held a core, and
-OpenMP then stalls to ~8 ms per call), `python -m ember.backend.weights` style loop in
-tests/backend/bench_weights.py:
-    shape (out x in)   rows   fp32 (x @ W^T)   int4
-    576 x 1536            1      0.050         0.034
-    1536 x 576            1      0.043         0.034
-    49152 x 576           1      4.9           1.35
-    576 x 1536          512      9.7           6.3
-    1536 x 576          512     10.2           6.3
-    49152 x 576         512    408             334
+`.venv/bin/python tests/backend/bench_weights.py 2` (and `1`), quiet machine, median ms a call,
+2 threads / 1 thread:
+    out x in     rows   fp32         int4 (Q4_0)   int4x2 (Q8_0)
+    576 x 1536      1   0.067/0.074  0.033/0.049   0.052/0.086
+    1536 x 576      1   0.058/0.070  0.032/0.048   0.050/0.086
+    49152 x 576     1   4.9/5.9      1.2/1.6       2.0/2.8
+    576 x 1536    512   5.3/10.2     4.2/9.5       8.2/18.5
+    1536 x 576    512   5.6/10.5     5.3/9.5       9.5/18.7
+    49152 x 576   512   221/421      192/299       326/585
+With a neighbour busy on the other core, each 2-thread int4 call stalls to ~8 ms (OpenMP waits
+for its descheduled thread); fp32 calls slow down ~5x.
 """
 
 from dataclasses import dataclass
