@@ -77,7 +77,8 @@ def run_llama_cpp(path: str, ids: list[int], gen: int, threads: int) -> dict:
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(gen):
-        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+        llm.eval([int(np.argmax(logits))])  # greedy on the last logits, as ours
     decode = time.perf_counter() - t0
     return {"load_s": load, "prefill_s": prefill, "decode_s": decode}
 

@@ -13,12 +13,22 @@ def attention(
     cache.put(k, v)
     keys, values, mask = cache.get()  # (H_kv, S, D), (T, S) or None
     num_tokens, num_heads, head_dim = q.shape
-    group = num_heads // keys.shape[0]
-    # Fold each group of query heads into the rows of its KV head: (H_kv, G * T, D), so the
-    # cached keys and values are used in place instead of being repeated per query head.
-    q = q.view(num_tokens, -1, group, head_dim).permute(1, 2, 0, 3).flatten(1, 2)
-    if mask is not None and group > 1:
-        mask = mask.repeat(group, 1)  # rows ordered (g, t) like q's
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
-    out = out.unflatten(1, (group, num_tokens))  # (H_kv, G, T, D_v)
-    return out.permute(2, 0, 1, 3).flatten(1)  # (T, H * D_v)
+    num_kv_heads = keys.shape[0]
+    # 4-D inputs: torch's CPU flash kernel takes them; 3-D ones fall to the slow math path.
+    if num_tokens == 1:
+        # One token: fold each group of query heads into the rows of its KV head, so the
+        # cached keys and values are used in place, never repeated per query head.
+        q4 = q.view(1, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        out = F.scaled_dot_product_attention(
+            q4, keys[None], values[None], attn_mask=mask, scale=scale
+        )  # (1, H_kv, G, D_v)
+        return out.reshape(1, -1)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        keys[None],
+        values[None],
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )  # (1, H, T, D_v)
+    return out[0].transpose(0, 1).flatten(1)
