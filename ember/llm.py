@@ -15,7 +15,7 @@ from ember.runner.generation import GenerateResult, Generation, Session
 from ember.template import BUILTIN, render_chat
 from ember.tokenizer import Tokenizer
 
-__all__ = ["LLM", "GenerateResult"]
+__all__ = ["LLM", "GenerateResult", "TokenStream"]
 
 
 class LLM:
@@ -68,13 +68,13 @@ class LLM:
         raw: bool = False,
         options: dict[str, Any] | None = None,
         stream: bool = False,
-    ) -> GenerateResult | Iterator[str]:
+    ) -> "GenerateResult | TokenStream":
         """The completion of prompt. With stream=True, an iterator of text pieces whose
         `result` attribute holds the GenerateResult once it is exhausted."""
         opts = Options.parse(options)
         generation = Generation(self.session, self.prompt_ids(prompt, raw=raw), opts)
         if stream:
-            return _Locked(generation, self.lock)
+            return TokenStream(generation, self.lock)
         with self.lock:
             for _ in generation:
                 pass
@@ -82,8 +82,9 @@ class LLM:
         return generation.result
 
 
-class _Locked:
-    """Streams a generation while holding the model's lock."""
+class TokenStream:
+    """The text pieces of a generation, streamed while holding the model's lock; `result`
+    holds the GenerateResult once the iteration has ended."""
 
     def __init__(self, generation: Generation, lock: threading.Lock) -> None:
         self.generation, self.lock = generation, lock

@@ -31,7 +31,7 @@ def render_chat(template: str, messages: list[dict[str, Any]], **context: Any) -
     env = minijinja.Environment()
     env.fuel = FUEL
     env.pycompat = True  # HF templates call Python string methods (.strip(), .startswith())
-    env.add_function("raise_exception", _raise)
+    env.add_global("raise_exception", _raise)
     try:
         return env.render_str(template, messages=messages, add_generation_prompt=True, **context)
     except TemplateError:

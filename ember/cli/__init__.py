@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ember.llm import LLM
+    from ember.llm import LLM, TokenStream
 
     prompt = " ".join(args.prompt) if args.prompt else sys.stdin.read()
     if not prompt.strip():
@@ -51,10 +51,11 @@ def _run(args: argparse.Namespace) -> int:
     }
     llm = LLM(args.model)
     stream = llm.generate(prompt, raw=args.raw, options=options, stream=True)
+    assert isinstance(stream, TokenStream)
     for piece in stream:
         print(piece, end="", flush=True)
     print()
-    result = stream.result  # type: ignore[union-attr]
+    result = stream.result
     if args.verbose and result is not None:
         _print_timings(result, llm.load_duration)
     return 0

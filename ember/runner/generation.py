@@ -106,7 +106,9 @@ class Generation:
         )
         logits = s.step(ids[s.reuse_prefix(ids) :], s.size[1])
         prompt_done = time.perf_counter_ns()
-        out, text, reason = [], [], "length"
+        out: list[int] = []
+        text: list[str] = []
+        reason = "length"
         while len(out) < num_predict:
             token = sampler.sample(logits)
             if token in tok.eos_ids:

@@ -86,7 +86,7 @@ class Block:
     def __call__(
         self,
         x: torch.Tensor,
-        ropes: dict[int, tuple[torch.Tensor, ...]],
+        ropes: dict[int, tuple[torch.Tensor, torch.Tensor]],
         cache: Cache,
         o: Gemma3Options,
         outputs: torch.Tensor | None,
