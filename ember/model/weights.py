@@ -68,6 +68,11 @@ class Weights:
             return concat_linear(parts)  # type: ignore[arg-type]
         return Linear.from_dense(torch.cat([p.dequantize() for p in parts]))
 
+    def output_head(self, vocab_size: int, hidden: int) -> Linear | native.NativeLinear:
+        """`output.weight`, or the token embeddings where the model ties them."""
+        head = "output.weight" if self.has("output.weight") else "token_embd.weight"
+        return self.linear(head, vocab_size, hidden)
+
     def embedding(self, name: str, vocab_size: int, dim: int) -> Embedding:
         info = self._info(name, (vocab_size, dim))
         return Embedding.from_gguf(self.gguf.raw(name), info.ggml_type, info.shape)

@@ -117,8 +117,7 @@ class Gemma3:
         self.token_embd = w.embedding("token_embd.weight", self.vocab_size, o.hidden)
         self.blocks = [Block(w, i, o) for i in range(o.num_layers)]
         self.output_norm = w.tensor("output_norm.weight", (o.hidden,))
-        head = "output.weight" if w.has("output.weight") else "token_embd.weight"  # tied
-        self.output = w.linear(head, self.vocab_size, o.hidden)
+        self.output = w.output_head(self.vocab_size, o.hidden)
 
     def make_cache(self) -> Cache:
         caches = [
