@@ -73,6 +73,36 @@ static inline void row_dot(int type, const uint8_t *row, const float *x, const f
     }
 }
 
+#ifdef __AVX512F__
+/* Q8_0 against one row of x, four rows of W at a time: the x block is loaded once for all
+ * four, and each row keeps two vector accumulators (the int8 -> float conversion is the cost). */
+static void q8_rows4(const uint8_t *w, const float *x, float *y, int64_t nb) {
+    const int64_t stride = nb * 34;
+    __m512 acc[4][2];
+    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512 x0 = _mm512_loadu_ps(x + b * QK), x1 = _mm512_loadu_ps(x + b * QK + 16);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *blk = w + r * stride + b * 34;
+            __m512 d = _mm512_set1_ps(f16(blk));
+            __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));
+            __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18))));
+            acc[r][0] = _mm512_fmadd_ps(_mm512_mul_ps(x0, c0), d, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(_mm512_mul_ps(x1, c1), d, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < 4; r++) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+static int q8_single_row(const uint8_t *w, const float *x, float *y, int64_t N, int64_t K) {
+    int64_t nb = K / QK;
+    if (N % 4) return 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n += 4) q8_rows4(w + n * nb * 34, x, y + n, nb);
+    return 1;
+}
+#endif
+
 #define ROWS(T)                                                                               \
     _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++)               \
         row_dot(T, w + n * (K / QK) * bytes, x, sums, y + n, M, N, K, bytes)
@@ -82,6 +112,12 @@ int ember_qmatmul(int type, const uint8_t *w, const float *x, float *y, float *s
                   int64_t M, int64_t N, int64_t K) {
     int bytes = block_bytes(type);
     if (bytes < 0 || K % QK) return -1;
+#ifdef __AVX512F__
+    if (type == 8 && N % 4 == 0) { /* row by row, so each row's sums are the same as alone */
+        for (int64_t m = 0; m < M; m++) q8_single_row(w, x + m * K, y + m * N, N, K);
+        return 0;
+    }
+#endif
     for (int64_t i = 0; i < M * (K / QK); i++) {
         float s = 0.0f;
         for (int j = 0; j < QK; j++) s += x[i * QK + j];
