@@ -46,18 +46,18 @@ class Options:
             top_k=self.top_k,
             top_p=self.top_p,
             min_p=self.min_p,
+            typical_p=self.typical_p,
+            # Ollama's -1: the whole context window
+            repeat_last_n=self.num_ctx if self.repeat_last_n == -1 else self.repeat_last_n,
+            repeat_penalty=self.repeat_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
             seed=self.seed,
         )
 
 
 # Runner options of Ollama that have no meaning on this engine (GPU layout, mmap): accepted, unused.
 _ACCEPTED_ELSEWHERE = {"num_gpu", "main_gpu", "use_mmap", "numa", "low_vram"}
-_NOT_YET = {
-    "typical_p": 1.0,
-    "repeat_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-}
 
 
 def _coerce(name: str, value: Any, kind: Any) -> Any:
@@ -82,10 +82,11 @@ def _validated(o: Options) -> Options:
     for name in ("num_ctx", "num_batch"):
         if getattr(o, name) < 1:
             raise OptionsError(f"option {name!r} must be at least 1, got {getattr(o, name)}")
-    if o.num_thread < 0 or o.repeat_last_n < -1:
-        raise OptionsError("num_thread must be >= 0 and repeat_last_n >= -1")
-    for name, default in _NOT_YET.items():
-        if getattr(o, name) != default:
-            raise OptionsError(f"option {name!r} is not supported by this version of Ember yet")
-    o.sampling()  # validates temperature, top_k, top_p, min_p
+    if o.num_thread < 0:
+        raise OptionsError(f"option 'num_thread' must be >= 0, got {o.num_thread}")
+    if o.repeat_last_n < -1:
+        raise OptionsError(
+            f"option 'repeat_last_n' must be >= -1 (-1: num_ctx, 0: off), got {o.repeat_last_n}"
+        )
+    o.sampling()  # validates the sampling values (typical_p, repeat_penalty, top_p, ...)
     return o

@@ -21,7 +21,11 @@ def test_given_options_override_defaults():
         ({"stop": [1, 2]}, "list of strings"),
         ({"num_ctx": 0}, "at least 1"),
         ({"top_p": 2}, "top_p must be within"),
-        ({"repeat_penalty": 1.3}, "not supported"),
+        ({"repeat_penalty": 0}, "repeat_penalty must be > 0"),
+        ({"typical_p": 0}, "typical_p must be within"),
+        ({"typical_p": 1.5}, "typical_p must be within"),
+        ({"repeat_last_n": -2}, "repeat_last_n' must be >= -1"),
+        ({"num_thread": -1}, "num_thread' must be >= 0"),
     ],
 )
 def test_bad_options_get_clear_errors(given, message):
@@ -32,3 +36,21 @@ def test_bad_options_get_clear_errors(given, message):
 def test_options_must_be_a_mapping():
     with pytest.raises(OptionsError):
         Options.parse(["temperature"])  # type: ignore[arg-type]
+
+
+def test_sampling_options_reach_the_sampler():
+    given = {
+        "typical_p": 0.7,
+        "repeat_penalty": 1.3,
+        "presence_penalty": -0.5,
+        "frequency_penalty": 0.25,
+        "repeat_last_n": 32,
+    }
+    p = Options.parse(given).sampling()
+    got = (p.typical_p, p.repeat_penalty, p.presence_penalty, p.frequency_penalty)
+    assert got == (0.7, 1.3, -0.5, 0.25) and p.repeat_last_n == 32
+
+
+def test_repeat_last_n_minus_one_means_num_ctx():
+    assert Options.parse({"repeat_last_n": -1, "num_ctx": 512}).sampling().repeat_last_n == 512
+    assert Options.parse({"repeat_last_n": 0}).sampling().has_penalties is False

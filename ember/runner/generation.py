@@ -104,6 +104,7 @@ class Generation:
             StopMatcher(opts.stop),
             tok.stream_decoder(),
         )
+        sampler.accept_all(ids)  # the prompt counts for the repeat penalties
         logits = s.step(ids[s.reuse_prefix(ids) :], s.size[1])
         prompt_done = time.perf_counter_ns()
         out: list[int] = []
@@ -115,6 +116,7 @@ class Generation:
                 reason = "stop"
                 break
             out.append(token)
+            sampler.accept(token)
             piece = stops.push(decoder.push(token))
             if piece:
                 text.append(piece)

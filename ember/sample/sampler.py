@@ -1,11 +1,16 @@
-"""Token sampling as Ollama orders it: greedy at temperature 0, else top_k, temperature,
-softmax, top_p, min_p, then a seeded draw. (Penalties and grammars come with the full sampler.)"""
+"""Token sampling: penalties over the recent tokens, then greedy at temperature 0, else top_k,
+temperature, softmax, typical_p, top_p, min_p and a seeded draw. Grammars live in grammar.py."""
 
+import math
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from ember.errors import OptionsError
+
+MAX_TOP_LOGPROBS = 20  # Ollama's bound on top_logprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +19,11 @@ class SamplingParams:
     top_k: int = 40
     top_p: float = 0.9
     min_p: float = 0.0
+    typical_p: float = 1.0  # 1.0: off
+    repeat_last_n: int = 64  # how many recent tokens the penalties look at; 0: none
+    repeat_penalty: float = 1.0  # 1.0: off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int = -1  # -1: a fresh random seed
 
     def __post_init__(self) -> None:
@@ -24,10 +34,25 @@ class SamplingParams:
         for name in ("top_p", "min_p"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise OptionsError(f"{name} must be within [0, 1], got {getattr(self, name)}")
+        if not 0.0 < self.typical_p <= 1.0:
+            raise OptionsError(f"typical_p must be within (0, 1], got {self.typical_p}")
+        if not self.repeat_penalty > 0.0:
+            raise OptionsError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.repeat_last_n < 0:
+            raise OptionsError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise OptionsError(f"{name} must be a finite number, got {getattr(self, name)}")
+
+    @property
+    def has_penalties(self) -> bool:
+        no_effect = (self.repeat_penalty, self.presence_penalty, self.frequency_penalty)
+        return self.repeat_last_n > 0 and no_effect != (1.0, 0.0, 0.0)
 
 
 class Sampler:
-    """Draws the next token from one row of logits; owns its random generator."""
+    """Draws the next token of one sequence; owns its random generator and the sequence's
+    recent tokens (fed with `accept`: the prompt's, then each generated one)."""
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
@@ -36,10 +61,30 @@ class Sampler:
             self.generator.manual_seed(params.seed)
         else:
             self.generator.seed()
+        self.recent: deque[int] = deque(maxlen=params.repeat_last_n)
+        self.counts: Counter[int] = Counter()  # occurrences of each token in recent
+
+    def accept(self, token: int) -> None:
+        """Records a token of the sequence, for the penalties of the following draws."""
+        if not self.params.has_penalties:
+            return
+        if len(self.recent) == self.recent.maxlen:
+            oldest = self.recent[0]  # leaves the window as token enters it
+            self.counts[oldest] -= 1
+            if not self.counts[oldest]:
+                del self.counts[oldest]
+        self.recent.append(token)
+        self.counts[token] += 1
+
+    def accept_all(self, tokens: Iterable[int]) -> None:
+        for token in tokens:
+            self.accept(token)
 
     def sample(self, logits: torch.Tensor) -> int:
         """logits (V,) float32 -> a token id."""
         p = self.params
+        if p.has_penalties and self.counts:
+            logits = penalize(logits, self.counts, p)
         if p.temperature == 0:
             return int(logits.argmax())
         ids, probs = candidates(logits, p)
@@ -47,11 +92,31 @@ class Sampler:
         return int(ids[choice])
 
 
+def penalize(logits: torch.Tensor, counts: Mapping[int, int], p: SamplingParams) -> torch.Tensor:
+    """llama.cpp's penalties on a copy of logits (V,): each token seen c > 0 times is divided by
+    repeat_penalty (multiplied when <= 0, so it still drops), then lowered by
+    c * frequency_penalty + presence_penalty."""
+    seen = [t for t in counts if 0 <= t < logits.numel()]
+    if not seen:
+        return logits
+    ids = torch.tensor(seen, dtype=torch.long)
+    c = torch.tensor([counts[t] for t in seen], dtype=logits.dtype)
+    x = logits[ids]
+    x = torch.where(x > 0, x / p.repeat_penalty, x * p.repeat_penalty)
+    x = x - (c * p.frequency_penalty + p.presence_penalty)
+    out = logits.clone()
+    out[ids] = x
+    return out
+
+
 def candidates(logits: torch.Tensor, p: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ids still allowed after top_k, top_p and min_p, with their probabilities (descending)."""
+    """The ids still allowed after top_k, typical_p, top_p and min_p, with their probabilities
+    (descending). Penalties are not applied here: pass penalized logits."""
     k = p.top_k if 0 < p.top_k < logits.numel() else logits.numel()
     values, ids = logits.topk(k)  # sorted descending
     probs = torch.softmax(values / max(p.temperature, 1e-7), dim=-1)
+    if p.typical_p < 1.0:
+        ids, probs = typical(ids, probs, p.typical_p)
     if p.top_p < 1.0:
         # keep the smallest prefix whose cumulative probability exceeds top_p
         before = probs.cumsum(0) - probs
@@ -63,3 +128,37 @@ def candidates(logits: torch.Tensor, p: SamplingParams) -> tuple[torch.Tensor, t
     if not bool(torch.isfinite(probs.sum())):
         raise ValueError("logits sum to NaN")
     return ids, probs
+
+
+def typical(
+    ids: torch.Tensor, probs: torch.Tensor, mass: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Locally typical sampling (llama.cpp's typical sampler): the tokens whose surprise
+    -log p is closest to the entropy, until their probabilities sum past mass. The kept ones come
+    back in their descending-probability order, renormalized (llama.cpp's top_p softmaxes again)."""
+    entropy = -torch.special.xlogy(probs, probs).sum()
+    shifted = (-probs.log() - entropy).abs()
+    order = shifted.argsort(stable=True)
+    past = (probs[order].cumsum(0) > mass).nonzero()
+    last = int(past[0]) + 1 if past.numel() else order.numel()
+    keep = order[:last].sort().values  # positions in probs, so still descending
+    kept = probs[keep]
+    return ids[keep], kept / kept.sum()
+
+
+def logprobs(logits: torch.Tensor, token: int, top_n: int) -> tuple[float, list[tuple[int, float]]]:
+    """From raw logits (V,) (before penalties and temperature, as Ollama): the log probability of
+    token, and the top_n most likely (id, logprob), descending (ties by id)."""
+    if not 0 <= top_n <= MAX_TOP_LOGPROBS:
+        raise OptionsError(f"top_logprobs must be within [0, {MAX_TOP_LOGPROBS}], got {top_n}")
+    if not 0 <= token < logits.numel():
+        raise ValueError(f"token {token} is outside the vocabulary of {logits.numel()}")
+    lp = torch.log_softmax(logits.float(), dim=-1)  # max-subtracted: stable
+    top: list[tuple[int, float]] = []
+    if top_n:
+        # every id tied with the n-th value, so that ties resolve by id, not by topk's whim
+        nth = lp.topk(min(top_n, lp.numel())).values[-1]
+        ids = (lp >= nth).nonzero().squeeze(1)
+        pairs = zip(ids.tolist(), lp[ids].tolist(), strict=True)
+        top = sorted(pairs, key=lambda t: (-t[1], t[0]))[:top_n]
+    return float(lp[token]), top

@@ -1,10 +1,12 @@
 """The sampler on small logit lists with exact expected outputs, and a seeded frequency check."""
 
+import math
+
 import pytest
 import torch
 
 from ember.errors import OptionsError
-from ember.sample import Sampler, SamplingParams, candidates
+from ember.sample import Sampler, SamplingParams, candidates, logprobs, penalize, typical
 
 LOGITS = torch.tensor([1.0, 3.0, 2.0, 0.0, -1.0])
 
@@ -51,8 +53,112 @@ def test_draws_follow_the_distribution():
 
 
 @pytest.mark.parametrize(
-    "bad", [{"temperature": -1}, {"top_k": -1}, {"top_p": 1.5}, {"min_p": -0.1}]
+    "bad",
+    [
+        {"temperature": -1},
+        {"top_k": -1},
+        {"top_p": 1.5},
+        {"min_p": -0.1},
+        {"typical_p": 0.0},
+        {"typical_p": 1.01},
+        {"repeat_penalty": 0.0},
+        {"repeat_penalty": float("nan")},
+        {"repeat_last_n": -1},
+        {"presence_penalty": float("inf")},
+    ],
 )
 def test_impossible_values_are_rejected(bad):
     with pytest.raises(OptionsError):
         SamplingParams(**bad)
+
+
+# Penalties: llama.cpp's formula, dyadic values so float32 is exact.
+PEN_LOGITS = torch.tensor([2.0, -1.0, 0.5, 3.0, 0.0])
+PEN = SamplingParams(repeat_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+
+
+def test_penalties_divide_positive_multiply_negative_then_subtract():
+    out = penalize(PEN_LOGITS, {0: 1, 1: 2, 4: 1}, PEN)
+    # 0: 2/2 - (.5 + .25); 1: -1*2 - (2*.5 + .25); 4: 0*2 - .75; 2 and 3 unseen
+    assert out.tolist() == [0.25, -3.25, 0.5, 3.0, -0.75]
+    assert PEN_LOGITS.tolist() == [2.0, -1.0, 0.5, 3.0, 0.0]  # the input is left alone
+
+
+def test_sampler_counts_only_the_last_repeat_last_n_tokens():
+    sampler = Sampler(SamplingParams(temperature=0, repeat_last_n=2, repeat_penalty=4.0))
+    sampler.accept_all([3, 3, 1, 3])  # window: [1, 3]
+    assert dict(sampler.counts) == {1: 1, 3: 1}
+    # 3.0 / 4 = 0.75 < 2.0: the penalty moves greedy off token 3, onto token 0
+    assert sampler.sample(PEN_LOGITS) == 0
+    unpenalized = Sampler(SamplingParams(temperature=0, repeat_last_n=0, repeat_penalty=4.0))
+    unpenalized.accept_all([3, 3, 1, 3])
+    assert unpenalized.sample(PEN_LOGITS) == 3 and not unpenalized.counts
+
+
+def test_penalties_come_before_top_k():
+    # token 3 (3.0) penalized to 0.375 drops out of top_k=2, leaving 0 (2.0) and 2 (0.5)
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=2, top_p=1.0, repeat_penalty=8.0))
+    sampler.accept(3)
+    assert {sampler.sample(PEN_LOGITS) for _ in range(50)} <= {0, 2}
+
+
+# probabilities 1/2, 1/4, 1/8, 1/8: entropy H = 1.75 ln 2, surprises 1, 2, 3, 3 (x ln 2),
+# so |surprise - H| = .75, .25, 1.25, 1.25: typical order is token 1, 0, then 2, 3.
+QUARTERS = torch.tensor([0.5, 0.25, 0.125, 0.125])
+
+
+@pytest.mark.parametrize(
+    ("mass", "ids", "probs"),
+    [
+        (0.2, [1], [1.0]),  # 1/4 > .2 already: the most typical, not the most likely
+        (0.5, [0, 1], [2 / 3, 1 / 3]),  # 1/4 + 1/2 > .5
+        (0.8, [0, 1, 2], [4 / 7, 2 / 7, 1 / 7]),  # 7/8 > .8
+    ],
+)
+def test_typical_keeps_the_tokens_nearest_the_entropy(mass, ids, probs):
+    kept_ids, kept = typical(torch.arange(4), QUARTERS, mass)
+    assert kept_ids.tolist() == ids
+    assert torch.allclose(kept, torch.tensor(probs))
+
+
+def test_typical_p_sits_after_softmax_before_top_p():
+    logits = QUARTERS.log()
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, typical_p=0.2)
+    assert candidates(logits, params)[0].tolist() == [1]
+    # typical_p .8 keeps 0, 1, 2 at 4/7, 2/7, 1/7; top_p .6 then keeps the prefix 0, 1
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=0.6, typical_p=0.8)
+    assert candidates(logits, params)[0].tolist() == [0, 1]
+
+
+def test_logprobs_are_a_stable_log_softmax_of_the_raw_logits():
+    logits = torch.tensor([1000.0, 1000.0 + math.log(3), -1000.0])  # naive exp overflows
+    lp, top = logprobs(logits, 0, 2)
+    # 1000 + ln 3 is stored to float32's 6e-5 step near 1000
+    assert lp == pytest.approx(math.log(1 / 4), abs=1e-4)
+    assert [i for i, _ in top] == [1, 0]
+    assert [v for _, v in top] == pytest.approx([math.log(3 / 4), math.log(1 / 4)], abs=1e-4)
+    assert logprobs(logits, 2, 0) == (pytest.approx(-2000.0 - math.log(4), abs=1e-3), [])
+
+
+def test_logprobs_ties_are_ordered_by_id():
+    _, top = logprobs(torch.zeros(30), 5, 20)
+    assert [i for i, _ in top] == list(range(20))
+
+
+@pytest.mark.parametrize("top_n", [-1, 21])
+def test_logprobs_top_n_is_bounded(top_n):
+    with pytest.raises(OptionsError, match="top_logprobs"):
+        logprobs(LOGITS, 0, top_n)
+
+
+@pytest.mark.model
+def test_repeat_penalty_breaks_a_greedy_loop_on_smollm2(real_llm):
+    llm = real_llm("smollm2:135m")
+    greedy = {"temperature": 0, "num_predict": 24}
+
+    def repeats(options: dict) -> int:
+        tokens = llm.generate("the the the the", raw=True, options=options).tokens
+        return len(tokens) - len(set(tokens))
+
+    plain, penalized = repeats(greedy), repeats({**greedy, "repeat_penalty": 1.5})
+    assert penalized < plain, (penalized, plain)
