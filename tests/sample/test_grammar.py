@@ -1,0 +1,239 @@
+"""Structured outputs on SmolLM2's tokenizer: random walks through the mask always give valid JSON,
+and the real model, constrained, always writes JSON that satisfies the schema."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ember.gguf import GGUFFile
+from ember.options import Options
+from ember.sample.grammar import Grammar, GrammarError, constrain, ll_tokenizer
+from ember.tokenizer.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.model
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "active": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3},
+        "address": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 10},
+                "zip": {"type": "integer", "minimum": 0, "maximum": 99999},
+            },
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "age", "role", "address"],
+    "additionalProperties": False,
+}
+
+TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
+
+
+def violations(value: Any, schema: dict[str, Any], where: str = "$") -> list[str]:
+    """A hand validator for the keywords SCHEMA uses (jsonschema is not installed)."""
+    kind = schema.get("type")
+    if kind == "integer":
+        if not isinstance(value, int) or isinstance(value, bool):
+            return [f"{where}: {value!r} is not an integer"]
+        if not schema.get("minimum", value) <= value <= schema.get("maximum", value):
+            return [f"{where}: {value} out of range"]
+    elif kind is not None and not isinstance(value, TYPES[kind]):
+        return [f"{where}: {value!r} is not {kind}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{where}: {value!r} not in enum"]
+    if isinstance(value, str) and len(value) > schema.get("maxLength", len(value)):
+        return [f"{where}: {value!r} too long"]
+    return container_violations(value, schema, where)
+
+
+def container_violations(value: Any, schema: dict[str, Any], where: str) -> list[str]:
+    bad: list[str] = []
+    if isinstance(value, list):
+        if len(value) > schema.get("maxItems", len(value)):
+            bad.append(f"{where}: too many items")
+        for i, item in enumerate(value):
+            bad += violations(item, schema["items"], f"{where}[{i}]")
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        bad += [f"{where}: missing {k}" for k in schema.get("required", []) if k not in value]
+        if schema.get("additionalProperties") is False:
+            bad += [f"{where}: extra key {k}" for k in value if k not in props]
+        for k, v in value.items():
+            if k in props:
+                bad += violations(v, props[k], f"{where}.{k}")
+    return bad
+
+
+def test_the_hand_validator_catches_each_violation() -> None:
+    good = {"name": "ann", "age": 3, "role": "user", "address": {"city": "x", "zip": 1}}
+    assert violations(good, SCHEMA) == []
+    for key, value in [
+        ("age", 121),
+        ("age", True),
+        ("role", "root"),
+        ("name", "123456789"),
+        ("tags", ["a", "b", "c", "d"]),
+        ("address", {"city": "x"}),
+        ("z", 1),
+    ]:
+        assert violations({**good, key: value}, SCHEMA), (key, value)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_path: Path) -> Tokenizer:
+    return Tokenizer.from_metadata(GGUFFile.open(smollm2_path).metadata)
+
+
+def random_walk(grammar: Grammar, gen: torch.Generator, max_tokens: int = 400) -> list[int]:
+    """Accepts a uniformly random allowed token until the grammar is done; the tokens."""
+    out: list[int] = []
+    while not grammar.is_done():
+        weights = grammar.mask().float()
+        weights[grammar.eos_id] = 0.0  # walk on while anything but EOS is allowed
+        token = int(torch.multinomial(weights, 1, generator=gen))
+        grammar.accept(token)
+        out.append(token)
+        assert len(out) < max_tokens, "the walk did not end"
+    return out
+
+
+def test_random_walks_through_the_mask_always_satisfy_the_schema(tokenizer: Tokenizer) -> None:
+    gen = torch.Generator().manual_seed(1234)
+    special = {i for i in range(tokenizer.vocab_size) if tokenizer.is_special(i)}
+    lengths = []
+    for _ in range(50):
+        grammar = Grammar.from_format(SCHEMA, tokenizer)
+        assert not grammar.mask()[sorted(special)].any()  # no control token inside JSON
+        tokens = random_walk(grammar, gen)
+        mask = grammar.mask()
+        assert mask.nonzero().flatten().tolist() == [min(tokenizer.eos_ids)]  # EOS alone
+        value = json.loads(tokenizer.decode(tokens))
+        assert violations(value, SCHEMA) == []
+        lengths.append(len(tokens))
+    assert min(lengths) > 10  # the walks really wrote objects, not a shortcut
+
+
+def test_json_format_accepts_any_object_and_parses(tokenizer: Tokenizer) -> None:
+    text = '{"a": [1, 2.5, {"b": "x\\n"}], "c": null, "d": true}'
+    grammar = Grammar.from_format("json", tokenizer)
+    assert not grammar.mask()[tokenizer.encode("[", add_special=False)[0]]  # an object only
+    for token in tokenizer.encode(text, add_special=False):
+        assert grammar.mask()[token]
+        grammar.accept(token)
+    assert grammar.is_done()
+    assert json.loads(text)["c"] is None
+
+
+def test_json_format_random_walk_parses(tokenizer: Tokenizer) -> None:
+    # a walk that favours closing tokens more as it grows, so any-JSON (unbounded) ends quickly
+    rng = random.Random(7)
+    closers = {tokenizer.encode(c, add_special=False)[0] for c in '}"]'} | {min(tokenizer.eos_ids)}
+    for _ in range(5):
+        grammar = Grammar.from_format("json", tokenizer)
+        tokens: list[int] = []
+        while not grammar.is_done() and len(tokens) < 300:
+            allowed = grammar.mask().nonzero().flatten().tolist()
+            closing = [t for t in allowed if t in closers]
+            token = rng.choice(closing if closing and rng.random() < len(tokens) / 40 else allowed)
+            if token == grammar.eos_id:
+                break
+            grammar.accept(token)
+            tokens.append(token)
+        assert isinstance(json.loads(tokenizer.decode(tokens)), dict)
+        assert len(tokens) < 300
+
+
+def test_regex_and_lark_formats(tokenizer: Tokenizer) -> None:
+    grammar = Grammar.from_format({"regex": "(yes|no)"}, tokenizer)
+    for token in tokenizer.encode("yes", add_special=False):
+        grammar.accept(token)
+    assert grammar.is_done()
+    grammar = Grammar.from_format({"lark": 'start: "a" "b"+'}, tokenizer)
+    grammar.accept(tokenizer.encode("a", add_special=False)[0])
+    assert not grammar.mask()[min(tokenizer.eos_ids)] and not grammar.is_accepting()
+
+
+@pytest.mark.parametrize(
+    ("fmt", "message"),
+    [
+        ({"type": "nonsense"}, "nonsense"),
+        ({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}, "nope"),
+        ({"regex": "[a-"}, "regex"),
+        ({"lark": "start: foo"}, "foo"),
+        ("xml", "json"),
+        (["json"], "dict"),
+    ],
+)
+def test_invalid_format_raises_at_construction(
+    tokenizer: Tokenizer, fmt: Any, message: str
+) -> None:
+    with pytest.raises(GrammarError, match=message):
+        Grammar.from_format(fmt, tokenizer)
+
+
+def test_accept_of_a_disallowed_token_raises(tokenizer: Tokenizer) -> None:
+    grammar = Grammar.from_format(SCHEMA, tokenizer)
+    # the forced start '{"' is offered as its one token only (llguidance's canonical form)
+    brace = tokenizer.encode('{"', add_special=False)
+    letter = tokenizer.encode("x", add_special=False)[0]
+    assert len(brace) == 1 and grammar.mask().nonzero().flatten().tolist() == brace
+    with pytest.raises(GrammarError, match=str(letter)):
+        grammar.accept(letter)
+    special = Grammar.from_format("json", tokenizer)
+    with pytest.raises(GrammarError):
+        special.accept(1)  # <|im_start|>, a control token
+
+
+def test_llguidance_tokenizer_is_built_once_per_tokenizer(tokenizer: Tokenizer) -> None:
+    first = ll_tokenizer(tokenizer)
+    start = time.perf_counter()
+    Grammar.from_format(SCHEMA, tokenizer)
+    assert ll_tokenizer(tokenizer) is first
+    assert time.perf_counter() - start < 0.1
+
+
+def test_constrain_sets_disallowed_logits_to_minus_inf(tokenizer: Tokenizer) -> None:
+    grammar = Grammar.from_format({"regex": "a"}, tokenizer)
+    logits = torch.arange(tokenizer.vocab_size + 3, dtype=torch.float32)  # padded rows too
+    out = constrain(logits, grammar)
+    finite = out.isfinite().nonzero().flatten().tolist()
+    assert finite == tokenizer.encode("a", add_special=False)
+    assert out[finite[0]] == logits[finite[0]]
+
+
+def test_real_model_constrained_generation_satisfies_schema(real_llm: Any) -> None:
+    llm = real_llm("smollm2:135m")
+    s, tok = llm.session, llm.tokenizer
+    prompt = llm.prompt_ids("Describe a user as JSON with name, age, role and address.")
+    gen = torch.Generator().manual_seed(0)
+    with llm.lock:
+        s.fit(Options())
+        for _ in range(5):
+            grammar = Grammar.from_format(SCHEMA, tok)
+            logits = s.step(prompt[s.reuse_prefix(prompt) :], s.size[1])
+            out: list[int] = []
+            for _ in range(120):
+                probs = torch.softmax(constrain(logits, grammar), -1)
+                token = int(torch.multinomial(probs, 1, generator=gen))
+                if token in tok.eos_ids:
+                    break
+                grammar.accept(token)
+                out.append(token)
+                logits = s.step([token], 1)
+            assert grammar.is_done()
+            assert violations(json.loads(tok.decode(out)), SCHEMA) == []
