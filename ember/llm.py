@@ -12,6 +12,7 @@ from ember.gguf import GGUFFile
 from ember.model import load_model
 from ember.options import Options
 from ember.runner.generation import GenerateResult, Generation, Session
+from ember.sample.grammar import Grammar
 from ember.template import BUILTIN, render_chat
 from ember.tokenizer import Tokenizer
 
@@ -68,11 +69,15 @@ class LLM:
         raw: bool = False,
         options: dict[str, Any] | None = None,
         stream: bool = False,
+        format: str | dict[str, Any] | None = None,
     ) -> "GenerateResult | TokenStream":
         """The completion of prompt. With stream=True, an iterator of text pieces whose
-        `result` attribute holds the GenerateResult once it is exhausted."""
+        `result` attribute holds the GenerateResult once it is exhausted. format constrains
+        the output: "json", a JSON schema, {"regex": ...} or {"lark": ...}."""
         opts = Options.parse(options)
-        generation = Generation(self.session, self.prompt_ids(prompt, raw=raw), opts)
+        grammar = Grammar.from_format(format, self.tokenizer) if format is not None else None
+        ids = self.prompt_ids(prompt, raw=raw)
+        generation = Generation(self.session, ids, opts, grammar)
         if stream:
             return TokenStream(generation, self.lock)
         with self.lock:

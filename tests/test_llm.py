@@ -1,5 +1,7 @@
 """The embeddable Python API on real models, as a user calls it."""
 
+import json
+
 import pytest
 
 from ember import LLM, ModelNotFoundError, OptionsError
@@ -84,3 +86,29 @@ def test_unknown_model_names_the_problem():
         LLM("nosuchmodel:1b")
     with pytest.raises(ModelNotFoundError):
         LLM("/nonexistent/model.gguf")
+
+
+def test_format_schema_is_always_enforced(real_llm):
+    llm = real_llm("smollm2:135m")
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "colour": {"enum": ["red", "green", "blue"]},
+            "sizes": {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+        },
+        "required": ["name", "colour", "sizes"],
+        "additionalProperties": False,
+    }
+    for seed in range(3):
+        result = llm.generate(
+            "Describe a shirt as JSON.",
+            format=schema,
+            options={"temperature": 1.0, "seed": seed, "num_predict": 200},
+        )
+        value = json.loads(result.text)
+        assert (
+            set(value) == {"name", "colour", "sizes"}
+            and value["colour"] in schema["properties"]["colour"]["enum"]
+        )
+        assert result.done_reason == "stop"

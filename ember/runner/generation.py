@@ -16,6 +16,7 @@ from ember.model import Model, forward
 from ember.options import Options
 from ember.runner.stop import StopMatcher
 from ember.sample import Sampler
+from ember.sample.grammar import Grammar, constrain
 from ember.tokenizer import Tokenizer
 
 
@@ -88,8 +89,11 @@ def truncate(ids: list[int], num_ctx: int, num_keep: int) -> list[int]:
 class Generation:
     """Iterates text pieces; `result` is set once the iteration ends."""
 
-    def __init__(self, session: Session, ids: list[int], opts: Options) -> None:
-        self.session, self.ids, self.opts = session, ids, opts
+    def __init__(
+        self, session: Session, ids: list[int], opts: Options, grammar: Grammar | None = None
+    ) -> None:
+        """grammar, when given, constrains every sampled token (structured outputs)."""
+        self.session, self.ids, self.opts, self.grammar = session, ids, opts, grammar
         self.result: GenerateResult | None = None
 
     def __iter__(self) -> Iterator[str]:
@@ -111,12 +115,16 @@ class Generation:
         text: list[str] = []
         reason = "length"
         while len(out) < num_predict:
+            if self.grammar is not None:
+                logits = constrain(logits, self.grammar)
             token = sampler.sample(logits)
             if token in tok.eos_ids:
                 reason = "stop"
                 break
             out.append(token)
             sampler.accept(token)
+            if self.grammar is not None:
+                self.grammar.accept(token)
             piece = stops.push(decoder.push(token))
             if piece:
                 text.append(piece)
