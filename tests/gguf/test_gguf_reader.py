@@ -20,7 +20,7 @@ from gguf_bytes import (
 )
 
 from ember.gguf import BLOCK_SIZES, GGMLType, GGUFError, GGUFFile
-from ember.gguf.reader import MAX_ARRAY_ITEMS
+from ember.gguf.cursor import MAX_ARRAY_ITEMS
 
 SMOLLM2 = (
     Path(__file__).resolve().parents[2]
