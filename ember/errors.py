@@ -11,3 +11,7 @@ class ModelNotFoundError(EmberError):
 
 class OptionsError(EmberError, ValueError):
     """An unknown option name, a wrong type or an impossible value."""
+
+
+class GenerationError(EmberError):
+    """A generation that failed while it ran (the engine reports why)."""

@@ -1,41 +1,97 @@
-"""The embeddable Python API: `LLM("smollm2:135m").generate("Why is the sky blue?")`, no server."""
+"""The embeddable Python API: `LLM("smollm2:135m").generate("Why is the sky blue?")`, no server.
+
+It runs on the same engine as the runner process, so several threads may generate at once:
+their sequences share the batches of one loop.
+"""
 
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ember.catalog import resolve_model
+from ember.errors import GenerationError
 from ember.gguf import GGUFFile
 from ember.model import load_model
 from ember.options import Options
-from ember.runner.generation import GenerateResult, Generation, Session
+from ember.runner.engine import Engine
+from ember.runner.sequence import Done, Piece, Request, Sequence, TokenLogprob
 from ember.sample.grammar import Grammar
 from ember.template import BUILTIN, render_chat
 from ember.tokenizer import Tokenizer
 
-__all__ = ["LLM", "GenerateResult", "TokenStream"]
+__all__ = ["LLM", "GenerateResult", "TokenLogprob", "TokenStream"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    """A finished generation; durations in nanoseconds, as Ollama reports them."""
+
+    text: str
+    tokens: list[int]
+    done_reason: str  # "stop" (end token or stop string) or "length" (num_predict reached)
+    prompt_eval_count: int
+    prompt_eval_duration: int
+    eval_count: int
+    eval_duration: int
+    total_duration: int
+    logprobs: list[TokenLogprob]  # one per generated token when asked for, else empty
 
 
 class LLM:
     """A loaded model. `model` is a bundled name (smollm2:135m, gemma3:270m,
-    qwen2.5-coder:0.5b) or a path to a GGUF file."""
+    qwen2.5-coder:0.5b) or a path to a GGUF file. num_parallel sequences run at once (more
+    wait for a free slot); num_ctx and num_batch come from each request's options, and a
+    request with other values reloads the engine once the running ones are done."""
 
-    def __init__(self, model: str, *, num_threads: int | None = None) -> None:
+    def __init__(
+        self, model: str, *, num_threads: int | None = None, num_parallel: int = 4
+    ) -> None:
         start = time.perf_counter_ns()
         if num_threads:
             torch.set_num_threads(num_threads)
         self.path = resolve_model(model)
         self.gguf = GGUFFile.open(self.path)
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
-        self.session = Session(load_model(self.gguf), self.tokenizer)
+        self.model = load_model(self.gguf)
+        self.num_parallel = num_parallel
         template = self.gguf.metadata.get("tokenizer.chat_template")
         arch = self.gguf.metadata.get("general.architecture", "")
         self.template = template if isinstance(template, str) else BUILTIN.get(arch)
-        self.lock = threading.Lock()  # one generation at a time until the runner loop lands
+        self._lock = threading.Lock()  # guards the engine's replacement
+        self._engine: Engine | None = None
+        self._size = (0, 0)
+        self.engine_for(Options())
         self.load_duration = time.perf_counter_ns() - start
+
+    def engine_for(self, opts: Options) -> Engine:
+        """The engine sized for opts' num_ctx and num_batch, reloaded when they change."""
+        size = (opts.num_ctx, opts.num_batch)
+        with self._lock:
+            if self._engine is None or size != self._size:
+                if self._engine is not None:
+                    while self._engine.busy():  # as a scheduler: let the running ones finish
+                        time.sleep(0.01)
+                    self._engine.close()
+                    self._engine = None
+                self._engine = Engine(
+                    self.model,
+                    self.tokenizer,
+                    num_parallel=self.num_parallel,
+                    num_ctx=opts.num_ctx,
+                    num_batch=opts.num_batch,
+                )
+                self._size = size
+            return self._engine
+
+    def close(self) -> None:
+        with self._lock:
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special=add_special)
@@ -70,34 +126,71 @@ class LLM:
         options: dict[str, Any] | None = None,
         stream: bool = False,
         format: str | dict[str, Any] | None = None,
+        logprobs: bool = False,
+        top_logprobs: int = 0,
     ) -> "GenerateResult | TokenStream":
         """The completion of prompt. With stream=True, an iterator of text pieces whose
         `result` attribute holds the GenerateResult once it is exhausted. format constrains
-        the output: "json", a JSON schema, {"regex": ...} or {"lark": ...}."""
+        the output: "json", a JSON schema, {"regex": ...} or {"lark": ...}. logprobs adds each
+        generated token's log probability, with the top_logprobs (0-20) most likely ones."""
         opts = Options.parse(options)
+        if not 0 <= top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be within [0, 20], got {top_logprobs}")
         grammar = Grammar.from_format(format, self.tokenizer) if format is not None else None
-        ids = self.prompt_ids(prompt, raw=raw)
-        generation = Generation(self.session, ids, opts, grammar)
+        request = Request(
+            self.prompt_ids(prompt, raw=raw),
+            opts,
+            grammar=grammar,
+            logprobs=logprobs or top_logprobs > 0,
+            top_logprobs=top_logprobs,
+        )
+        tokens = TokenStream(self.engine_for(opts).submit(request))
         if stream:
-            return TokenStream(generation, self.lock)
-        with self.lock:
-            for _ in generation:
-                pass
-        assert generation.result is not None
-        return generation.result
+            return tokens
+        for _ in tokens:
+            pass
+        assert tokens.result is not None
+        return tokens.result
 
 
 class TokenStream:
-    """The text pieces of a generation, streamed while holding the model's lock; `result`
-    holds the GenerateResult once the iteration has ended."""
+    """The text pieces of a generation as they come; `result` holds the GenerateResult once the
+    iteration has ended. Leaving the iteration early cancels the generation."""
 
-    def __init__(self, generation: Generation, lock: threading.Lock) -> None:
-        self.generation, self.lock = generation, lock
-
-    @property
-    def result(self) -> GenerateResult | None:
-        return self.generation.result
+    def __init__(self, seq: Sequence) -> None:
+        self.seq = seq
+        self.result: GenerateResult | None = None
 
     def __iter__(self) -> Iterator[str]:
-        with self.lock:
-            yield from self.generation
+        text: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        try:
+            while True:
+                event = self.seq.events.get()
+                if isinstance(event, Piece):
+                    logprobs += event.logprobs
+                    if event.text:
+                        text.append(event.text)
+                        yield event.text
+                    continue
+                self.result = _result(event, "".join(text), self.seq, logprobs)
+                return
+        finally:
+            if self.result is None:
+                self.seq.cancel()
+
+
+def _result(done: Done, text: str, seq: Sequence, logprobs: list[TokenLogprob]) -> GenerateResult:
+    if done.error is not None:
+        raise GenerationError(done.error)
+    return GenerateResult(
+        text=text,
+        tokens=list(seq.generated),
+        done_reason=done.done_reason,
+        prompt_eval_count=done.prompt_eval_count,
+        prompt_eval_duration=done.prompt_eval_duration,
+        eval_count=done.eval_count,
+        eval_duration=done.eval_duration,
+        total_duration=done.prompt_eval_duration + done.eval_duration,
+        logprobs=logprobs,
+    )

@@ -8,7 +8,7 @@ from ember import __version__
 from ember.errors import EmberError
 
 if TYPE_CHECKING:
-    from ember.runner.generation import GenerateResult
+    from ember.llm import GenerateResult
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,8 +28,14 @@ class Cache(Protocol):
         """Keys, values (H_kv, S, D) visible to the batch, and an additive mask (T, S) or None."""
 
     # --- used by the runner ---
-    def init(self, *, max_sequences: int, capacity: int, max_batch: int) -> None:
-        """Sizes the cell pool: capacity tokens for each of max_sequences sequences."""
+    def init(
+        self, *, max_sequences: int, capacity: int, max_batch: int, dtype: torch.dtype | None = None
+    ) -> None:
+        """Sizes the cell pool: capacity tokens for each of max_sequences sequences; dtype of
+        the stored keys and values (None: keep the cache's own, float32 by default)."""
+
+    def nbytes(self) -> int:
+        """Bytes the stored keys and values take (all layers, once allocated)."""
 
     def start_forward(self, batch: Batch, *, reserve: bool = False) -> None:
         """Places the batch's tokens in free cells and builds the masks for this forward pass."""

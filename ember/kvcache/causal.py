@@ -30,9 +30,13 @@ class CausalCache:
         self.num_cells = 0
 
     # --- cache management ---
-    def init(self, *, max_sequences: int, capacity: int, max_batch: int) -> None:
+    def init(
+        self, *, max_sequences: int, capacity: int, max_batch: int, dtype: torch.dtype | None = None
+    ) -> None:
         if not 1 <= max_sequences <= MAX_SEQUENCES:
             raise ValueError(f"max_sequences must be within 1..{MAX_SEQUENCES}")
+        if dtype is not None:
+            self.dtype = dtype
         self.num_cells = max_sequences * capacity
         self.cell_pos = torch.full((self.num_cells,), -1, dtype=torch.int64)
         self.cell_seqs = torch.zeros(self.num_cells, dtype=torch.int64)  # bit mask
@@ -43,10 +47,10 @@ class CausalCache:
         n = len(batch)
         positions = torch.tensor(batch.positions, dtype=torch.int64)
         seq_bits = torch.tensor([1 << s for s in batch.sequences], dtype=torch.int64)
-        if reserve:
+        if reserve:  # a dry run: the batch writes free cells and sees every cell up to its end
             self.locs = torch.arange(n)
-            self.lo, self.hi = 0, self.num_cells
-            self.mask: torch.Tensor | None = torch.zeros(n, self.num_cells)
+            self.lo, self.hi = 0, min(self.num_cells, int(positions.max()) + 1)
+            self.mask: torch.Tensor | None = None
             return
         free = (self.cell_seqs == 0).nonzero().squeeze(1)
         if free.numel() < n:
@@ -67,7 +71,7 @@ class CausalCache:
             visible &= cell_pos[None, :] > positions[:, None] - self.window
         if bool(visible.all()):
             return None  # plain attention over everything: lets SDPA take its fastest path
-        mask = torch.zeros(visible.shape, dtype=self.dtype)
+        mask = torch.zeros(visible.shape, dtype=torch.float32)
         return mask.masked_fill_(~visible, float("-inf"))
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
@@ -129,7 +133,14 @@ class CausalCache:
     def get(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         k = self.keys[self.layer][:, self.lo : self.hi]
         v = self.values[self.layer][:, self.lo : self.hi]
+        if self.dtype != torch.float32:  # a half-size cache still computes in float32
+            k, v = k.float(), v.float()
         return k, v, self.mask
+
+    def nbytes(self) -> int:
+        """Bytes the keys and values allocated so far take."""
+        tensors = [*self.keys.values(), *self.values.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _or_all(bits: torch.Tensor) -> int:

@@ -15,9 +15,16 @@ class WrapperCache:
         self.layer_types = list(layer_types)
         self.current = self.caches[0]
 
-    def init(self, *, max_sequences: int, capacity: int, max_batch: int) -> None:
+    def init(
+        self, *, max_sequences: int, capacity: int, max_batch: int, dtype: torch.dtype | None = None
+    ) -> None:
         for c in self.caches:
-            c.init(max_sequences=max_sequences, capacity=capacity, max_batch=max_batch)
+            c.init(
+                max_sequences=max_sequences, capacity=capacity, max_batch=max_batch, dtype=dtype
+            )
+
+    def nbytes(self) -> int:
+        return sum(c.nbytes() for c in self.caches)
 
     def start_forward(self, batch: Batch, *, reserve: bool = False) -> None:
         for c in self.caches:

@@ -17,7 +17,14 @@ class Model(Protocol):
         """A fresh, unsized cache of the kind this architecture needs (runner calls init)."""
 
     def forward(self, batch: Batch, cache: Cache) -> torch.Tensor:
-        """Logits (len(batch.outputs), vocab) float32; the cache has been started for batch."""
+        """Logits (len(batch.outputs), vocab) float32; the cache has been started for batch.
+        The same as logits(hidden(batch, cache))."""
+
+    def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        """Final (normalized) hidden states (len(batch.outputs), C) of the output rows."""
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head over hidden states (n, C) -> (n, vocab)."""
 
 
 def forward(model: Model, cache: Cache, batch: Batch) -> torch.Tensor:

@@ -134,6 +134,12 @@ class Gemma3:
         return rope.shift(key, delta)
 
     def forward(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        return self.logits(self.hidden(batch, cache))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.output(hidden)
+
+    def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         o = self.options
         x = self.token_embd.lookup(torch.tensor(batch.tokens)) * o.hidden**0.5  # (T, C)
         positions = torch.tensor(batch.positions)
@@ -142,4 +148,4 @@ class Gemma3:
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)
             x = block(x, ropes, cache, o, outputs if i == o.num_layers - 1 else None)
-        return self.output(rms_norm(x, self.output_norm, o.eps))
+        return rms_norm(x, self.output_norm, o.eps)

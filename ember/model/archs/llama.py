@@ -125,6 +125,12 @@ class Llama:
         return self.options.rope.shift(key, delta)
 
     def forward(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        return self.logits(self.hidden(batch, cache))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.output(hidden)
+
+    def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         o = self.options
         x = self.token_embd.lookup(torch.tensor(batch.tokens))  # (T, C)
         rope = o.rope.cos_sin(torch.tensor(batch.positions))
@@ -132,7 +138,7 @@ class Llama:
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)
             x = block(x, rope, cache, o, outputs if i == o.num_layers - 1 else None)
-        return self.output(rms_norm(x, self.output_norm, o.eps))
+        return rms_norm(x, self.output_norm, o.eps)
 
 
 def _cat_all(parts: list[torch.Tensor | None]) -> torch.Tensor | None:

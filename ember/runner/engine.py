@@ -1,0 +1,312 @@
+"""The run loop: one model serving many sequences over one shared KV cache.
+
+Every step: next batch (round-robin over the active sequences, at most num_batch tokens) →
+forward (on the compute thread, while this thread computes the grammar masks) → sample → emit.
+Requests come in from any thread with `submit`; their events come out of `Sequence.events`.
+"""
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from ember.batch import Batch
+from ember.errors import EmberError
+from ember.model import Model
+from ember.runner.inputcache import InputCache
+from ember.runner.memory import reserve
+from ember.runner.sequence import CLOSED, LENGTH, STOP, Piece, Request, Sequence, TokenLogprob
+from ember.sample import Sampler
+from ember.sample.sampler import logprobs
+from ember.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+KV_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+class EngineClosedError(EmberError):
+    """The engine was closed while a request waited or ran."""
+
+
+@dataclass(slots=True)
+class Part:
+    """One sequence's share of a batch: `count` of its pending inputs, and where its rows are."""
+
+    seq: Sequence
+    count: int
+    first: int  # index of its first token in the batch
+    output: int = -1  # row of its logits (generation) when its prompt is done; -1: none
+
+
+class Engine:
+    def __init__(
+        self,
+        model: Model,
+        tokenizer: Tokenizer,
+        *,
+        num_parallel: int = 1,
+        num_ctx: int = 4096,
+        num_batch: int = 512,
+        kv_type: str = "f32",
+        multiuser: bool = False,
+    ) -> None:
+        if kv_type not in KV_TYPES:
+            raise EmberError(f"kv cache type {kv_type!r} is not supported (use f32, f16 or bf16)")
+        if num_parallel < 1 or num_ctx < 1 or num_batch < 1:
+            raise EmberError("num_parallel, num_ctx and num_batch must be at least 1")
+        self.model, self.tokenizer = model, tokenizer
+        self.num_parallel = num_parallel
+        self.num_ctx = min(num_ctx, model.context_length)  # per sequence
+        self.num_batch = min(num_batch, self.num_ctx)
+        self.cache = model.make_cache()
+        self.kv_bytes = reserve(
+            model,
+            self.cache,
+            num_parallel=num_parallel,
+            num_ctx=self.num_ctx,
+            num_batch=self.num_batch,
+            dtype=KV_TYPES[kv_type],
+        )
+        self.inputs = InputCache(
+            self.cache, num_ctx=self.num_ctx, num_slots=num_parallel, multiuser=multiuser
+        )
+        self._cond = threading.Condition()
+        self._waiting: deque[Sequence] = deque()  # guarded by _cond
+        self._active: list[Sequence] = []  # the loop thread's own
+        self._next = 0  # where the next batch's round-robin starts
+        self._closed = False
+        self._compute = ThreadPoolExecutor(1, thread_name_prefix="ember-compute")
+        self._thread = threading.Thread(target=self._run, name="ember-runner", daemon=True)
+        self._thread.start()
+
+    # --- from any thread ---
+    def submit(self, request: Request) -> Sequence:
+        """Queues a request; raises (e.g. InputTooLongError) before anything runs."""
+        seq = Sequence(request, self.tokenizer, self.num_ctx)
+        with self._cond:
+            if self._closed:
+                raise EngineClosedError("the model is being unloaded")
+            self._waiting.append(seq)
+            self._cond.notify()
+        return seq
+
+    def busy(self) -> int:
+        """How many sequences are waiting or running."""
+        with self._cond:
+            return len(self._waiting) + len(self._active)
+
+    def close(self) -> None:
+        """Stops the loop; requests still waiting or running end with an error."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+        self._compute.shutdown()
+
+    # --- the loop thread ---
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._active and not self._waiting:
+                    self._cond.wait()
+                if self._closed:
+                    break
+                self._admit()
+            parts = self._next_batch()
+            if parts:
+                self._step(parts)
+        for seq in [*self._active, *self._waiting]:
+            seq.fail("the model was unloaded")
+
+    def _admit(self) -> None:
+        """Gives waiting sequences free slots, first come first served (under _cond)."""
+        while self._waiting and self.inputs.has_free_slot():
+            seq = self._waiting.popleft()
+            if seq.cancelled:
+                seq.done(CLOSED)
+                continue
+            seq.slot, num_past = self.inputs.load(seq.prompt, reuse=not seq.embedding)
+            seq.pending = seq.prompt[num_past:]
+            seq.groups = [seq.same_batch.get(i, 0) for i in range(num_past, len(seq.prompt))]
+            self._active.append(seq)
+
+    def _next_batch(self) -> list[Part]:
+        """Takes pending inputs round-robin: each sequence gets what the batch has left after
+        one token is set aside for each sequence still to come, so none ever starves."""
+        for seq in [s for s in self._active if s.cancelled]:
+            self._finish(seq, CLOSED)
+        active = self._active
+        if not active:
+            return []
+        start = self._next % len(active)
+        order = active[start:] + active[:start]
+        fits_all = len(order) <= self.num_batch
+        parts: list[Part] = []
+        used = 0
+        for i, seq in enumerate(order):
+            kept_for_others = len(order) - i - 1 if fits_all else 0
+            count = self._take(seq, self.num_batch - used - kept_for_others, batch_empty=not used)
+            if count:
+                parts.append(Part(seq, count, used))
+                used += count
+        # more sequences than num_batch: the next batch starts after the last one served
+        self._next = start + (1 if fits_all else max(len(parts), 1))
+        return parts
+
+    def _take(self, seq: Sequence, room: int, *, batch_empty: bool) -> int:
+        """How many of seq's pending inputs go in this batch (never splitting a same_batch
+        group); shifts seq's context first when it is full."""
+        need = 1 + seq.groups[0]
+        if len(seq.slot.inputs) + need > self.num_ctx:
+            if not seq.request.shift:
+                self._finish(seq, LENGTH)
+                return 0
+            again = self.inputs.shift(seq.slot, seq.num_keep)
+            seq.pending[:0] = again
+            seq.groups[:0] = [0] * len(again)
+        limit = min(room, self.num_ctx - len(seq.slot.inputs))
+        if batch_empty:
+            limit = max(limit, need)  # a group larger than num_batch still goes, alone
+        count = 0
+        while count < len(seq.pending) and count + 1 + seq.groups[count] <= limit:
+            count += 1 + seq.groups[count]
+        return count
+
+    def _step(self, parts: list[Part]) -> None:
+        batch = self._batch(parts)
+        running = self._compute.submit(self._forward, batch)
+        # beside the forward pass: the grammar masks of the rows about to be sampled
+        masks = [
+            p.seq.grammar.mask() if p.output >= 0 and p.seq.grammar is not None else None
+            for p in parts
+        ]
+        try:
+            hidden = running.result()
+            gen = [p for p in parts if p.output >= 0 and not p.seq.embedding]
+            with torch.inference_mode():
+                logits = self.model.logits(hidden[[p.output for p in gen]]) if gen else None
+        except Exception as err:  # a failed forward ends its sequences, never the loop
+            log.exception("forward pass failed")
+            for p in parts:
+                self._fail(p.seq, f"the forward pass failed: {err}")
+            return
+        for p in parts:
+            p.seq.slot.inputs.extend(p.seq.pending[: p.count])
+            del p.seq.pending[: p.count], p.seq.groups[: p.count]
+        rows = {id(p): r for r, p in enumerate(gen)}
+        for p, mask in zip(parts, masks, strict=True):
+            if p.seq.embedding:
+                self._pool(p, hidden)
+            elif logits is not None and id(p) in rows:
+                self._emit(p.seq, logits[rows[id(p)]], mask)
+
+    def _batch(self, parts: list[Part]) -> Batch:
+        tokens: list[int] = []
+        positions: list[int] = []
+        sequences: list[int] = []
+        outputs: list[int] = []
+        for p in parts:
+            seq, start = p.seq, len(p.seq.slot.inputs)
+            tokens += seq.pending[: p.count]
+            positions += range(start, start + p.count)
+            sequences += [seq.slot.id] * p.count
+            if seq.embedding:
+                p.output = len(outputs)
+                outputs += range(p.first, p.first + p.count)
+            elif p.count == len(seq.pending):  # its prompt is done: logits for the next token
+                p.output = len(outputs)
+                outputs.append(p.first + p.count - 1)
+        return Batch(tuple(tokens), tuple(positions), tuple(sequences), tuple(outputs))
+
+    def _forward(self, batch: Batch) -> torch.Tensor:
+        self.cache.start_forward(batch)
+        with torch.inference_mode():
+            return self.model.hidden(batch, self.cache)
+
+    def _emit(self, seq: Sequence, row: torch.Tensor, mask: torch.Tensor | None) -> None:
+        """Samples seq's next token from its logits row and streams what is final."""
+        if not seq.first_token:
+            seq.first_token = _now()
+        if len(seq.generated) >= seq.num_predict:  # num_predict 0: the prompt only
+            self._finish(seq, LENGTH)
+            return
+        token = _sample(seq.sampler, row, mask)
+        if token in self.tokenizer.eos_ids:
+            self._finish(seq, STOP)
+            return
+        seq.generated.append(token)
+        seq.sampler.accept(token)
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
+        if seq.request.logprobs:
+            seq.held_logprobs.append(self._logprob(row, token, seq.request.top_logprobs))
+        text = seq.stops.push(seq.decoder.push(token))
+        if text:
+            seq.events.put(Piece(text, tuple(seq.held_logprobs)))
+            seq.held_logprobs.clear()
+        if seq.stops.is_stopped:
+            self._finish(seq, STOP)
+        elif len(seq.generated) >= seq.num_predict:
+            self._finish(seq, LENGTH)
+        else:
+            seq.pending.append(token)
+            seq.groups.append(0)
+
+    def _logprob(self, row: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
+        lp, top = logprobs(row, token, top_n)
+        return TokenLogprob(self._text(token), lp, tuple((self._text(t), v) for t, v in top))
+
+    def _text(self, token: int) -> str:
+        return self.tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+
+    def _pool(self, p: Part, hidden: torch.Tensor) -> None:
+        """Adds an embedding sequence's hidden states; the mean once its prompt is done."""
+        seq = p.seq
+        rows = hidden[p.output : p.output + p.count].sum(dim=0)
+        seq.pooled = rows if seq.pooled is None else seq.pooled + rows
+        if not seq.pending:
+            seq.first_token = _now()
+            mean = (seq.pooled / len(seq.prompt)).tolist()
+            self._finish(seq, STOP, embedding=mean)
+
+    def _finish(self, seq: Sequence, reason: str, *, embedding: list[float] | None = None) -> None:
+        if reason != STOP or not seq.stops.is_stopped:  # text held back is final now
+            tail = seq.stops.push(seq.decoder.flush()) + seq.stops.flush()
+            if tail or seq.held_logprobs:
+                seq.events.put(Piece(tail, tuple(seq.held_logprobs)))
+        seq.held_logprobs.clear()
+        self._release(seq)
+        seq.done(reason, embedding=embedding)
+
+    def _fail(self, seq: Sequence, message: str) -> None:
+        self.cache.remove(seq.slot.id, 0, None)  # its cells may hold half a batch
+        seq.slot.inputs.clear()
+        self._release(seq)
+        seq.fail(message)
+
+    def _release(self, seq: Sequence) -> None:
+        if seq in self._active:
+            self._active.remove(seq)
+            self.inputs.release(seq.slot)
+
+
+def _sample(sampler: Sampler, row: torch.Tensor, mask: torch.Tensor | None) -> int:
+    if mask is not None:
+        row = _masked(row, mask)
+    return sampler.sample(row)
+
+
+def _masked(row: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    out = torch.full_like(row, float("-inf"))
+    n = min(row.numel(), allowed.numel())
+    out[:n] = torch.where(allowed[:n], row[:n], out[:n])
+    return out
+
+
+def _now() -> int:
+    return time.perf_counter_ns()

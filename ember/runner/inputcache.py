@@ -1,0 +1,107 @@
+"""The input cache: num_parallel slots over one KV cache, each remembering which tokens its
+cells hold, so that a new request reuses the longest cached prefix of its prompt.
+
+A slot's id is its sequence id in the KV cache. Optional multi-user mode (Ollama's
+OLLAMA_MULTIUSER_CACHE) shares a prefix between slots with copy_prefix instead of evaluating it
+again.
+"""
+
+import itertools
+from dataclasses import dataclass, field
+
+from ember.errors import EmberError
+from ember.kvcache import Cache, CacheFullError
+
+
+class NoFreeSlotError(EmberError):
+    """Every slot is serving a sequence."""
+
+
+@dataclass(eq=False)
+class Slot:
+    id: int
+    inputs: list[int] = field(default_factory=list)  # tokens in the cache, by position
+    in_use: bool = False
+    last_used: int = 0  # a use counter: higher is more recent
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def shift_discard(length: int, num_ctx: int, num_keep: int) -> int:
+    """How many inputs after num_keep a shift drops: enough to free half of what is not kept
+    (Ollama's ShiftDiscard)."""
+    target_free = max((num_ctx - num_keep) // 2, 1)
+    return max(0, min(target_free - (num_ctx - length), length - num_keep))
+
+
+class InputCache:
+    def __init__(self, cache: Cache, *, num_ctx: int, num_slots: int, multiuser: bool = False):
+        self.cache, self.num_ctx, self.multiuser = cache, num_ctx, multiuser
+        self.slots = [Slot(i) for i in range(num_slots)]
+        self._clock = itertools.count(1)
+
+    def has_free_slot(self) -> bool:
+        return any(not s.in_use for s in self.slots)
+
+    def load(self, prompt: list[int], *, reuse: bool = True) -> tuple[Slot, int]:
+        """Takes a free slot for prompt; returns it and how many leading prompt tokens its
+        cache already holds (at least the last token is always evaluated again)."""
+        free = [s for s in self.slots if not s.in_use]
+        if not free:
+            raise NoFreeSlotError("no free slot")
+        if not reuse:
+            slot, num_past = min(free, key=lambda s: s.last_used), 0
+        elif self.multiuser:
+            slot, num_past = self._best_shared(prompt, free)
+        else:
+            slot = max(free, key=lambda s: (common_prefix(s.inputs, prompt), -s.id))
+            num_past = common_prefix(slot.inputs, prompt)
+        num_past = min(num_past, len(prompt) - 1)
+        if not self.cache.can_resume(slot.id, num_past):
+            num_past = 0
+        self.cache.remove(slot.id, num_past, None)
+        del slot.inputs[num_past:]
+        slot.in_use, slot.last_used = True, next(self._clock)
+        return slot, num_past
+
+    def _best_shared(self, prompt: list[int], free: list[Slot]) -> tuple[Slot, int]:
+        """A free slot wholly a prefix of prompt; else the least recently used free slot, given
+        the longest prefix any slot holds (cells shared, not copied)."""
+        lengths = {s.id: common_prefix(s.inputs, prompt) for s in self.slots}
+        whole = [s for s in free if lengths[s.id] == len(s.inputs)]
+        if whole:
+            best = max(whole, key=lambda s: lengths[s.id])
+            return best, lengths[best.id]
+        slot = min(free, key=lambda s: s.last_used)
+        source = max(self.slots, key=lambda s: lengths[s.id])
+        longest = lengths[source.id]
+        if source is not slot and longest > lengths[slot.id]:
+            self.cache.copy_prefix(source.id, slot.id, longest)
+            slot.inputs = source.inputs[:longest]
+        return slot, common_prefix(slot.inputs, prompt)
+
+    def release(self, slot: Slot) -> None:
+        slot.in_use = False
+        slot.last_used = next(self._clock)
+
+    def shift(self, slot: Slot, num_keep: int) -> list[int]:
+        """Frees room in slot's context: drops inputs after num_keep and shifts the later ones
+        down. Returns the inputs to evaluate again when the cache cannot shift in place
+        (cells shared with another slot): then the slot is emptied and they come back."""
+        discard = shift_discard(len(slot.inputs), self.num_ctx, num_keep)
+        try:
+            self.cache.remove(slot.id, num_keep, num_keep + discard)
+        except (CacheFullError, NotImplementedError):
+            kept = slot.inputs[:num_keep] + slot.inputs[num_keep + discard :]
+            self.cache.remove(slot.id, 0, None)
+            slot.inputs = []
+            return kept
+        del slot.inputs[num_keep : num_keep + discard]
+        return []

@@ -1,0 +1,76 @@
+"""Worst-case reservation at load: allocate the whole KV cache and run the largest batch once, so
+that a model that does not fit fails now, with a message, and never in the middle of a request."""
+
+import psutil
+import torch
+
+from ember.batch import Batch
+from ember.errors import EmberError
+from ember.kvcache import Cache
+from ember.model import Model
+
+_MARGIN = 1.1  # allocator slack and the activations of one batch, over the exact KV figure
+
+
+class InsufficientMemoryError(EmberError):
+    """The KV cache and compute buffers of a load do not fit in the memory that is free."""
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def reserve(
+    model: Model,
+    cache: Cache,
+    *,
+    num_parallel: int,
+    num_ctx: int,
+    num_batch: int,
+    dtype: torch.dtype,
+) -> int:
+    """Sizes cache for num_parallel sequences of num_ctx tokens and runs a worst-case batch of
+    num_batch tokens over all of it. Returns the bytes the KV cache takes."""
+    # Bytes per cell, measured on a small cache of the same model: no per-arch arithmetic.
+    cache.init(max_sequences=1, capacity=num_batch, max_batch=num_batch, dtype=dtype)
+    _run_worst_case(model, cache, 1, end=1, outputs=1)
+    per_cell = cache.nbytes() / num_batch
+    cells = num_parallel * num_ctx
+    kv = per_cell * cells
+    mask = num_batch * cells * 4  # the additive mask of a full batch over every cell
+    need = (kv + mask) * _MARGIN
+    free = psutil.virtual_memory().available + cache.nbytes()
+    what = (
+        f"{num_parallel} × {num_ctx} tokens of KV cache ({gib(kv)}) and its compute buffers "
+        f"need {gib(need)}, but only {gib(free)} of memory is free; "
+        "lower num_ctx or the number of parallel requests"
+    )
+    if need > free:
+        raise InsufficientMemoryError(what)
+    try:
+        cache.init(max_sequences=num_parallel, capacity=num_ctx, max_batch=num_batch, dtype=dtype)
+        # The largest batch over a full context, then one token over every cell. The attention's
+        # time grows with the cells it sees but not its memory (a blocked kernel); the mask of
+        # a batch over all cells is counted in `need` above.
+        _run_worst_case(model, cache, num_batch, end=num_ctx, outputs=min(num_parallel, num_batch))
+        _run_worst_case(model, cache, 1, end=cells, outputs=1)
+    except (RuntimeError, MemoryError) as err:  # torch reports a failed allocation this way
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise InsufficientMemoryError(
+            f"cannot allocate {num_parallel} × {num_ctx} tokens of KV cache ({gib(kv)}) and "
+            f"its compute buffers: {first_line}"
+        ) from None
+    return cache.nbytes()
+
+
+def _run_worst_case(model: Model, cache: Cache, n: int, *, end: int, outputs: int) -> None:
+    """A dry-run batch of n tokens at the positions before end, which sees cells [0, end)."""
+    batch = Batch(
+        tokens=(0,) * n,
+        positions=tuple(range(end - n, end)),
+        sequences=(0,) * n,
+        outputs=tuple(range(n - outputs, n)),
+    )
+    cache.start_forward(batch, reserve=True)
+    with torch.inference_mode():
+        model.forward(batch, cache)

@@ -1,0 +1,153 @@
+"""One request inside the runner: what it asks (Request), what it streams back (Piece, Done),
+and its state while it runs (Sequence): inputs still to evaluate, sampler, stops, counts."""
+
+import queue
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ember.errors import EmberError
+from ember.options import Options
+from ember.runner.inputcache import Slot
+from ember.runner.stop import StopMatcher
+from ember.sample import Sampler
+from ember.sample.grammar import Grammar
+from ember.tokenizer import Tokenizer
+
+# done_reason values, as the runner reports them (Ollama's DoneReason 0, 1, 2)
+STOP, LENGTH, CLOSED = "stop", "length", "closed"
+
+
+class InputTooLongError(EmberError):
+    """A prompt longer than the context, with truncation turned off (HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """A completion (or embedding) as the runner receives it: the prompt already tokenized."""
+
+    inputs: list[int]
+    options: Options = field(default_factory=Options)
+    grammar: Grammar | None = None
+    shift: bool = True  # when the context fills: shift it (True) or end with "length"
+    truncate: bool = True  # a prompt longer than num_ctx: truncate it (True) or refuse it
+    logprobs: bool = False
+    top_logprobs: int = 0
+    embedding: bool = False  # pooled hidden states instead of a generation
+    # input index -> how many following inputs must share its batch (multimodal groups)
+    same_batch: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Text that is final (no stop string can still claim it), with its tokens' logprobs."""
+
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The last event of a sequence; durations in nanoseconds, as Ollama reports them."""
+
+    done_reason: str
+    prompt_eval_count: int
+    prompt_eval_duration: int
+    eval_count: int
+    eval_duration: int
+    embedding: list[float] | None = None
+    error: str | None = None
+
+
+Event = Piece | Done
+
+
+def truncate(inputs: list[int], num_ctx: int, num_keep: int, same_batch: dict[int, int]) -> int:
+    """How many inputs after num_keep to drop so the prompt fits num_ctx (0 if it fits); the
+    cut moves forward past any same_batch group it would split."""
+    if len(inputs) <= num_ctx:
+        return 0
+    discard = len(inputs) - num_ctx
+    end = num_keep + discard
+    for start, n in same_batch.items():
+        if start < end <= start + n:
+            end = start + n + 1
+    if end >= len(inputs):
+        raise InputTooLongError("the prompt is too long to keep anything after truncation")
+    return end - num_keep
+
+
+class Sequence:
+    """A request's state inside the runner loop. Consumers read `events`; `cancel()` is safe
+    from any thread and takes effect within one step."""
+
+    slot: Slot  # set by the runner when the sequence gets one
+    groups: list[int]  # same_batch group size of each pending input (0: none)
+
+    def __init__(self, request: Request, tokenizer: Tokenizer, num_ctx: int) -> None:
+        opts, inputs = request.options, list(request.inputs)
+        if not inputs:
+            raise EmberError("the prompt is empty")
+        self.request = request
+        self.num_keep = min(len(inputs) if opts.num_keep < 0 else opts.num_keep, num_ctx - 1)
+        same_batch = dict(request.same_batch)
+        if len(inputs) > num_ctx:
+            if not request.truncate:
+                raise InputTooLongError(
+                    f"the input length ({len(inputs)} tokens) exceeds the context length "
+                    f"({num_ctx} tokens)"
+                )
+            cut = truncate(inputs, num_ctx, self.num_keep, same_batch)
+            del inputs[self.num_keep : self.num_keep + cut]
+            same_batch = {
+                (i if i < self.num_keep else i - cut): n
+                for i, n in same_batch.items()
+                if i < self.num_keep or i >= self.num_keep + cut
+            }
+        self.prompt = inputs
+        self.same_batch = same_batch  # keyed by position in the sequence
+        self.pending: list[int] = []  # inputs not yet in the cache; set when a slot is taken
+        self.num_ctx = num_ctx
+        limit = 10 * num_ctx  # as Ollama: num_predict < 0 or > 10 × num_ctx means that cap
+        self.num_predict = opts.num_predict if 0 <= opts.num_predict <= limit else limit
+        self.embedding = request.embedding
+        self.sampler = Sampler(opts.sampling())
+        self.sampler.accept_all(inputs)  # the prompt counts for the repeat penalties
+        self.grammar = request.grammar
+        self.stops = StopMatcher(opts.stop)
+        self.decoder = tokenizer.stream_decoder()
+        self.generated: list[int] = []
+        self.held_logprobs: list[TokenLogprob] = []  # of tokens whose text is held back
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.cancelled = False
+        self.started = time.perf_counter_ns()
+        self.first_token = 0  # when prompt processing ended
+        self.pooled: torch.Tensor | None = None  # sum of hidden states (embedding requests)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def done(self, reason: str, *, embedding: list[float] | None = None) -> Done:
+        end = time.perf_counter_ns()
+        first = self.first_token or end
+        event = Done(
+            done_reason=reason,
+            prompt_eval_count=len(self.prompt),
+            prompt_eval_duration=first - self.started,
+            eval_count=len(self.generated),
+            eval_duration=end - first,
+            embedding=embedding,
+        )
+        self.events.put(event)
+        return event
+
+    def fail(self, message: str) -> None:
+        self.events.put(Done("error", len(self.prompt), 0, len(self.generated), 0, error=message))
