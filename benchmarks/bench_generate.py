@@ -36,24 +36,24 @@ def prompt_ids(path: str, n: int) -> list[int]:
 def run_ember(path: str, ids: list[int], gen: int, threads: int) -> dict:
     import torch
 
+    from ember.batch import Batch
     from ember.gguf import GGUFFile
-    from ember.model import load_model
-    from ember.options import Options
-    from ember.runner.generation import Session
-    from ember.tokenizer import Tokenizer
+    from ember.model import forward, load_model
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    gguf = GGUFFile.open(path)
-    session = Session(load_model(gguf), Tokenizer.from_metadata(gguf.metadata))
-    session.fit(Options(num_ctx=len(ids) + gen + 8))
+    model = load_model(GGUFFile.open(path))
+    cache = model.make_cache()
+    cache.init(max_sequences=1, capacity=len(ids) + gen + 8, max_batch=512)
     load = time.perf_counter() - t0
     t0 = time.perf_counter()
-    logits = session.step(ids, 512)
+    for start in range(0, len(ids), 512):
+        chunk = ids[start : start + 512]
+        logits = forward(model, cache, Batch.single(chunk, start))[0]
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
-    for _ in range(gen):
-        logits = session.step([int(logits.argmax())], 1)
+    for i in range(gen):
+        logits = forward(model, cache, Batch.single([int(logits.argmax())], len(ids) + i))[0]
     decode = time.perf_counter() - t0
     return {"load_s": load, "prefill_s": prefill, "decode_s": decode}
 

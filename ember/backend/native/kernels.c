@@ -54,22 +54,29 @@ static int block_bytes(int type) {
     }
 }
 
-/* One output row n of W against M rows of x; sums holds each x row's per-block sums. */
+#define MAX_M 8 /* rows of x per call: the accumulators of all of them stay on the stack */
+
+/* One output row n of W against M rows of x; sums holds each x row's per-block sums. Each block
+ * is unpacked once for all M rows (one read of W per step), and each (m, n) output adds the
+ * same terms in the same order as it would alone. */
 static inline void row_dot(int type, const uint8_t *row, const float *x, const float *sums,
                            float *y, int64_t M, int64_t N, int64_t K, int bytes) {
     int64_t nb = K / QK;
-    for (int64_t m = 0; m < M; m++) {
-        const float *xm = x + m * K, *sm = sums + m * nb;
-        float acc[QK] = {0}, off = 0.0f, c[QK], d, o;
-        for (int64_t b = 0; b < nb; b++) {
-            unpack(type, row + b * bytes, c, &d, &o);
-            const float *xb = xm + b * QK;
-            for (int j = 0; j < QK; j++) acc[j] += d * (xb[j] * c[j]);
-            off += o * sm[b];
+    float acc[MAX_M][QK], off[MAX_M], c[QK], d, o;
+    memset(acc, 0, sizeof(acc));
+    memset(off, 0, sizeof(off));
+    for (int64_t b = 0; b < nb; b++) {
+        unpack(type, row + b * bytes, c, &d, &o);
+        for (int64_t m = 0; m < M; m++) {
+            const float *xb = x + m * K + b * QK;
+            for (int j = 0; j < QK; j++) acc[m][j] += d * (xb[j] * c[j]);
+            off[m] += o * sums[m * nb + b];
         }
+    }
+    for (int64_t m = 0; m < M; m++) {
         float s = 0.0f;
-        for (int j = 0; j < QK; j++) s += acc[j];
-        y[m * N] = s + off;
+        for (int j = 0; j < QK; j++) s += acc[m][j];
+        y[m * N] = s + off[m];
     }
 }
 
@@ -94,11 +101,37 @@ static void q8_rows4(const uint8_t *w, const float *x, float *y, int64_t nb) {
     for (int r = 0; r < 4; r++) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
-static int q8_single_row(const uint8_t *w, const float *x, float *y, int64_t N, int64_t K) {
+/* Q8_0, one row of W against M rows of x: the block is converted once for all of them, and
+ * each (m, n) output takes the same steps as in q8_rows4, so it is bit-equal to alone. */
+static void q8_row_many(const uint8_t *w, const float *x, float *y, int64_t nb, int64_t M,
+                        int64_t K, int64_t N) {
+    __m512 acc[MAX_M][2];
+    for (int64_t m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * 34;
+        __m512 d = _mm512_set1_ps(f16(blk));
+        __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));
+        __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18))));
+        for (int64_t m = 0; m < M; m++) {
+            const float *xb = x + m * K + b * QK;
+            acc[m][0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(xb), c0), d, acc[m][0]);
+            acc[m][1] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), c1), d, acc[m][1]);
+        }
+    }
+    for (int64_t m = 0; m < M; m++)
+        y[m * N] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+}
+
+static int q8_rows(const uint8_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K) {
     int64_t nb = K / QK;
     if (N % 4) return 0;
-    #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n += 4) q8_rows4(w + n * nb * 34, x, y + n, nb);
+    if (M == 1) {
+        #pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; n += 4) q8_rows4(w + n * nb * 34, x, y + n, nb);
+    } else {
+        #pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < N; n++) q8_row_many(w + n * nb * 34, x, y + n, nb, M, K, N);
+    }
     return 1;
 }
 #endif
@@ -111,12 +144,9 @@ static int q8_single_row(const uint8_t *w, const float *x, float *y, int64_t N, 
 int ember_qmatmul(int type, const uint8_t *w, const float *x, float *y, float *sums,
                   int64_t M, int64_t N, int64_t K) {
     int bytes = block_bytes(type);
-    if (bytes < 0 || K % QK) return -1;
+    if (bytes < 0 || K % QK || M < 1 || M > MAX_M) return -1;
 #ifdef __AVX512F__
-    if (type == 8 && N % 4 == 0) { /* row by row, so each row's sums are the same as alone */
-        for (int64_t m = 0; m < M; m++) q8_single_row(w, x + m * K, y + m * N, N, K);
-        return 0;
-    }
+    if (type == 8 && q8_rows(w, x, y, M, N, K)) return 0;
 #endif
     for (int64_t i = 0; i < M * (K / QK); i++) {
         float s = 0.0f;
