@@ -131,7 +131,7 @@ class Engine:
                 seq.done(CLOSED)
                 continue
             seq.slot, num_past = self.inputs.load(seq.prompt, reuse=not seq.embedding)
-            seq.pending = seq.prompt[num_past:]
+            seq.pending, seq.num_past = seq.prompt[num_past:], num_past
             seq.groups = [seq.same_batch.get(i, 0) for i in range(num_past, len(seq.prompt))]
             self._active.append(seq)
 

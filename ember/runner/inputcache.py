@@ -75,13 +75,11 @@ class InputCache:
         """A free slot wholly a prefix of prompt; else the least recently used free slot, given
         the longest prefix any slot holds (cells shared, not copied)."""
         lengths = {s.id: common_prefix(s.inputs, prompt) for s in self.slots}
-        whole = [s for s in free if lengths[s.id] == len(s.inputs)]
-        if whole:
-            best = max(whole, key=lambda s: lengths[s.id])
-            return best, lengths[best.id]
-        slot = min(free, key=lambda s: s.last_used)
         source = max(self.slots, key=lambda s: lengths[s.id])
         longest = lengths[source.id]
+        if not source.in_use and longest == len(source.inputs):
+            return source, longest
+        slot = min(free, key=lambda s: s.last_used)
         if source is not slot and longest > lengths[slot.id]:
             self.cache.copy_prefix(source.id, slot.id, longest)
             slot.inputs = source.inputs[:longest]

@@ -59,12 +59,13 @@ class Done:
     """The last event of a sequence; durations in nanoseconds, as Ollama reports them."""
 
     done_reason: str
-    prompt_eval_count: int
+    prompt_eval_count: int  # prompt tokens evaluated: a reused prefix is not counted
     prompt_eval_duration: int
     eval_count: int
     eval_duration: int
     embedding: list[float] | None = None
     error: str | None = None
+    prompt_count: int = 0  # the whole prompt (after truncation), cached prefix included
 
 
 Event = Piece | Done
@@ -131,6 +132,7 @@ class Sequence:
         self.started = time.perf_counter_ns()
         self.first_token = 0  # when prompt processing ended
         self.pooled: torch.Tensor | None = None  # sum of hidden states (embedding requests)
+        self.num_past = 0  # prompt tokens found in the cache
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -140,14 +142,17 @@ class Sequence:
         first = self.first_token or end
         event = Done(
             done_reason=reason,
-            prompt_eval_count=len(self.prompt),
+            prompt_eval_count=len(self.prompt) - self.num_past,
             prompt_eval_duration=first - self.started,
             eval_count=len(self.generated),
             eval_duration=end - first,
             embedding=embedding,
+            prompt_count=len(self.prompt),
         )
         self.events.put(event)
         return event
 
     def fail(self, message: str) -> None:
-        self.events.put(Done("error", len(self.prompt), 0, len(self.generated), 0, error=message))
+        self.events.put(
+            Done("error", 0, 0, len(self.generated), 0, error=message, prompt_count=len(self.prompt))
+        )

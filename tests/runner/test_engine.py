@@ -1,0 +1,247 @@
+"""The run loop driven by a fake model with exact token lists: generation, stop, cancel, shift,
+prefix reuse, round-robin fairness, same_batch groups, embeddings."""
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from fakes import FakeModel, FakeTokenizer
+
+from ember.options import Options
+from ember.runner.engine import Engine
+from ember.runner.sequence import Done, InputTooLongError, Piece, Request, Sequence
+
+TOK = FakeTokenizer()
+GREEDY = {"temperature": 0.0}
+
+
+def opts(**kw: object) -> Options:
+    return Options.parse({**GREEDY, **kw})
+
+
+def collect(seq: Sequence) -> tuple[str, Done]:
+    text = []
+    while not isinstance(event := seq.events.get(timeout=10), Done):
+        assert isinstance(event, Piece)
+        text.append(event.text)
+    return "".join(text), event
+
+
+@pytest.fixture
+def make() -> Iterator:
+    engines: list[Engine] = []
+
+    def build(model: FakeModel | None = None, **kw: object) -> tuple[Engine, FakeModel]:
+        model = model or FakeModel()
+        kw = {"num_parallel": 1, "num_ctx": 64, "num_batch": 16, **kw}
+        engine = Engine(model, TOK, **kw)  # type: ignore[arg-type]
+        model.clear()  # forget the reservation's dry runs
+        engines.append(engine)
+        return engine, model
+
+    yield build
+    for engine in engines:
+        engine.close()
+
+
+def test_generates_the_successors(make):
+    engine, _ = make()
+    text, done = collect(engine.submit(Request([0, 1, 2], opts(num_predict=5))))
+    assert text == "ddeeffgghh"
+    assert (done.done_reason, done.prompt_eval_count, done.eval_count) == ("length", 3, 5)
+
+
+def test_end_token_stops_without_text(make):
+    engine, _ = make(FakeModel(eos_after=5))
+    text, done = collect(engine.submit(Request([3], opts(num_predict=50))))
+    assert (text, done.done_reason, done.eval_count) == ("eeff", "stop", 2)
+
+
+def test_stop_string_is_cut_mid_token_and_never_sent(make):
+    engine, _ = make()
+    seq = engine.submit(Request([0], opts(num_predict=20, stop=["cd", "zz"])))
+    text, done = collect(seq)
+    assert (text, done.done_reason) == ("bbc", "stop")  # "bbccdd": the stop starts inside "cc"
+
+
+def test_num_predict_zero_evaluates_the_prompt_only(make):
+    engine, _ = make()
+    text, done = collect(engine.submit(Request([0, 1], opts(num_predict=0))))
+    assert (text, done.done_reason, done.eval_count, done.prompt_eval_count) == ("", "length", 0, 2)
+
+
+def test_cancel_frees_the_slot_within_one_step(make):
+    engine, model = make()
+    seq = engine.submit(Request([0], opts(num_predict=100_000, num_ctx=64)))
+    assert isinstance(seq.events.get(timeout=10), Piece)
+    seq.cancel()
+    steps_at_cancel = len(model.batches)
+    _, done = collect(seq)
+    assert done.done_reason == "closed"
+    assert len(model.batches) - steps_at_cancel <= 2  # the one in flight, at most one more
+    # the only slot is free again: the next request runs
+    text, _ = collect(engine.submit(Request([5], opts(num_predict=1))))
+    assert text == "gg"
+
+
+def test_a_waiting_request_cancelled_before_it_starts_ends_closed(make):
+    engine, _ = make()
+    first = engine.submit(Request([0], opts(num_predict=2000)))
+    waiting = engine.submit(Request([1], opts(num_predict=5)))
+    waiting.cancel()
+    first.cancel()
+    assert collect(waiting)[1].done_reason == "closed"
+    assert collect(first)[1].done_reason == "closed"
+
+
+def test_shift_keeps_num_keep_and_renumbers_positions(make):
+    engine, model = make(num_ctx=8, num_batch=8)
+    prompt = [0, 1, 2, 3]
+    text, done = collect(engine.submit(Request(prompt, opts(num_predict=20, num_keep=2))))
+    expected = [(3 + i) % 26 + 1 for i in range(20)]
+    assert text == TOK.text([t % 26 for t in expected]) and done.eval_count == 20
+    for seen in model.seen:
+        assert len(seen.tokens) <= 8
+        assert seen.tokens[:2] == [0, 1]  # num_keep survives every shift
+        assert seen.positions == list(range(len(seen.positions)))  # re-rotated keys
+        # the rest is a run of successors ending with the token being evaluated
+        tail = seen.tokens[2:]
+        assert all(b == (a + 1) % 26 for a, b in zip(tail, tail[1:], strict=False))
+    shifted = [s for s in model.seen if s.tokens[2] != 2]
+    assert shifted, "the context never shifted"
+    # a shift discards half of what follows num_keep: (8 - 2) // 2 = 3 tokens
+    assert all(s.position <= 7 for s in model.seen)
+
+
+def test_without_shift_a_full_context_ends_with_length(make):
+    engine, _ = make(num_ctx=8)
+    _, done = collect(engine.submit(Request([0, 1, 2, 3], opts(num_predict=50), shift=False)))
+    assert (done.done_reason, done.eval_count) == ("length", 5)
+
+
+def test_long_prompt_is_truncated_after_num_keep_or_refused(make):
+    engine, model = make(num_ctx=8, num_batch=8)
+    prompt = list(range(12))
+    with pytest.raises(InputTooLongError, match="exceeds the context length"):
+        engine.submit(Request(prompt, opts(), truncate=False))
+    _, done = collect(engine.submit(Request(prompt, opts(num_predict=1, num_keep=3))))
+    assert done.prompt_eval_count == 8
+    assert model.batches[0].tokens == (0, 1, 2, 7, 8, 9, 10, 11)
+
+
+def test_prefix_is_reused_and_one_token_always_evaluated(make):
+    engine, model = make()
+    prompt = list(range(10))
+    collect(engine.submit(Request(prompt, opts(num_predict=3))))
+    model.clear()
+    _, done = collect(engine.submit(Request([*prompt[:8], 20, 21], opts(num_predict=1))))
+    assert model.batches[0].tokens == (20, 21) and model.batches[0].positions == (8, 9)
+    assert done.prompt_eval_count == 2
+    model.clear()
+    collect(engine.submit(Request([*prompt[:8], 20, 21], opts(num_predict=1))))
+    assert model.batches[0].tokens == (21,)  # all cached: the last one runs again for logits
+    assert model.seen[0].tokens == [*prompt[:8], 20, 21]
+
+
+def test_round_robin_gives_every_sequence_a_share_of_each_batch(make):
+    engine, model = make(num_parallel=3, num_batch=4)
+    seqs = [engine.submit(Request([i] * 10, opts(num_predict=3))) for i in range(3)]
+    results = [collect(s) for s in seqs]
+    assert all(done.eval_count == 3 for _, done in results)
+    for batch in model.batches:
+        assert len(batch) <= 4
+    # while all three still have prompt to evaluate, each batch holds all three
+    full = [b for b in model.batches if len(set(b.sequences)) == 3]
+    assert len(full) >= 4
+    busy = model.batches[: len(full)]
+    assert all(len(set(b.sequences)) == 3 for b in busy)
+
+
+def test_more_sequences_than_batch_tokens_all_progress(make):
+    engine, model = make(num_parallel=6, num_batch=2)
+    seqs = [engine.submit(Request([i, i + 1], opts(num_predict=4))) for i in range(6)]
+    texts = [collect(s)[0] for s in seqs]
+    assert texts == [TOK.text([(i + 2 + k) % 26 for k in range(4)]) for i in range(6)]
+    assert all(len(b) <= 2 for b in model.batches)
+
+
+def test_same_batch_group_is_never_split(make):
+    engine, model = make(num_batch=4)
+    prompt = list(range(9))
+    seq = engine.submit(Request(prompt, opts(num_predict=1), same_batch={2: 3}))
+    collect(seq)
+    holder = [b for b in model.batches if 2 in b.tokens]
+    assert len(holder) == 1 and {2, 3, 4, 5} <= set(holder[0].tokens)
+
+
+def test_multiuser_cache_shares_a_prefix_between_slots(make):
+    engine, model = make(num_parallel=2, multiuser=True)
+    prompt = list(range(12))
+    collect(engine.submit(Request(prompt, opts(num_predict=2))))
+    model.clear()
+    # another user's prompt sharing 10 tokens goes to the other slot, with the prefix shared
+    _, done = collect(engine.submit(Request([*prompt[:10], 25, 24], opts(num_predict=1))))
+    assert model.batches[0].sequences == (1, 1) and model.batches[0].positions == (10, 11)
+    assert model.seen[0].tokens == [*prompt[:10], 25, 24]
+    model.clear()
+    # the first slot still holds its own context
+    collect(engine.submit(Request(prompt, opts(num_predict=1))))
+    assert model.batches[0].sequences == (0,) and model.batches[0].tokens == (11,)
+
+
+def test_parallel_sequences_get_what_they_get_alone(make):
+    engine, _ = make(num_parallel=4, num_batch=5)
+    requests = [Request(list(range(i, i + 3 + 2 * i)), opts(num_predict=6)) for i in range(4)]
+    alone = [collect(engine.submit(r))[0] for r in requests]
+    results: list[str] = [""] * 4
+
+    def run(i: int) -> None:
+        results[i] = collect(engine.submit(requests[i]))[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == alone
+
+
+def test_embedding_is_the_mean_of_hidden_states(make):
+    engine, _ = make(num_batch=2)
+    _, done = collect(engine.submit(Request([1, 2, 3, 6], opts(), embedding=True)))
+    assert done.embedding == [3.0, 1.5]  # mean token, mean position (split over two batches)
+
+
+def test_logprobs_come_with_their_tokens(make):
+    engine, _ = make()
+    seq = engine.submit(Request([0], opts(num_predict=2), logprobs=True, top_logprobs=2))
+    pieces = []
+    while not isinstance(event := seq.events.get(timeout=10), Done):
+        pieces.append(event)
+    lps = [lp for p in pieces for lp in p.logprobs]
+    assert [lp.token for lp in lps] == ["bb", "cc"]
+    assert lps[0].logprob == pytest.approx(0.0, abs=1e-6)
+    assert lps[0].top[0] == ("bb", lps[0].logprob) and len(lps[0].top) == 2
+
+
+def test_a_failing_forward_ends_its_sequences_not_the_loop(make):
+    class Broken(FakeModel):
+        def hidden(self, batch, cache):  # type: ignore[no-untyped-def]
+            if 13 in batch.tokens:
+                raise RuntimeError("boom")
+            return super().hidden(batch, cache)
+
+    engine, _ = make(Broken())
+    _, done = collect(engine.submit(Request([13], opts(num_predict=2))))
+    assert done.done_reason == "error" and "boom" in (done.error or "")
+    text, _ = collect(engine.submit(Request([0], opts(num_predict=1))))
+    assert text == "bb"
+
+
+def test_closing_ends_waiting_requests_with_an_error(make):
+    engine, _ = make()
+    seq = engine.submit(Request([0], opts(num_predict=10**6)))
+    engine.close()
+    _, done = collect(seq)
+    assert done.error is not None
+

@@ -1,0 +1,96 @@
+"""Input cache slots: Ollama's shift vectors, slot choice, prefix reuse, shift fallback."""
+
+import pytest
+import torch
+
+from ember.batch import Batch
+from ember.kvcache import CausalCache
+from ember.runner.inputcache import InputCache, NoFreeSlotError, common_prefix, shift_discard
+
+
+@pytest.mark.parametrize(
+    ("num_keep", "length", "discard"),
+    [  # Ollama's cache_test.go TestShiftDiscard, num_ctx 2048
+        (5, 2048, 1021),
+        (2047, 2048, 1),
+        (0, 2048, 1024),
+        (5, 5000, 3973),
+        (2047, 5000, 2953),
+        (5, 512, 0),
+    ],
+)
+def test_shift_discard_vectors(num_keep, length, discard):
+    assert shift_discard(length, 2048, num_keep) == discard
+
+
+def filled(num_slots: int, contents: list[list[int]], *, multiuser: bool = False) -> InputCache:
+    cache = CausalCache(shift=lambda layer, k, delta: k)
+    cache.init(max_sequences=num_slots, capacity=32, max_batch=32)
+    ic = InputCache(cache, num_ctx=32, num_slots=num_slots, multiuser=multiuser)
+    for slot, tokens in zip(ic.slots, contents, strict=False):
+        if tokens:
+            batch = Batch.single(tokens, 0, seq=slot.id)
+            cache.start_forward(batch)
+            cache.set_layer(0)
+            cache.put(torch.zeros(len(tokens), 1, 1), torch.zeros(len(tokens), 1, 1))
+            slot.inputs = list(tokens)
+            slot.last_used = 100 + slot.id  # used more recently than the empty slots
+    return ic
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_takes_the_free_slot_with_the_longest_prefix():
+    ic = filled(3, [[1, 2], [1, 2, 3, 4], [9]])
+    slot, num_past = ic.load([1, 2, 3, 5])
+    assert (slot.id, num_past, slot.inputs) == (1, 3, [1, 2, 3])
+    slot2, num_past2 = ic.load([1, 2, 3, 5])  # slot 1 is busy now
+    assert (slot2.id, num_past2) == (0, 2)
+
+
+def test_a_fully_cached_prompt_still_evaluates_its_last_token():
+    ic = filled(1, [[1, 2, 3]])
+    slot, num_past = ic.load([1, 2, 3])
+    assert num_past == 2 and slot.inputs == [1, 2]
+
+
+def test_no_free_slot_is_an_error():
+    ic = filled(1, [[]])
+    ic.load([1])
+    with pytest.raises(NoFreeSlotError):
+        ic.load([1])
+
+
+def test_multiuser_reuses_a_slot_that_is_wholly_a_prefix():
+    ic = filled(2, [[1, 2, 3], []], multiuser=True)
+    slot, num_past = ic.load([1, 2, 3, 4, 5])
+    assert (slot.id, num_past) == (0, 3)
+
+
+def test_multiuser_copies_a_longer_prefix_into_the_oldest_slot():
+    ic = filled(2, [[1, 2, 3, 4], []], multiuser=True)
+    slot, num_past = ic.load([1, 2, 3, 9])
+    assert (slot.id, num_past, slot.inputs) == (1, 3, [1, 2, 3])
+    cache = ic.cache
+    assert isinstance(cache, CausalCache)
+    shared = ((cache.cell_seqs & 0b11) == 0b11).sum()
+    assert int(shared) == 3  # cells shared, not copied
+    assert ic.slots[0].inputs == [1, 2, 3, 4]
+
+
+def test_shift_drops_half_after_num_keep():
+    ic = filled(1, [list(range(32))])
+    slot = ic.slots[0]
+    assert ic.shift(slot, 4) == []
+    assert slot.inputs == [0, 1, 2, 3, *range(18, 32)]
+
+
+def test_shift_of_shared_cells_falls_back_to_evaluating_again():
+    ic = filled(2, [list(range(32)), []], multiuser=True)
+    slot, _ = ic.load(list(range(30)) + [99])  # shares 30 cells with slot 0
+    again = ic.shift(slot, 2)
+    assert slot.inputs == [] and again == [0, 1, *range(15, 30)]  # 13 dropped
