@@ -8,7 +8,7 @@ any) as it was. Pulling a missing FROM model is the caller's job (see registry.p
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from ember.store.modelfile import (
 )
 from ember.store.models import MAX_TEXT_BLOB, read_config
 from ember.store.names import Digest, ModelName
+from ember.store.quantize import quantize_q8_0
 from ember.store.store import Store, as_name
 
 Progress = dict[str, Any]
@@ -102,10 +103,12 @@ def create_model(store: Store, name: ModelName | str, request: CreateRequest) ->
         layers, info = _layers_from_files(store, request.files)
     else:
         raise CreateError("neither 'from' or 'files' was specified")
-    if request.quantize:
-        _check_quantize(request.quantize, info)
+    created: set[Digest] = set()
+    wanted = _check_quantize(request.quantize, info) if request.quantize else None
+    if wanted is not None:
+        layers, info = yield from _quantize(store, layers, info, wanted, created)
     config = _config(request, info, inherited=config)
-    layers, statuses = _add_value_layers(store, layers, request)
+    layers, statuses = _add_value_layers(store, layers, request, created)
     config_info = store.write_blob(go_json(config))
     config_layer = Layer(mt.CONFIG_MEDIA_TYPE, config_info.digest, config_info.size)
     yield from ({"status": s} for s in statuses)
@@ -137,7 +140,8 @@ def _is_relative_path(text: str) -> bool:
     return bool(text) and "\\" not in text and all(p not in ("", ".", "..") for p in parts)
 
 
-def _check_quantize(quantize: str, info: GGUFInfo) -> None:
+def _check_quantize(quantize: str, info: GGUFInfo) -> str | None:
+    """The file type to quantize to, None when the model already has it."""
     wanted = quantize.upper()
     wanted = "Q4_K_M" if wanted == "Q4_K" else wanted
     if wanted not in QUANTIZE_TYPES:
@@ -147,8 +151,27 @@ def _check_quantize(quantize: str, info: GGUFInfo) -> None:
         )
     if info.file_type not in ("F32", "F16", "BF16"):
         raise CreateError("quantization is only supported for F16, BF16 and F32 models")
-    if wanted != info.file_type:
-        raise CreateError(f"quantize {quantize} is not supported yet")
+    if wanted != "Q8_0":
+        raise CreateError(f"quantize {quantize} is not supported yet (only q8_0 is)")
+    return wanted
+
+
+def _quantize(
+    store: Store, layers: list[Layer], info: GGUFInfo, wanted: str, created: set[Digest]
+) -> Generator[Progress, None, tuple[list[Layer], GGUFInfo]]:
+    """Replaces the model layer by its quantized version; yields Ollama's progress."""
+    model = next(x for x in layers if x.media_type == mt.MEDIA_MODEL)
+    status = f"quantizing {info.file_type} model to {wanted}"
+    progress = {"status": status, "digest": "0" * 19, "total": model.size}  # as Ollama's
+    with store.blob_writer() as writer:
+        for done, total in quantize_q8_0(store.blob_path(model.digest), writer):
+            yield progress | {"completed": model.size * done // max(total, 1)}
+        yield {"status": "verifying conversion"}
+        blob = writer.commit()
+    created.add(blob.digest)
+    new_info = read_gguf_info(store.blob_path(blob.digest), f"the {wanted} model")
+    new_layer = Layer(mt.MEDIA_MODEL, blob.digest, blob.size, model.source)
+    return [new_layer if x is model else x for x in layers], new_info
 
 
 # ---------------------------------------------------------------- base layers
@@ -219,12 +242,15 @@ def _old_manifest(store: Store, name: ModelName) -> Manifest | None:
 
 
 def _add_value_layers(
-    store: Store, layers: list[Layer], request: CreateRequest
+    store: Store, layers: list[Layer], request: CreateRequest, created: set[Digest]
 ) -> tuple[list[Layer], list[str]]:
     """Adds template/system/license/params/messages layers; returns them and the status lines
     (Ollama's "using existing layer" / "creating new layer")."""
     out = list(layers)
-    statuses = [f"using existing layer {x.digest}" for x in layers]
+    statuses = [
+        f"{'creating new' if x.digest in created else 'using existing'} layer {x.digest}"
+        for x in layers
+    ]
 
     def put(media_type: str, data: bytes, *, replace: bool) -> None:
         if replace:

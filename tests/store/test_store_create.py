@@ -210,3 +210,54 @@ def test_config_blob_is_go_encoded_json(store: Store, tiny_gguf: Path) -> None:
     raw = store.blob_path(params.digest).read_bytes()
     assert raw == b'{"stop":["\\u003c|im_end|\\u003e"]}\n'  # what Ollama's encoder writes
     assert json.loads(raw) == {"stop": ["<|im_end|>"]}
+
+
+@pytest.mark.parametrize("source_type", ["F16", "BF16"])
+def test_quantize_to_q8_0(store: Store, tmp_path: Path, source_type: str) -> None:
+    pytest.importorskip("transformers")
+    import tinymodels
+    from gguf import GGMLQuantizationType, quants
+
+    source = tmp_path / "source.gguf"
+    tinymodels.write_tiny_gguf("llama", source, ggml_type=source_type)
+    digest = upload(store, source)
+    statuses = [p["status"] for p in create(store, "q", files={"f.gguf": digest}, quantize="q8_0")]
+    assert f"quantizing {source_type} model to Q8_0" in statuses
+    assert "verifying conversion" in statuses
+    model = get_model(store, "q")
+    assert model.config["file_type"] == "Q8_0" and model.model_path is not None
+    assert f"creating new layer sha256:{model.model_path.name[7:]}" in statuses
+    with GGUFFile.open(source) as src, GGUFFile.open(model.model_path) as out:
+        assert out.metadata == {**src.metadata, "general.file_type": 7}
+        assert list(out.tensors) == list(src.tensors)
+        for name, info in src.tensors.items():
+            raw = src.raw(name)
+            if len(info.shape) == 2:
+                values = quants.dequantize(raw, GGMLQuantizationType[source_type])
+                values = values.reshape(info.shape).astype("float32")
+                expected = quants.quantize(values, GGMLQuantizationType.Q8_0).tobytes()
+                assert out.tensors[name].ggml_type.name == "Q8_0"
+                assert out.raw(name).tobytes() == expected
+            else:
+                assert out.tensors[name].ggml_type == info.ggml_type
+                assert out.raw(name).tobytes() == raw.tobytes()
+    assert store.has_blob(digest)  # the source stays until nothing names it
+
+
+def test_quantized_model_generates(store: Store, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    import tinymodels
+
+    from ember import LLM
+
+    source = tmp_path / "f32.gguf"
+    tinymodels.write_tiny_gguf("qwen2", source, ggml_type="F32")
+    digest = upload(store, source)
+    create(store, "q", files={"f.gguf": digest}, quantize="Q8_0")
+    path = get_model(store, "q").model_path
+    assert path is not None
+    options = {"temperature": 0, "num_predict": 8}
+    quantized = LLM(str(path)).generate("Hello world", raw=True, options=options)
+    reference = LLM(str(source)).generate("Hello world", raw=True, options=options)
+    assert quantized.eval_count == 8
+    assert quantized.tokens[:2] == reference.tokens[:2]  # Q8_0 is close to F32
