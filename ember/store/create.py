@@ -94,9 +94,9 @@ def create_model(store: Store, name: ModelName | str, request: CreateRequest) ->
     """
     target = store.existing_name(as_name(name))
     _check_request(request)
-    config: dict[str, Any] = {}
+    inherited: dict[str, Any] = {}
     if request.from_:
-        layers, config = _layers_from_model(store, request.from_)
+        layers, inherited = _layers_from_model(store, request.from_)
         info = _model_info(store, layers)
     elif request.files:
         yield {"status": "parsing GGUF"}
@@ -107,7 +107,7 @@ def create_model(store: Store, name: ModelName | str, request: CreateRequest) ->
     wanted = _check_quantize(request.quantize, info) if request.quantize else None
     if wanted is not None:
         layers, info = yield from _quantize(store, layers, info, wanted, created)
-    config = _config(request, info, inherited=config)
+    config = _config(request, info, inherited=inherited)
     layers, statuses = _add_value_layers(store, layers, request, created)
     config_info = store.write_blob(go_json(config))
     config_layer = Layer(mt.CONFIG_MEDIA_TYPE, config_info.digest, config_info.size)
@@ -124,6 +124,7 @@ def create_model(store: Store, name: ModelName | str, request: CreateRequest) ->
 
 
 def _check_request(request: CreateRequest) -> None:
+    """Everything about a request that can be checked before any work is done."""
     if request.adapters:
         raise CreateError("adapters are not supported")
     for file_name, digest in (request.files or {}).items():
@@ -132,6 +133,9 @@ def _check_request(request: CreateRequest) -> None:
         Digest.parse(digest)
     if request.requires and not _SEMVER.fullmatch(request.requires):
         raise CreateError("requires must be a valid semver (e.g. 0.14.0)")
+    normalize_parameters(request.parameters or {})
+    _messages(request.messages or [])
+    _licenses(request.license)
 
 
 def _is_relative_path(text: str) -> bool:
