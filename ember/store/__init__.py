@@ -17,6 +17,7 @@ from ember.store.manifest import Layer, Manifest
 from ember.store.modelfile import Command, format_parameters, parse_modelfile, render_modelfile
 from ember.store.models import ModelDetails, ModelEntry, StoredModel, get_model, list_models
 from ember.store.names import Digest, ModelName
+from ember.store.registry import Registry
 from ember.store.store import Store
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "ModelEntry",
     "ModelName",
     "ModelfileError",
+    "Registry",
     "RegistryError",
     "Store",
     "StoreError",
