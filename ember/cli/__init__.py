@@ -23,8 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--temperature", type=float, default=None)
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--num-predict", type=int, default=None)
+    runner = commands.add_parser("runner", help="serve one model to the server (internal)")
+    runner.add_argument("--model", required=True, help="path of the GGUF file")
+    runner.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
     try:
+        if args.command == "runner":
+            from ember.runner.server import main as runner_main
+
+            return runner_main(args.model, args.port)
         return _run(args)
     except EmberError as e:
         print(f"Error: {e}", file=sys.stderr)

@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -85,9 +86,11 @@ class Engine:
         self._thread.start()
 
     # --- from any thread ---
-    def submit(self, request: Request) -> Sequence:
-        """Queues a request; raises (e.g. InputTooLongError) before anything runs."""
+    def submit(self, request: Request, *, on_event: Callable[[], None] | None = None) -> Sequence:
+        """Queues a request; raises (e.g. InputTooLongError) before anything runs. on_event is
+        called (on the loop thread) after each event is queued: to wake an async consumer."""
         seq = Sequence(request, self.tokenizer, self.num_ctx)
+        seq.on_event = on_event
         with self._cond:
             if self._closed:
                 raise EngineClosedError("the model is being unloaded")
@@ -247,7 +250,7 @@ class Engine:
             seq.held_logprobs.append(self._logprob(row, token, seq.request.top_logprobs))
         text = seq.stops.push(seq.decoder.push(token))
         if text:
-            seq.events.put(Piece(text, tuple(seq.held_logprobs)))
+            seq.send(Piece(text, tuple(seq.held_logprobs)))
             seq.held_logprobs.clear()
         if seq.stops.is_stopped:
             self._finish(seq, STOP)
@@ -278,7 +281,7 @@ class Engine:
         if reason != STOP or not seq.stops.is_stopped:  # text held back is final now
             tail = seq.stops.push(seq.decoder.flush()) + seq.stops.flush()
             if tail or seq.held_logprobs:
-                seq.events.put(Piece(tail, tuple(seq.held_logprobs)))
+                seq.send(Piece(tail, tuple(seq.held_logprobs)))
         seq.held_logprobs.clear()
         self._release(seq)
         seq.done(reason, embedding=embedding)

@@ -3,6 +3,7 @@ and its state while it runs (Sequence): inputs still to evaluate, sampler, stops
 
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -100,6 +101,8 @@ class Sequence:
         self.request = request
         self.num_keep = min(len(inputs) if opts.num_keep < 0 else opts.num_keep, num_ctx - 1)
         same_batch = dict(request.same_batch)
+        if len(inputs) > num_ctx and request.embedding and request.truncate:
+            del inputs[num_ctx:]  # an embedding keeps the start of its text, as Ollama's
         if len(inputs) > num_ctx:
             if not request.truncate:
                 raise InputTooLongError(
@@ -129,6 +132,7 @@ class Sequence:
         self.held_logprobs: list[TokenLogprob] = []  # of tokens whose text is held back
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.cancelled = False
+        self.on_event: Callable[[], None] | None = None
         self.started = time.perf_counter_ns()
         self.first_token = 0  # when prompt processing ended
         self.pooled: torch.Tensor | None = None  # sum of hidden states (embedding requests)
@@ -136,6 +140,14 @@ class Sequence:
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    def send(self, event: Event) -> None:
+        self.events.put(event)
+        if self.on_event is not None:
+            try:
+                self.on_event()
+            except RuntimeError:  # the consumer's event loop is gone: nobody to wake
+                self.on_event = None
 
     def done(self, reason: str, *, embedding: list[float] | None = None) -> Done:
         end = time.perf_counter_ns()
@@ -149,10 +161,9 @@ class Sequence:
             embedding=embedding,
             prompt_count=len(self.prompt),
         )
-        self.events.put(event)
+        self.send(event)
         return event
 
     def fail(self, message: str) -> None:
-        self.events.put(
-            Done("error", 0, 0, len(self.generated), 0, error=message, prompt_count=len(self.prompt))
-        )
+        n = len(self.prompt)
+        self.send(Done("error", 0, 0, len(self.generated), 0, error=message, prompt_count=n))

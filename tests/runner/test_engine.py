@@ -1,6 +1,7 @@
 """The run loop driven by a fake model with exact token lists: generation, stop, cancel, shift,
 prefix reuse, round-robin fairness, same_batch groups, embeddings."""
 
+import itertools
 import threading
 from collections.abc import Iterator
 
@@ -106,7 +107,7 @@ def test_shift_keeps_num_keep_and_renumbers_positions(make):
         assert seen.positions == list(range(len(seen.positions)))  # re-rotated keys
         # the rest is a run of successors ending with the token being evaluated
         tail = seen.tokens[2:]
-        assert all(b == (a + 1) % 26 for a, b in zip(tail, tail[1:], strict=False))
+        assert all(b == (a + 1) % 26 for a, b in itertools.pairwise(tail))
     shifted = [s for s in model.seen if s.tokens[2] != 2]
     assert shifted, "the context never shifted"
     # a shift discards half of what follows num_keep: (8 - 2) // 2 = 3 tokens
@@ -180,7 +181,7 @@ def test_multiuser_cache_shares_a_prefix_between_slots(make):
     collect(engine.submit(Request(prompt, opts(num_predict=2))))
     model.clear()
     # another user's prompt sharing 10 tokens goes to the other slot, with the prefix shared
-    _, done = collect(engine.submit(Request([*prompt[:10], 25, 24], opts(num_predict=1))))
+    _, _done = collect(engine.submit(Request([*prompt[:10], 25, 24], opts(num_predict=1))))
     assert model.batches[0].sequences == (1, 1) and model.batches[0].positions == (10, 11)
     assert model.seen[0].tokens == [*prompt[:10], 25, 24]
     model.clear()

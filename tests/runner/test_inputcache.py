@@ -91,6 +91,6 @@ def test_shift_drops_half_after_num_keep():
 
 def test_shift_of_shared_cells_falls_back_to_evaluating_again():
     ic = filled(2, [list(range(32)), []], multiuser=True)
-    slot, _ = ic.load(list(range(30)) + [99])  # shares 30 cells with slot 0
+    slot, _ = ic.load([*list(range(30)), 99])  # shares 30 cells with slot 0
     again = ic.shift(slot, 2)
     assert slot.inputs == [] and again == [0, 1, *range(15, 30)]  # 13 dropped

@@ -1,0 +1,333 @@
+"""The runner process: one model behind an HTTP API on 127.0.0.1, driven by the server.
+
+    python -m ember runner --model PATH --port N
+
+/health (status and load progress), /load (parallel, batch size, KV size and type, threads),
+/completion (NDJSON stream of pieces, then a final record), /embedding, /tokenize,
+/detokenize. Bodies are JSON with snake_case keys; errors are {"error": ...} with 400 for bad
+input, 409 before a load, 507 when the load does not fit in memory, 500 otherwise.
+"""
+
+import asyncio
+import json
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ember.errors import EmberError
+from ember.gguf import GGUFFile
+from ember.model import load_model
+from ember.options import Options
+from ember.runner.engine import KV_TYPES, Engine
+from ember.runner.memory import InsufficientMemoryError
+from ember.runner.sequence import Done, Event, Piece, Sequence
+from ember.runner.sequence import Request as SeqRequest
+from ember.sample.grammar import Grammar
+from ember.sample.sampler import MAX_TOP_LOGPROBS
+from ember.tokenizer import Tokenizer
+
+log = logging.getLogger("ember.runner")
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+class LoadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    parallel: int = Field(1, ge=1, le=63)
+    batch_size: int = Field(512, ge=1)
+    kv_size: int = Field(4096, ge=1)  # num_ctx × parallel, as Ollama sends it
+    kv_cache_type: str = "f32"
+    num_threads: int = Field(0, ge=0)
+    flash_attention: bool | None = None  # accepted; the CPU attention kernel is always blocked
+    multiuser_cache: bool = False
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt: str
+    options: dict[str, Any] | None = None
+    format: str | dict[str, Any] | None = None
+    shift: bool = True
+    truncate: bool = True
+    logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    images: list[Any] = Field(default_factory=list)
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    content: str | list[str]
+    truncate: bool = True
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    content: str
+    add_special: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[int]
+
+
+class Runner:
+    """The model of this process and its engine, loaded once by /load."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.status = "launched"  # launched → loading → ready, or error
+        self.progress = 0.0
+        self.error: str | None = None
+        self.engine: Engine | None = None
+        self.tokenizer: Tokenizer | None = None
+        self.lock = threading.Lock()
+
+    def load(self, req: LoadRequest) -> None:
+        with self.lock:
+            if self.engine is not None:
+                raise LoadConflict("the model is already loaded")
+            if req.kv_cache_type not in KV_TYPES:
+                raise EmberError(f"kv cache type {req.kv_cache_type!r} is not supported")
+            num_ctx = req.kv_size // req.parallel
+            if num_ctx < req.batch_size:  # Ollama's own check, with its message
+                raise EmberError("kv size must be at least as large as batch size * parallel")
+            if req.num_threads:
+                torch.set_num_threads(req.num_threads)
+            self.status, self.progress = "loading", 0.0
+            try:
+                gguf = GGUFFile.open(self.path)
+                self.tokenizer = Tokenizer.from_metadata(gguf.metadata)
+                self.progress = 0.1
+                model = load_model(gguf)
+                self.progress = 0.8
+                self.engine = Engine(
+                    model,
+                    self.tokenizer,
+                    num_parallel=req.parallel,
+                    num_ctx=num_ctx,
+                    num_batch=req.batch_size,
+                    kv_type=req.kv_cache_type,
+                    multiuser=req.multiuser_cache,
+                )
+            except Exception as err:
+                self.status, self.error = "error", str(err)
+                raise
+            self.status, self.progress = "ready", 1.0
+
+
+class LoadConflict(EmberError):
+    """A /load on a runner that has already loaded its model."""
+
+
+def create_app(path: str) -> FastAPI:
+    app = FastAPI(title="ember runner", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.runner = Runner(path)
+    app.add_api_route("/health", health, methods=["GET"])
+    for route in (load, completion, embedding, tokenize, detokenize):
+        app.add_api_route(f"/{route.__name__}", route, methods=["POST"])
+    app.add_exception_handler(HTTPError, _http_error)  # type: ignore[arg-type]
+    return app
+
+
+def _runner(request: Request) -> Runner:
+    runner = request.app.state.runner
+    assert isinstance(runner, Runner)
+    return runner
+
+
+async def health(request: Request) -> dict[str, Any]:
+    runner = _runner(request)
+    body: dict[str, Any] = {"status": runner.status, "progress": runner.progress}
+    if runner.error:
+        body["error"] = runner.error
+    if runner.engine is not None:
+        body["busy"] = runner.engine.busy()
+    return body
+
+
+async def load(request: Request) -> JSONResponse:
+    runner = _runner(request)
+    req = await _body(request, LoadRequest)
+    try:
+        await asyncio.to_thread(runner.load, req)
+    except InsufficientMemoryError as err:
+        return _error(507, str(err))
+    except LoadConflict as err:
+        return _error(409, str(err))
+    except EmberError as err:
+        return _error(400, str(err))
+    engine = runner.engine
+    assert engine is not None
+    return JSONResponse({"success": True, "num_ctx": engine.num_ctx, "kv_bytes": engine.kv_bytes})
+
+
+async def completion(request: Request) -> StreamingResponse:
+    req = await _body(request, CompletionRequest)
+    engine, tokenizer = _ready(_runner(request))
+    if req.images:
+        raise HTTPError(400, "this model does not accept images")
+    try:
+        opts = Options.parse(req.options)
+        grammar = Grammar.from_format(req.format, tokenizer) if req.format else None
+        seq_request = SeqRequest(
+            tokenizer.encode(req.prompt),
+            opts,
+            grammar=grammar,
+            shift=req.shift,
+            truncate=req.truncate,
+            logprobs=req.logprobs or req.top_logprobs > 0,
+            top_logprobs=req.top_logprobs,
+        )
+        seq, wake = _subscribe(engine, seq_request)
+    except EmberError as err:
+        raise HTTPError(400, str(err)) from None
+    return StreamingResponse(_stream(seq, wake), media_type="application/x-ndjson")
+
+
+async def embedding(request: Request) -> dict[str, Any]:
+    req = await _body(request, EmbeddingRequest)
+    engine, tokenizer = _ready(_runner(request))
+    texts = [req.content] if isinstance(req.content, str) else req.content
+    if not texts or not all(texts):
+        raise HTTPError(400, "embedding content must be a non-empty string or list of them")
+    subs: list[tuple[Sequence, asyncio.Event]] = []
+    try:
+        for text in texts:  # all submitted at once: they share batches
+            sub = SeqRequest(tokenizer.encode(text), embedding=True, truncate=req.truncate)
+            subs.append(_subscribe(engine, sub))
+    except EmberError as err:
+        for seq, _ in subs:
+            seq.cancel()
+        raise HTTPError(400, str(err)) from None
+    finals = [await _last(seq, wake) for seq, wake in subs]
+    failed = next((d for d in finals if d.embedding is None), None)
+    if failed is not None:
+        raise HTTPError(500, failed.error or "no embedding came back")
+    vectors = [d.embedding for d in finals]
+    count = sum(d.prompt_count for d in finals)
+    if isinstance(req.content, str):
+        return {"embedding": vectors[0], "prompt_eval_count": count}
+    return {"embeddings": vectors, "prompt_eval_count": count}
+
+
+async def tokenize(request: Request) -> dict[str, Any]:
+    req = await _body(request, TokenizeRequest)
+    _, tokenizer = _ready(_runner(request))
+    return {"tokens": tokenizer.encode(req.content, add_special=req.add_special)}
+
+
+async def detokenize(request: Request) -> dict[str, Any]:
+    req = await _body(request, DetokenizeRequest)
+    _, tokenizer = _ready(_runner(request))
+    if any(not 0 <= t < tokenizer.vocab_size for t in req.tokens):
+        raise HTTPError(400, "a token id is outside the vocabulary")
+    return {"content": tokenizer.decode(req.tokens)}
+
+
+async def _http_error(request: Request, err: "HTTPError") -> JSONResponse:
+    return _error(err.status, err.message)
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+async def _body(request: Request, kind: type[_Body]) -> _Body:
+    try:
+        return kind.model_validate_json(await request.body())
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise HTTPError(400, f"invalid request: {where}: {first['msg']}") from None
+
+
+def _ready(runner: Runner) -> tuple[Engine, Tokenizer]:
+    if runner.engine is None or runner.tokenizer is None:
+        status = 500 if runner.status == "error" else 409
+        raise HTTPError(status, f"model not ready: {runner.status}")
+    return runner.engine, runner.tokenizer
+
+
+def _subscribe(engine: Engine, request: SeqRequest) -> tuple[Sequence, asyncio.Event]:
+    """Submits request; the asyncio event is set whenever the loop thread queues an event."""
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+
+    def notify() -> None:
+        loop.call_soon_threadsafe(wake.set)
+
+    return engine.submit(request, on_event=notify), wake
+
+
+async def _events(seq: Sequence, wake: asyncio.Event) -> AsyncIterator[Event]:
+    try:
+        while True:
+            wake.clear()
+            try:
+                event = seq.events.get_nowait()
+            except queue.Empty:
+                await wake.wait()
+                continue
+            yield event
+            if isinstance(event, Done):
+                return
+    finally:  # the client went away (or we are done): the loop frees the slot next step
+        seq.cancel()
+
+
+async def _last(seq: Sequence, wake: asyncio.Event) -> Done:
+    async for event in _events(seq, wake):
+        if isinstance(event, Done):
+            return event
+    raise RuntimeError("the sequence ended without a final record")
+
+
+async def _stream(seq: Sequence, wake: asyncio.Event) -> AsyncIterator[bytes]:
+    async for event in _events(seq, wake):
+        if isinstance(event, Piece):
+            record: dict[str, Any] = {"content": event.text}
+            if event.logprobs:
+                record["logprobs"] = [
+                    {
+                        "token": lp.token,
+                        "logprob": lp.logprob,
+                        "top_logprobs": [{"token": t, "logprob": v} for t, v in lp.top],
+                    }
+                    for lp in event.logprobs
+                ]
+        elif event.error is not None:
+            record = {"error": event.error}
+        else:
+            record = {
+                "done": True,
+                "done_reason": event.done_reason,
+                "prompt_eval_count": event.prompt_eval_count,
+                "prompt_eval_duration": event.prompt_eval_duration,
+                "eval_count": event.eval_count,
+                "eval_duration": event.eval_duration,
+                "prompt_count": event.prompt_count,
+            }
+        yield (json.dumps(record) + "\n").encode()
+
+
+def main(model: str, port: int) -> int:
+    """Serves the runner API for model on 127.0.0.1:port until killed."""
+    logging.basicConfig(
+        level=logging.INFO, format="time=%(asctime)s level=%(levelname)s msg=%(message)s"
+    )
+    uvicorn.run(create_app(model), host="127.0.0.1", port=port, log_level="warning")
+    return 0
