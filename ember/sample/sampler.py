@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ember.errors import OptionsError
+from ember.sample.topk import block_maxima, sorted_row, top_k_rows
 
 MAX_TOP_LOGPROBS = 20  # Ollama's bound on top_logprobs
 
@@ -27,7 +28,7 @@ class SamplingParams:
     seed: int = -1  # -1: a fresh random seed
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # NaN too
             raise OptionsError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise OptionsError(f"top_k must be >= 0, got {self.top_k}")
@@ -87,7 +88,10 @@ class Sampler:
             logits = penalize(logits, self.counts, p)
         if p.temperature == 0:
             return int(logits.argmax())
-        ids, probs = candidates(logits, p)
+        return self.draw(*candidates(logits, p))
+
+    def draw(self, ids: torch.Tensor, probs: torch.Tensor) -> int:
+        """One of ids, drawn with probs from this sampler's generator."""
         choice = torch.multinomial(probs, 1, generator=self.generator)
         return int(ids[choice])
 
@@ -111,10 +115,24 @@ def penalize(logits: torch.Tensor, counts: Mapping[int, int], p: SamplingParams)
 
 def candidates(logits: torch.Tensor, p: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """The ids still allowed after top_k, typical_p, top_p and min_p, with their probabilities
-    (descending). Penalties are not applied here: pass penalized logits."""
-    k = p.top_k if 0 < p.top_k < logits.numel() else logits.numel()
-    values, ids = logits.topk(k)  # sorted descending
+    (descending, equal ones by id). Penalties are not applied here: pass penalized logits."""
+    if 0 < p.top_k < logits.numel():
+        rows = logits.contiguous().unsqueeze(0)
+        values, ids = top_k_rows(rows, [0], [p.top_k], block_maxima(rows))[0]
+    else:
+        values, ids = sorted_row(logits)
+    return truncate(values, ids, p)
+
+
+def truncate(
+    values: torch.Tensor, ids: torch.Tensor, p: SamplingParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the top_k logits (descending) and their ids: temperature, softmax, typical_p, top_p
+    and min_p; the ids kept, with their probabilities."""
     probs = torch.softmax(values / max(p.temperature, 1e-7), dim=-1)
+    # checked before the filters, which would drop NaN rows to nothing (Ollama's message)
+    if not bool(torch.isfinite(probs.sum())):
+        raise ValueError("logits sum to NaN")
     if p.typical_p < 1.0:
         ids, probs = typical(ids, probs, p.typical_p)
     if p.top_p < 1.0:
@@ -125,8 +143,6 @@ def candidates(logits: torch.Tensor, p: SamplingParams) -> tuple[torch.Tensor, t
     if p.min_p > 0.0:
         keep = probs >= p.min_p * probs[0]
         probs, ids = probs[keep], ids[keep]
-    if not bool(torch.isfinite(probs.sum())):
-        raise ValueError("logits sum to NaN")
     return ids, probs
 
 

@@ -22,6 +22,38 @@ def test_top_k_keeps_the_k_best_in_order():
     assert torch.allclose(probs, expected)
 
 
+def test_top_k_ties_go_to_the_lowest_ids():
+    logits = torch.tensor([1.0, 2.0, 0.0, 2.0, 2.0])
+    ids, _ = candidates(logits, SamplingParams(temperature=1.0, top_k=2, top_p=1.0))
+    assert ids.tolist() == [1, 3]
+    ids, _ = candidates(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0))
+    assert ids.tolist() == [1, 3, 4, 0, 2]
+
+
+def test_temperature_divides_the_logits_before_softmax():
+    # ln 2 and 0 at temperature 0.5 are 2 ln 2 and 0: probabilities 4/5 and 1/5
+    logits = torch.tensor([0.0, math.log(2.0)])
+    for temperature, expected in [(0.5, [0.8, 0.2]), (1.0, [2 / 3, 1 / 3]), (2.0, None)]:
+        params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0)
+        ids, probs = candidates(logits, params)
+        assert ids.tolist() == [1, 0]
+        if expected is None:  # sqrt 2 : 1
+            expected = [math.sqrt(2) / (1 + math.sqrt(2)), 1 / (1 + math.sqrt(2))]
+        assert probs.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_softmax_subtracts_the_max_so_large_logits_stay_finite():
+    logits = torch.tensor([1000.0, 999.0, -1000.0])  # exp(1000) overflows float32
+    _, probs = candidates(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0))
+    e = 1 / (1 + math.exp(-1))
+    assert probs.tolist() == pytest.approx([e, 1 - e, 0.0], abs=1e-6)
+
+
+def test_nan_logits_are_an_error_not_a_token():
+    with pytest.raises(ValueError, match="NaN"):
+        Sampler(SamplingParams(seed=0)).sample(torch.tensor([1.0, float("nan"), 0.0]))
+
+
 def test_top_p_keeps_smallest_prefix_past_p():
     # softmax of [3, 2, 1, 0, -1] = [.636, .234, .086, .032, .012]
     ids, _ = candidates(LOGITS, SamplingParams(temperature=1.0, top_k=0, top_p=0.8))
@@ -43,19 +75,43 @@ def test_seed_repeats_the_same_draws():
     assert seq[0] == seq[1] and a[0] == seq[0][0]
 
 
+def chi_square(draws: list[int], expected_probs: list[float]) -> float:
+    n = len(draws)
+    counts = torch.bincount(torch.tensor(draws), minlength=len(expected_probs)).double()
+    expected = torch.tensor(expected_probs, dtype=torch.float64) * n
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
 def test_draws_follow_the_distribution():
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, seed=7))
-    n = 20_000
-    counts = torch.bincount(torch.tensor([sampler.sample(LOGITS) for _ in range(n)]), minlength=5)
-    expected = torch.softmax(LOGITS, 0) * n
-    chi2 = float(((counts - expected) ** 2 / expected).sum())
-    assert chi2 < 18.47  # chi-square, 4 degrees of freedom, p = 0.001
+    draws = [sampler.sample(LOGITS) for _ in range(20_000)]
+    # chi-square critical value, 4 degrees of freedom, p = 0.001 (no scipy here)
+    assert chi_square(draws, torch.softmax(LOGITS, 0).tolist()) < 18.47
+
+
+def test_truncated_draws_follow_the_renormalized_distribution():
+    # temperature 0.5 squares the weights e^x; top_k 3 keeps 1, 2, 0 (ids); top_p .99 keeps all 3
+    sampler = Sampler(SamplingParams(temperature=0.5, top_k=3, top_p=0.99, seed=11))
+    draws = [sampler.sample(LOGITS) for _ in range(20_000)]
+    assert set(draws) == {0, 1, 2}
+    w = [math.exp(2 * x) for x in (1.0, 3.0, 2.0)]
+    # 2 degrees of freedom, p = 0.001
+    assert chi_square(draws, [x / sum(w) for x in w]) < 13.82
+
+
+def test_a_wrong_distribution_fails_the_chi_square():
+    # the same draws against the untempered distribution: the check can fail
+    sampler = Sampler(SamplingParams(temperature=0.5, top_k=3, top_p=1.0, seed=11))
+    draws = [sampler.sample(LOGITS) for _ in range(20_000)]
+    w = [math.exp(x) for x in (1.0, 3.0, 2.0)]
+    assert chi_square(draws, [x / sum(w) for x in w]) > 100
 
 
 @pytest.mark.parametrize(
     "bad",
     [
         {"temperature": -1},
+        {"temperature": float("nan")},
         {"top_k": -1},
         {"top_p": 1.5},
         {"min_p": -0.1},
@@ -82,6 +138,19 @@ def test_penalties_divide_positive_multiply_negative_then_subtract():
     # 0: 2/2 - (.5 + .25); 1: -1*2 - (2*.5 + .25); 4: 0*2 - .75; 2 and 3 unseen
     assert out.tolist() == [0.25, -3.25, 0.5, 3.0, -0.75]
     assert PEN_LOGITS.tolist() == [2.0, -1.0, 0.5, 3.0, 0.0]  # the input is left alone
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (SamplingParams(repeat_penalty=2.0), [1.0, -2.0, 0.5, 3.0, 0.0]),  # 0 * 2 stays 0
+        (SamplingParams(presence_penalty=0.5), [1.5, -1.5, 0.5, 3.0, -0.5]),  # once per token
+        (SamplingParams(frequency_penalty=0.5), [1.5, -2.0, 0.5, 3.0, -0.5]),  # per occurrence
+        (SamplingParams(repeat_penalty=0.5), [4.0, -0.5, 0.5, 3.0, 0.0]),  # < 1 rewards repeats
+    ],
+)
+def test_each_penalty_alone(params, expected):
+    assert penalize(PEN_LOGITS, {0: 1, 1: 2, 4: 1}, params).tolist() == expected
 
 
 def test_sampler_counts_only_the_last_repeat_last_n_tokens():
