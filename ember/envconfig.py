@@ -3,7 +3,12 @@
 Every function reads the environment when called, so a test or a child process sees changes.
 """
 
+import ipaddress
+import logging
+import math
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from ember.errors import OptionsError
@@ -12,7 +17,8 @@ _FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 
 def _get(name: str) -> str:
-    return os.environ.get(name, "").strip()
+    # as Ollama's envconfig.Var: spaces, then quotes, trimmed
+    return os.environ.get(name, "").strip().strip("\"'")
 
 
 def _path(name: str, default: str) -> Path:
@@ -56,3 +62,296 @@ def num_threads() -> int:
 def debug() -> bool:
     """Verbose logging (EMBER_DEBUG)."""
     return _bool("EMBER_DEBUG")
+
+
+# --- durations: Go's time.ParseDuration forms, as Ollama's keep_alive and env values take them ---
+
+FOREVER = math.inf  # a keep-alive or timeout that never runs out, in seconds
+_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_DURATION = re.compile(r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+")
+_SECONDS = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)")
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go duration string ("300ms", "5m", "1h30m", "-1h", "0"); else ValueError."""
+    text = text.strip()
+    if text in ("0", "+0", "-0"):
+        return 0.0
+    if not _DURATION.fullmatch(text):
+        raise ValueError(f"invalid duration {text!r}")
+    total = sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text))
+    return -total if text.startswith("-") else total
+
+
+def parse_keep_alive(value: str | int | float) -> float:
+    """Seconds from a keep_alive value: a number of seconds or a duration string ("5m", "1h30m");
+    a string of digits counts as seconds too; anything negative is FOREVER, 0 unloads at once."""
+    if isinstance(value, bool):
+        raise ValueError('a duration must be a number of seconds or a string such as "5m"')
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and _SECONDS.fullmatch(value.strip()):
+        seconds = float(value.strip())
+    elif isinstance(value, str):
+        seconds = parse_duration(value)
+    else:
+        raise ValueError('a duration must be a number of seconds or a string such as "5m"')
+    if math.isnan(seconds):
+        raise ValueError("a duration cannot be NaN")
+    return FOREVER if seconds < 0 else seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Go's Duration.String() form ("5m0s", "1h30m0s", "1.5s"); FOREVER as "forever"."""
+    if math.isinf(seconds):
+        return "forever"
+    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = f"{secs:.9f}".rstrip("0").rstrip(".") + "s"
+    if hours or minutes:
+        text = f"{int(minutes)}m{text}"
+    if hours:
+        text = f"{int(hours)}h{text}"
+    return sign + text
+
+
+# --- server settings (names as Ollama's OLLAMA_*, see the reference's environment table) ---
+
+DEFAULT_PORT = 11434
+
+
+@dataclass(frozen=True, slots=True)
+class HostAddress:
+    """Where the server listens and clients connect: EMBER_HOST parsed as Ollama's Host()."""
+
+    scheme: str
+    host: str  # "" or "0.0.0.0" or "::": every interface
+    port: int
+    path: str = ""
+
+    @property
+    def hostport(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.hostport}" + (f"/{self.path}" if self.path else "")
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def parse_host(text: str) -> HostAddress:
+    """Ollama's rules: no scheme means http on 11434; http:// and https:// default to 80 and 443;
+    a value without a port keeps the default port; a bare port keeps 127.0.0.1 as host."""
+    text = text.strip().strip("\"'")
+    scheme, has_scheme, rest = text.partition("://")
+    default_port = DEFAULT_PORT
+    if not has_scheme:
+        scheme, rest = "http", text
+    elif scheme == "http":
+        default_port = 80
+    elif scheme == "https":
+        default_port = 443
+    hostport, _, path = rest.partition("/")
+    split = _split_host_port(hostport)
+    if split is None:
+        host, port_text = _bare_host(hostport), ""
+    else:
+        host, port_text = split
+    return HostAddress(scheme, host, _port(port_text, default_port), path)
+
+
+def _split_host_port(hostport: str) -> tuple[str, str] | None:
+    # as Go's net.SplitHostPort: "[v6]:port" or "host:port"; None when there is no port part
+    if hostport.startswith("["):
+        end = hostport.find("]")
+        if end < 0 or not hostport[end + 1 :].startswith(":"):
+            return None
+        return hostport[1:end], hostport[end + 2 :]
+    if hostport.count(":") != 1:
+        return None
+    host, port = hostport.split(":")
+    return host, port
+
+
+def _bare_host(hostport: str) -> str:
+    try:
+        return str(ipaddress.ip_address(hostport.strip("[]")))
+    except ValueError:
+        return hostport or "127.0.0.1"
+
+
+def _port(text: str, default: int) -> int:
+    if not text:
+        return default
+    if not text.isdigit() or int(text) > 65535:
+        raise OptionsError(f"EMBER_HOST has an invalid port {text!r}")
+    return int(text)
+
+
+def host() -> HostAddress:
+    """The server's address (EMBER_HOST, default http://127.0.0.1:11434)."""
+    return parse_host(_get("EMBER_HOST"))
+
+
+_LOCAL_ORIGINS = ("localhost", "127.0.0.1", "0.0.0.0")
+_APP_ORIGINS = ("app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*")
+
+
+def allowed_origins() -> list[str]:
+    """CORS origins: EMBER_ORIGINS (comma list, `*` wildcards), then Ollama's local defaults."""
+    origins = [o.strip() for o in _get("EMBER_ORIGINS").split(",") if o.strip()]
+    for name in _LOCAL_ORIGINS:
+        for scheme in ("http", "https"):
+            origins += [f"{scheme}://{name}", f"{scheme}://{name}:*"]
+    return [*origins, *_APP_ORIGINS]
+
+
+def api_key() -> str | None:
+    """A key every request must carry as `Authorization: Bearer <key>` (EMBER_API_KEY)."""
+    return _get("EMBER_API_KEY") or None
+
+
+def keep_alive() -> float:
+    """Seconds an idle model stays loaded (EMBER_KEEP_ALIVE, default 5m; negative: FOREVER)."""
+    text = _get("EMBER_KEEP_ALIVE")
+    if not text:
+        return 300.0
+    try:
+        return parse_keep_alive(text)
+    except ValueError as e:
+        raise OptionsError(f"EMBER_KEEP_ALIVE: {e}") from None
+
+
+def load_timeout() -> float:
+    """Seconds a model load may stall before it is given up (EMBER_LOAD_TIMEOUT, default 5m;
+    zero or negative: FOREVER)."""
+    text = _get("EMBER_LOAD_TIMEOUT")
+    try:
+        seconds = parse_keep_alive(text) if text else 300.0
+    except ValueError as e:
+        raise OptionsError(f"EMBER_LOAD_TIMEOUT: {e}") from None
+    return seconds if seconds > 0 else FOREVER
+
+
+def context_length() -> int:
+    """The default num_ctx of a request that sets none (EMBER_CONTEXT_LENGTH, default 4096)."""
+    return _int("EMBER_CONTEXT_LENGTH", 4096, minimum=1)
+
+
+def num_parallel() -> int:
+    """Sequences a loaded model decodes at once (EMBER_NUM_PARALLEL); 0 lets the server choose."""
+    return _int("EMBER_NUM_PARALLEL", 0, minimum=0)
+
+
+def max_loaded_models() -> int:
+    """Models held loaded at once (EMBER_MAX_LOADED_MODELS); 0 lets the server choose."""
+    return _int("EMBER_MAX_LOADED_MODELS", 0, minimum=0)
+
+
+def max_queue() -> int:
+    """Requests that may wait for a model before new ones get 503 (EMBER_MAX_QUEUE, 512)."""
+    return _int("EMBER_MAX_QUEUE", 512, minimum=1)
+
+
+def flash_attention() -> bool | None:
+    """Force flash attention on or off (EMBER_FLASH_ATTENTION); None: the model's default."""
+    return _bool("EMBER_FLASH_ATTENTION") if _get("EMBER_FLASH_ATTENTION") else None
+
+
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+
+
+def kv_cache_type() -> str:
+    """KV cache element type (EMBER_KV_CACHE_TYPE: f32, f16, bf16, q8_0, q4_0); "" = default."""
+    text = _get("EMBER_KV_CACHE_TYPE").lower()
+    if text and text not in KV_CACHE_TYPES:
+        raise OptionsError(f"EMBER_KV_CACHE_TYPE must be one of {', '.join(KV_CACHE_TYPES)}")
+    return text
+
+
+def gpu_overhead() -> int:
+    """Bytes of each GPU's memory to leave unused (EMBER_GPU_OVERHEAD, default 0)."""
+    return _int("EMBER_GPU_OVERHEAD", 0, minimum=0)
+
+
+def sched_spread() -> bool:
+    """Spread a model over every GPU even when it fits on one (EMBER_SCHED_SPREAD)."""
+    return _bool("EMBER_SCHED_SPREAD")
+
+
+def multiuser_cache() -> bool:
+    """Prompt-cache slots chosen for many users rather than one (EMBER_MULTIUSER_CACHE)."""
+    return _bool("EMBER_MULTIUSER_CACHE")
+
+
+TRACE = 5  # below logging.DEBUG, as Ollama's slog level -8
+
+
+def log_level() -> int:
+    """A `logging` level from EMBER_DEBUG as Ollama's: unset/false INFO, true/1 DEBUG, 2 TRACE."""
+    text = _get("EMBER_DEBUG").lower()
+    if not text or text in _FALSE_WORDS:
+        return logging.INFO
+    if text.lstrip("-").isdigit() and int(text) >= 2:
+        return TRACE
+    return logging.DEBUG
+
+
+def debug_log_requests() -> bool:
+    """Log the body of every request (EMBER_DEBUG_LOG_REQUESTS)."""
+    return _bool("EMBER_DEBUG_LOG_REQUESTS")
+
+
+def no_history() -> bool:
+    """Keep no REPL history file (EMBER_NOHISTORY)."""
+    return _bool("EMBER_NOHISTORY")
+
+
+def no_prune() -> bool:
+    """Leave unused blobs in the model store at startup (EMBER_NOPRUNE)."""
+    return _bool("EMBER_NOPRUNE")
+
+
+def editor() -> str:
+    """The editor the REPL opens on Ctrl+G (EMBER_EDITOR, else VISUAL, else EDITOR)."""
+    return _get("EMBER_EDITOR") or _get("VISUAL") or _get("EDITOR")
+
+
+def server_settings() -> dict[str, str]:
+    """The settings the server logs at startup (the API key only as set or not)."""
+    return {
+        "EMBER_HOST": host().url,
+        "EMBER_ORIGINS": _get("EMBER_ORIGINS"),
+        "EMBER_API_KEY": "(set)" if api_key() else "",
+        "EMBER_MODELS": str(models_dir()),
+        "EMBER_KEEP_ALIVE": format_duration(keep_alive()),
+        "EMBER_LOAD_TIMEOUT": format_duration(load_timeout()),
+        "EMBER_CONTEXT_LENGTH": str(context_length()),
+        "EMBER_NUM_PARALLEL": str(num_parallel()),
+        "EMBER_MAX_LOADED_MODELS": str(max_loaded_models()),
+        "EMBER_MAX_QUEUE": str(max_queue()),
+        "EMBER_KV_CACHE_TYPE": kv_cache_type(),
+        "EMBER_MULTIUSER_CACHE": str(multiuser_cache()).lower(),
+        "EMBER_NOPRUNE": str(no_prune()).lower(),
+        "EMBER_DEBUG": logging.getLevelName(log_level()),
+    }

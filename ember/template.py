@@ -26,14 +26,23 @@ def _raise(message: str) -> None:
     raise TemplateError(f"the chat template raised: {message}")
 
 
-def render_chat(template: str, messages: list[dict[str, Any]], **context: Any) -> str:
-    """Renders messages with add_generation_prompt, plus any extra variables (bos_token...)."""
+def render_chat(
+    template: str,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    **context: Any,
+) -> str:
+    """Renders messages, plus any extra variables (bos_token, tools...). add_generation_prompt
+    False leaves the assistant turn unopened (to continue a final assistant message)."""
     env = minijinja.Environment()
     env.fuel = FUEL
     env.pycompat = True  # HF templates call Python string methods (.strip(), .startswith())
     env.add_global("raise_exception", _raise)
     try:
-        return env.render_str(template, messages=messages, add_generation_prompt=True, **context)
+        return env.render_str(
+            template, messages=messages, add_generation_prompt=add_generation_prompt, **context
+        )
     except TemplateError:
         raise
     except Exception as e:  # minijinja reports syntax, runtime and fuel errors alike
