@@ -1,0 +1,344 @@
+"""Request bodies of the native API (/api/*) as pydantic models, with Ollama's field names and
+defaults, and `parse_body`, which turns any bad body into one line (OpenAI's: openai_api.py).
+
+As Go's JSON decoding: fields are strictly typed, null means "not given", unknown fields are
+ignored. Only request bodies: responses and routes are the server's."""
+
+import base64
+import binascii
+import json
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from ember.envconfig import parse_keep_alive
+from ember.errors import EmberError
+from ember.server.prompt import Message
+
+
+class RequestError(EmberError):
+    """A request body that cannot be used: the server answers 400 with `message`. `param` is
+    the field's path ("options.temperature"), for OpenAI's error object."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def parse_body(model: type[T], body: bytes) -> T:
+    """The request model of a JSON body; RequestError with one short line if it is not one."""
+    if not body.strip():
+        raise RequestError("missing request body")
+    try:
+        return model.model_validate_json(body, strict=True)
+    except ValidationError as err:
+        raise RequestError(validation_message(err), _param(err)) from None
+
+
+def validation_message(err: ValidationError) -> str:
+    """The first error of err as one line: `invalid value for "options.temperature": input
+    should be a valid number (got "hot")`, `model is required`, `invalid JSON: ...`."""
+    first = err.errors()[0]
+    path = field_path(first["loc"])
+    kind, msg = first["type"], first["msg"].removeprefix("Value error, ")
+    if kind == "json_invalid":
+        return msg[0].lower() + msg[1:]
+    if kind == "missing":
+        return f"{path} is required"
+    if not path:
+        return "the request body must be a JSON object" if kind == "model_type" else msg
+    got = json.dumps(first.get("input"), default=str)
+    got = got if len(got) <= 40 else got[:37] + "..."
+    return f'invalid value for "{path}": {msg[0].lower() + msg[1:]} (got {got})'
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """("messages", 0, "role") -> "messages[0].role"."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path
+
+
+def _param(err: ValidationError) -> str | None:
+    return field_path(err.errors()[0]["loc"]) or None
+
+
+# --- field types ---
+
+
+def _integral(value: Any) -> Any:
+    # JSON clients send 4096.0 for an integer option; Ollama's options accept it
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _base64(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise ValueError("images must be base64-encoded") from None
+
+
+def _keep_alive(value: Any) -> Any:
+    try:
+        return parse_keep_alive(value)
+    except ValueError:
+        raise ValueError('must be a number of seconds or a duration such as "5m"') from None
+
+
+def _think(value: Any) -> Any:
+    if isinstance(value, bool) or value in ("high", "medium", "low", "max"):
+        return value
+    raise ValueError('must be true, false, "high", "medium", "low" or "max"')
+
+
+def _format(value: Any) -> Any:
+    if value == "":
+        return None
+    if value == "json" or isinstance(value, dict):
+        return value
+    raise ValueError('must be "json" or a JSON schema object')
+
+
+def _strings(value: Any) -> Any:
+    # a single string where a list of them is allowed ("stop": "\n", "input": "text")
+    if isinstance(value, str):
+        return [value] if value else []
+    return value
+
+
+def parse_arguments(value: Any) -> Any:
+    """Tool call arguments sent as a JSON string (OpenAI's form) as the object they hold."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError:
+            raise ValueError("tool call arguments must be a JSON object") from None
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+Image = Annotated[bytes, BeforeValidator(_base64)]
+KeepAlive = Annotated[float, BeforeValidator(_keep_alive)]  # seconds; math.inf: forever
+Think = Annotated[bool | str, BeforeValidator(_think)]
+Format = Annotated[str | dict[str, Any], BeforeValidator(_format)]
+Strings = Annotated[list[str], BeforeValidator(_strings)]
+Arguments = Annotated[dict[str, Any], BeforeValidator(parse_arguments)]
+
+
+class Body(BaseModel):
+    """Every request model: strict types, unknown fields ignored, null taken as not given."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+class Named(Body):
+    """A request naming a model in `model`, or in the deprecated `name`."""
+
+    model: str = ""
+    name: str = Field("", exclude=True)
+
+    @model_validator(mode="after")
+    def _require_model(self) -> "Named":
+        self.model = self.model or self.name
+        if not self.model:
+            raise ValueError("model is required")
+        return self
+
+
+# --- native API ---
+
+
+class RequestOptions(Body):
+    """Ollama's `options`: all optional; names it does not know are kept (model_extra) for the
+    server to warn about and drop, as Ollama does."""
+
+    model_config = ConfigDict(extra="allow")
+
+    num_ctx: Int | None = None
+    num_batch: Int | None = None
+    num_gpu: Int | None = None
+    main_gpu: Int | None = None
+    use_mmap: bool | None = None
+    num_thread: Int | None = None
+    num_keep: Int | None = None
+    seed: Int | None = None
+    num_predict: Int | None = None
+    top_k: Int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    repeat_last_n: Int | None = None
+    temperature: float | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: Strings | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The known options the request set, for ember.options.Options.parse."""
+        return self.model_dump(exclude_unset=True, exclude_none=True, exclude=self.unknown())
+
+    def unknown(self) -> set[str]:
+        return set(self.model_extra or {})
+
+
+class ToolCallFunction(Body):
+    index: Int | None = None
+    name: str
+    arguments: Arguments = Field(default_factory=dict)
+
+
+class ToolCall(Body):
+    id: str = ""
+    function: ToolCallFunction
+
+
+class ChatMessage(Body):
+    role: str
+    content: str = ""
+    thinking: str = ""
+    images: list[Image] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_name: str = ""
+    tool_call_id: str = ""
+
+    @model_validator(mode="after")
+    def _lower_role(self) -> "ChatMessage":
+        self.role = self.role.lower()
+        return self
+
+    def to_prompt(self) -> Message:
+        calls = tuple(
+            {"function": c.function.model_dump(exclude_none=True)} for c in self.tool_calls
+        )
+        return Message(
+            self.role,
+            self.content,
+            images=tuple(self.images),
+            tool_calls=calls,
+            thinking=self.thinking,
+            tool_name=self.tool_name,
+            tool_call_id=self.tool_call_id,
+        )
+
+
+class ToolFunction(Body):
+    model_config = ConfigDict(extra="allow")  # kept: the template shows the model all of it
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class Tool(Body):
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "function"
+    function: ToolFunction
+
+    def to_template(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class Generation(Named):
+    """Fields /api/generate and /api/chat share."""
+
+    format: Format | None = None
+    options: RequestOptions | None = None
+    stream: bool = True
+    keep_alive: KeepAlive | None = None
+    think: Think | None = None
+    truncate: bool | None = None
+    shift: bool | None = None
+    logprobs: bool = False
+    top_logprobs: Int = Field(0, ge=0, le=20)
+    debug_render_only: bool = Field(False, alias="_debug_render_only")
+
+
+class GenerateRequest(Generation):
+    prompt: str = ""
+    suffix: str = ""
+    system: str = ""
+    template: str = ""
+    context: list[Int] | None = None  # deprecated by Ollama; still honoured
+    raw: bool = False
+    images: list[Image] = Field(default_factory=list)
+
+
+class ChatRequest(Generation):
+    messages: list[ChatMessage] = Field(default_factory=list)
+    tools: list[Tool] = Field(default_factory=list)
+
+
+class EmbedRequest(Named):
+    input: Strings = Field(default_factory=list)  # "" and [] both: no input
+    truncate: bool | None = None
+    dimensions: Int | None = Field(None, ge=1)
+    keep_alive: KeepAlive | None = None
+    options: RequestOptions | None = None
+
+
+class EmbeddingRequest(Named):
+    """The legacy /api/embeddings."""
+
+    prompt: str = ""
+    keep_alive: KeepAlive | None = None
+    options: RequestOptions | None = None
+
+
+class ShowRequest(Named):
+    system: str = ""
+    template: str = ""
+    verbose: bool = False
+    options: RequestOptions | None = None
+
+
+class CreateRequest(Named):
+    from_: str = Field("", alias="from")
+    files: dict[str, str] = Field(default_factory=dict)  # file name -> "sha256:<hex>"
+    adapters: dict[str, str] = Field(default_factory=dict)
+    template: str = ""
+    license: Strings = Field(default_factory=list)
+    system: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    messages: list[ChatMessage] = Field(default_factory=list)
+    quantize: str = ""
+    quantization: str = Field("", exclude=True)  # deprecated name of quantize
+    renderer: str = ""
+    parser: str = ""
+    requires: str = ""
+    stream: bool = True
+
+    @model_validator(mode="after")
+    def _quantize(self) -> "CreateRequest":
+        self.quantize = self.quantize or self.quantization
+        return self
+
+
+class CopyRequest(Body):
+    source: str
+    destination: str
+
+
+class DeleteRequest(Named):
+    pass
+
+
+class PullRequest(Named):
+    insecure: bool = False
+    stream: bool = True
+
+
+class PushRequest(PullRequest):
+    pass

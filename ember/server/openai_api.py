@@ -1,0 +1,206 @@
+"""Request bodies of OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings), and
+their translation to Ollama's options, format, think and messages, as Ollama's middleware does.
+
+Parse them with api.parse_body; responses and routes are the server's."""
+
+import base64
+import binascii
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
+
+from ember.server.api import Body, Int, RequestError, Strings, Tool, parse_arguments
+from ember.server.prompt import Message
+
+_DATA_URI = tuple(f"data:image/{kind};base64," for kind in ("jpeg", "jpg", "png", "webp"))
+
+
+def _url(value: Any) -> Any:
+    # image_url may be the URL itself or {"url": ...}
+    return {"url": value} if isinstance(value, str) else value
+
+
+def _parts(value: Any) -> Any:
+    # content may be a plain string or a list of parts; one form keeps errors free of unions
+    return [{"type": "text", "text": value}] if isinstance(value, str) else value
+
+
+class ImageUrl(Body):
+    url: str
+
+
+class ContentPart(Body):
+    type: str
+    text: str = ""
+    image_url: Annotated[ImageUrl, BeforeValidator(_url)] | None = None
+
+
+class OpenAIFunctionCall(Body):
+    name: str
+    arguments: str = ""  # a JSON string, as OpenAI sends it
+
+
+class OpenAIToolCall(Body):
+    id: str = ""
+    type: str = "function"
+    function: OpenAIFunctionCall
+
+
+class OpenAIMessage(Body):
+    role: str
+    content: Annotated[list[ContentPart], BeforeValidator(_parts)] = Field(default_factory=list)
+    name: str = ""
+    tool_calls: list[OpenAIToolCall] = Field(default_factory=list)
+    tool_call_id: str = ""
+    reasoning: str = ""  # thinking of an earlier turn, as Ollama returns it
+
+
+class StreamOptions(Body):
+    include_usage: bool = False
+
+
+class JsonSchema(Body):
+    name: str = ""
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
+class Reasoning(Body):
+    effort: Literal["high", "medium", "low", "max", "none"] | None = None
+
+
+class Sampling(Body):
+    """Sampling fields /v1/chat/completions and /v1/completions share."""
+
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Int | None = None
+    seed: Int | None = None
+    stop: Strings | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+
+    def ollama_options(self) -> dict[str, Any]:
+        """Ollama's options for these fields; OpenAI's defaults where absent (temperature and
+        top_p 1.0), as Ollama's middleware sets them."""
+        options: dict[str, Any] = {
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+        }
+        given = {
+            "num_predict": self.max_tokens,
+            "seed": self.seed,
+            "stop": self.stop,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+        }
+        return options | {k: v for k, v in given.items() if v is not None}
+
+
+class ChatCompletionRequest(Sampling):
+    messages: list[OpenAIMessage]
+    max_completion_tokens: Int | None = None  # newer clients send this for max_tokens
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] = Field(default_factory=list)
+    reasoning_effort: Literal["high", "medium", "low", "max", "none"] | None = None
+    reasoning: Reasoning | None = None
+    logprobs: bool = False
+    top_logprobs: Int = Field(0, ge=0, le=20)
+
+    def ollama_options(self) -> dict[str, Any]:
+        options = super().ollama_options()
+        if self.max_tokens is None and self.max_completion_tokens is not None:
+            options["num_predict"] = self.max_completion_tokens
+        return options
+
+    def ollama_format(self) -> str | dict[str, Any] | None:
+        """response_format as Ollama's format: "json", a JSON schema, or None."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return "json"
+        return fmt.json_schema.schema_ if fmt.json_schema else "json"
+
+    def ollama_think(self) -> bool | str | None:
+        """reasoning_effort (or reasoning.effort) as Ollama's think: "none" turns it off."""
+        effort = self.reasoning_effort or (self.reasoning.effort if self.reasoning else None)
+        return None if effort is None else False if effort == "none" else effort
+
+    def ollama_messages(self) -> list[Message]:
+        """The messages as Ollama's: content parts joined, data-URI images decoded, tool call
+        arguments parsed, a tool result named after the call it answers."""
+        names: dict[str, str] = {}
+        messages = []
+        for i, m in enumerate(self.messages):
+            for call in m.tool_calls:
+                names[call.id] = call.function.name
+            messages.append(_ollama_message(m, names, i))
+        return messages
+
+
+def _ollama_message(m: OpenAIMessage, names: dict[str, str], index: int) -> Message:
+    texts: list[str] = []
+    images: list[bytes] = []
+    for j, part in enumerate(m.content):
+        if part.type == "text":
+            texts.append(part.text)
+        elif part.type == "image_url" and part.image_url is not None:
+            param = f"messages[{index}].content[{j}].image_url"
+            images.append(_data_uri_image(part.image_url.url, param))
+        else:
+            raise RequestError(f"unsupported content part type {part.type!r}", "messages")
+    calls = tuple(_ollama_call(c, index) for c in m.tool_calls)
+    tool_name = (m.name or names.get(m.tool_call_id, "")) if m.role == "tool" else ""
+    return Message(
+        m.role.lower(),
+        "\n".join(t for t in texts if t),
+        images=tuple(images),
+        tool_calls=calls,
+        thinking=m.reasoning,
+        tool_name=tool_name,
+        tool_call_id=m.tool_call_id,
+    )
+
+
+def _data_uri_image(url: str, param: str) -> bytes:
+    # as Ollama: only inline images; it fetches no URLs
+    prefix = next((p for p in _DATA_URI if url.startswith(p)), None)
+    if prefix is None:
+        raise RequestError("invalid image input: only base64 data URIs are supported", param)
+    try:
+        return base64.b64decode(url[len(prefix) :], validate=True)
+    except binascii.Error:
+        raise RequestError("invalid image input: bad base64 data", param) from None
+
+
+def _ollama_call(call: OpenAIToolCall, index: int) -> dict[str, Any]:
+    try:
+        args = parse_arguments(call.function.arguments)
+    except ValueError as e:
+        raise RequestError(str(e), f"messages[{index}].tool_calls") from None
+    if not isinstance(args, dict):
+        raise RequestError("tool call arguments must be a JSON object", "messages")
+    return {"function": {"name": call.function.name, "arguments": args}}
+
+
+class CompletionRequest(Sampling):
+    prompt: str  # a string only, as Ollama's /v1/completions
+    suffix: str = ""
+    echo: bool = False
+    logprobs: Int | None = Field(None, ge=0, le=20)
+
+
+class EmbeddingsRequest(Body):
+    model: str
+    input: Strings
+    dimensions: Int | None = Field(None, ge=1)
+    encoding_format: Literal["float", "base64"] = "float"

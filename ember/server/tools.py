@@ -1,0 +1,275 @@
+"""Tool calls in model output: the format a chat template shows for them, and a stream parser
+that turns them into Ollama's `tool_calls` ([{"function": {"index", "name", "arguments"}}]).
+
+Call ids are the server's to add; thinking is split off before output reaches this parser."""
+
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import Any
+
+from ember.server.holdback import partial_tag
+from ember.template import TemplateError, render_chat
+
+ToolCall = dict[str, Any]  # {"function": {"index": int, "name": str, "arguments": dict}}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallFormat:
+    """How a model writes a call: `opening` before its JSON ("<tool_call>"), or "{" / "[" when
+    calls are bare JSON; `closing` after it ("</tool_call>"), or ""."""
+
+    opening: str
+    closing: str = ""
+
+    @property
+    def is_bare_json(self) -> bool:
+        return _is_bare(self.opening)
+
+
+BARE_JSON = ToolCallFormat("{")
+
+
+def _is_bare(tag: str) -> bool:
+    return tag in ("{", "[")
+
+
+_NAME = "ember_tool_sentinel"
+_CALL_NAME = "ember_call_sentinel"  # not _NAME: the tool list the template shows names that
+_TOOL = {
+    "type": "function",
+    "function": {
+        "name": _NAME,
+        "description": "a tool",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+    },
+}
+
+
+def can_use_tools(template: str | None) -> bool:
+    """Ollama's "tools" capability: the template shows the model the tools it is given."""
+    if not template:
+        return False
+    try:
+        text = render_chat(template, [{"role": "user", "content": "q"}], tools=[_TOOL])
+    except TemplateError:
+        return False
+    return _NAME in text
+
+
+def tool_call_format(template: str | None) -> ToolCallFormat:
+    """The call format a template shows for a past assistant call (Ollama reads the text before
+    `{` in its Go template's ToolCalls block); BARE_JSON when it shows none."""
+    if not template:
+        return BARE_JSON
+    call = {"function": {"name": _CALL_NAME, "arguments": {"x": 1}}}
+    try:
+        # content that shares no first or last character with a tag: the renders part there
+        plain = _render_turn(template, {"role": "assistant", "content": "§"})
+        with_call = _render_turn(
+            template, {"role": "assistant", "content": "", "tool_calls": [call]}
+        )
+    except TemplateError:
+        return BARE_JSON
+    return _format_from(plain, with_call)
+
+
+def _render_turn(template: str, turn: dict[str, Any]) -> str:
+    messages = [{"role": "user", "content": "q"}, turn]
+    return render_chat(template, messages, add_generation_prompt=False, tools=[_TOOL])
+
+
+def _format_from(plain: str, with_call: str) -> ToolCallFormat:
+    # the call's text is what differs from the same turn rendered without it
+    head = _common_prefix(plain, with_call)
+    tail = len(with_call) - _common_prefix(plain[::-1], with_call[::-1])
+    at = with_call.find(_CALL_NAME, head)
+    start = with_call.find("{", head, at)  # as Ollama, the tag is what comes before the `{`
+    if at < 0 or start < 0:
+        return BARE_JSON
+    end = json_end(with_call, start)
+    opening = with_call[head:start].strip()
+    closing = with_call[end:tail].strip() if end is not None and end <= tail else ""
+    return ToolCallFormat(opening or "{", closing)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def json_end(text: str, start: int = 0) -> int | None:
+    """Index just past the JSON object or array opening at text[start]; None if incomplete."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def parse_calls(text: str, names: Collection[str], *, is_tagged: bool) -> list[ToolCall] | None:
+    """The calls in one JSON value (an object or a list of them), None if it is not calls.
+
+    Accepted: {"name", "arguments" | "parameters"} and {"function": {...}}; arguments may be a
+    JSON string. A bare (untagged) value must name its arguments, so plain JSON answers stay
+    content; with `names`, only those tools count."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    items = value if isinstance(value, list) else [value]
+    calls = [_call(item, names, is_tagged=is_tagged) for item in items]
+    if not calls or any(c is None for c in calls):
+        return None
+    return [c for c in calls if c is not None]
+
+
+def _call(item: Any, names: Collection[str], *, is_tagged: bool) -> ToolCall | None:
+    if isinstance(item, dict) and isinstance(item.get("function"), dict):
+        item = item["function"]
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return None
+    has_args = "arguments" in item or "parameters" in item
+    if (names and item["name"] not in names) or not (has_args or is_tagged):
+        return None
+    args = item.get("arguments", item.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return {"function": {"name": item["name"], "arguments": args}}
+
+
+_SEPARATORS = " \t\r\n,]"  # between the calls of a run, and a list's end
+
+
+class _State(Enum):
+    START = auto()  # only whitespace so far: bare JSON calls may start here
+    LOOKING = auto()  # content, watching for the opening tag
+    CALLING = auto()  # inside a run of calls (tags, JSON values, separators)
+    DONE = auto()  # content only, to the end
+
+
+class ToolCallParser:
+    """Fed output pieces, returns (content, completed calls). Text that may start a call (a
+    partial opening tag, leading whitespace, unfinished JSON) is held back until it is decided;
+    a call that does not parse is given back as content.
+
+    Bare JSON is tried only at the start of the output, as Ollama does for `{`/`[` formats;
+    a tagged format takes its tag anywhere."""
+
+    def __init__(self, fmt: ToolCallFormat = BARE_JSON, names: Collection[str] = ()) -> None:
+        self.fmt = fmt
+        self.names = frozenset(names)
+        self._state = _State.START
+        self._buffer = ""
+        self._opened = ""  # the opening tag of a call not yet parsed, given back if none comes
+        self._is_tagged_run = False  # the run of calls began with the opening tag
+        self._count = 0
+
+    def add(self, text: str) -> tuple[str, list[ToolCall]]:
+        self._buffer += text
+        content, calls = "", []
+        while self._buffer:
+            step = self._step()
+            if step is None:
+                break
+            content += step[0]
+            calls += step[1]
+        return content, calls
+
+    def flush(self) -> tuple[str, list[ToolCall]]:
+        """At the end of output: everything held back, as content."""
+        rest, self._buffer = self._buffer, ""
+        if self._state == _State.CALLING and not (self._opened or rest.lstrip(_SEPARATORS)):
+            return "", []
+        rest, self._opened = self._opened + rest, ""
+        return rest, []
+
+    def _step(self) -> tuple[str, list[ToolCall]] | None:
+        if self._state == _State.START:
+            return self._start()
+        if self._state == _State.LOOKING:
+            return self._looking()
+        if self._state == _State.CALLING:
+            return self._calling()
+        out, self._buffer = self._buffer, ""
+        return out, []
+
+    def _start(self) -> tuple[str, list[ToolCall]] | None:
+        trimmed = self._buffer.lstrip()
+        if not trimmed:
+            return None
+        if trimmed[0] in "{[":
+            self._buffer, self._state = trimmed, _State.CALLING
+        else:
+            self._state = _State.DONE if self.fmt.is_bare_json else _State.LOOKING
+        return "", []
+
+    def _looking(self) -> tuple[str, list[ToolCall]] | None:
+        before, found, after = self._buffer.partition(self.fmt.opening)
+        if found:
+            self._buffer, self._opened, self._state = after, found, _State.CALLING
+            self._is_tagged_run = True
+            return before, []
+        hold = partial_tag(before, self.fmt.opening)
+        content, self._buffer = before[: len(before) - hold], before[len(before) - hold :]
+        return (content, []) if content else None
+
+    def _calling(self) -> tuple[str, list[ToolCall]] | None:
+        buf = self._buffer
+        rest = buf.lstrip(_SEPARATORS)
+        tags = [t for t in (self.fmt.closing, self.fmt.opening) if t and not _is_bare(t)]
+        for tag in tags:
+            if rest.startswith(tag):
+                self._buffer = rest[len(tag) :]
+                self._opened = tag if tag == self.fmt.opening else ""
+                self._is_tagged_run = self._is_tagged_run or bool(self._opened)
+                return "", []
+        if not rest or any(t.startswith(rest) for t in tags):
+            return None  # separators or a partial tag: wait
+        if rest[0] in "{[":
+            return self._json(rest, skipped=buf[: len(buf) - len(rest)])
+        # other text: the run of calls is over
+        content, self._opened = self._opened, ""
+        self._buffer = rest
+        self._state = _State.DONE if self.fmt.is_bare_json else _State.LOOKING
+        return content, []
+
+    def _json(self, rest: str, *, skipped: str) -> tuple[str, list[ToolCall]] | None:
+        end = json_end(rest)
+        if end is None:
+            return None
+        calls = parse_calls(rest[:end], self.names, is_tagged=self._is_tagged_run)
+        self._buffer = rest[end:]
+        if calls is None:
+            content, self._opened = self._opened + skipped + rest[:end], ""
+            self._state = _State.DONE if self.fmt.is_bare_json else _State.LOOKING
+            return content, []
+        self._opened = ""
+        for call in calls:
+            call["function"] = {"index": self._count, **call["function"]}
+            self._count += 1
+        return "", calls

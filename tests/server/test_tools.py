@@ -1,0 +1,207 @@
+"""Tool calls: formats read from templates, and the stream parser at every piece boundary."""
+
+from typing import Any
+
+import pytest
+
+from ember.gguf import GGUFFile
+from ember.server.tools import (
+    BARE_JSON,
+    ToolCallFormat,
+    ToolCallParser,
+    can_use_tools,
+    json_end,
+    parse_calls,
+    tool_call_format,
+)
+
+QWEN = ToolCallFormat("<tool_call>", "</tool_call>")
+MISTRAL = (
+    "{%- for m in messages %}{%- if m.role == 'user' %}[INST] {{ m.content }}[/INST]"
+    "{%- elif m.tool_calls %}[TOOL_CALLS] [{%- for tc in m.tool_calls %}"
+    '{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments|tojson }}}'
+    "{% if not loop.last %}, {% endif %}{%- endfor %}]</s>{%- else %}{{ m.content }}</s>"
+    "{%- endif %}{%- endfor %}"
+)
+LLAMA_JSON = (
+    "{%- for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+    "{%- if m.tool_calls %}{{ m.tool_calls[0].function | tojson }}{% else %}{{ m.content }}"
+    "{% endif %}<|eot_id|>{%- endfor %}"
+)
+
+
+@pytest.fixture(scope="module")
+def qwen_template(qwen2_path: Any) -> str:
+    template: str = GGUFFile.open(qwen2_path).metadata["tokenizer.chat_template"]
+    return template
+
+
+@pytest.fixture(scope="module")
+def smollm2_template(smollm2_path: Any) -> str:
+    template: str = GGUFFile.open(smollm2_path).metadata["tokenizer.chat_template"]
+    return template
+
+
+@pytest.mark.model
+def test_qwen_template_shows_tool_call_tags(qwen_template: str) -> None:
+    assert tool_call_format(qwen_template) == QWEN
+    assert can_use_tools(qwen_template) is True
+
+
+@pytest.mark.model
+def test_smollm2_template_has_no_tools(smollm2_template: str) -> None:
+    assert can_use_tools(smollm2_template) is False
+    assert tool_call_format(smollm2_template) == BARE_JSON
+
+
+@pytest.mark.parametrize(
+    ("template", "fmt"),
+    [
+        (MISTRAL, ToolCallFormat("[TOOL_CALLS] [", "]")),
+        (LLAMA_JSON, BARE_JSON),
+        ("{{ raise_exception('x') }}", BARE_JSON),
+        (None, BARE_JSON),
+    ],
+)
+def test_formats_of_other_templates(template: str | None, fmt: ToolCallFormat) -> None:
+    assert tool_call_format(template) == fmt
+
+
+def call(name: str, index: int = 0, **arguments: Any) -> dict[str, Any]:
+    return {"function": {"index": index, "name": name, "arguments": arguments}}
+
+
+def run(parser: ToolCallParser, pieces: list[str]) -> tuple[str, list[dict[str, Any]]]:
+    content, calls = "", []
+    for piece in pieces:
+        c, new = parser.add(piece)
+        content, calls = content + c, calls + new
+    c, new = parser.flush()
+    return content + c, calls + new
+
+
+def splits(text: str) -> list[list[str]]:
+    """text whole, one character at a time, and cut in two at every position."""
+    return [[text], list(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
+
+
+WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+NAMES = ("get_weather", "get_time")
+
+TAGGED_CASES = [
+    # (output, content, calls) for Qwen's <tool_call> format
+    (f"<tool_call>\n{WEATHER}\n</tool_call>", "", [call("get_weather", city="Paris")]),
+    (
+        f"Let me check.\n<tool_call>\n{WEATHER}\n</tool_call>",
+        "Let me check.\n",
+        [call("get_weather", city="Paris")],
+    ),
+    (
+        f"<tool_call>{WEATHER}</tool_call>\n<tool_call>"
+        '{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>',
+        "",
+        [call("get_weather", city="Paris"), call("get_time", 1, zone="CET")],
+    ),
+    (
+        f"<tool_call>[{WEATHER}, {WEATHER}]</tool_call>",
+        "",
+        [call("get_weather", city="Paris"), call("get_weather", 1, city="Paris")],
+    ),
+    # a bare call at the start is taken too (small models forget the tags)
+    (f"  {WEATHER}", "", [call("get_weather", city="Paris")]),
+    ("No tools needed: 2 + 2 = 4.", "No tools needed: 2 + 2 = 4.", []),
+    ("a <b>tag</b> that is not one", "a <b>tag</b> that is not one", []),
+    # not calls: given back as they came
+    (
+        '<tool_call>{"name": "unknown", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "unknown", "arguments": {}}</tool_call>',
+        [],
+    ),
+    ("<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
+    ('<tool_call>{"name": "get_weather", "argu', '<tool_call>{"name": "get_weather", "argu', []),
+    ('{"answer": 42}', '{"answer": 42}', []),
+    (f"<tool_call>{WEATHER}</tool_call> Done.", "Done.", [call("get_weather", city="Paris")]),
+]
+
+
+@pytest.mark.parametrize(("output", "content", "calls"), TAGGED_CASES)
+def test_tagged_calls_however_the_output_is_cut(
+    output: str, content: str, calls: list[dict[str, Any]]
+) -> None:
+    for pieces in splits(output):
+        assert run(ToolCallParser(QWEN, NAMES), pieces) == (content, calls), pieces
+
+
+BARE_CASES = [
+    (WEATHER, "", [call("get_weather", city="Paris")]),
+    (f"\n[{WEATHER}]\n", "", [call("get_weather", city="Paris")]),
+    (
+        '{"name": "get_weather", "parameters": {"city": "Rome"}}',
+        "",
+        [call("get_weather", city="Rome")],
+    ),
+    (
+        '{"type": "function", "function": '
+        '{"name": "get_time", "arguments": "{\\"zone\\": \\"UTC\\"}"}}',
+        "",
+        [call("get_time", zone="UTC")],
+    ),
+    # JSON that names no arguments is an answer, not a call
+    ('{"name": "get_weather"}', '{"name": "get_weather"}', []),
+    # bare JSON counts only at the start of the output
+    (f"Sure: {WEATHER}", f"Sure: {WEATHER}", []),
+    ('{"a": "}{"}', '{"a": "}{"}', []),
+]
+
+
+@pytest.mark.parametrize(("output", "content", "calls"), BARE_CASES)
+def test_bare_json_calls_however_the_output_is_cut(
+    output: str, content: str, calls: list[dict[str, Any]]
+) -> None:
+    for pieces in splits(output):
+        assert run(ToolCallParser(BARE_JSON, NAMES), pieces) == (content, calls), pieces
+
+
+def test_mistral_run_of_calls() -> None:
+    fmt = ToolCallFormat("[TOOL_CALLS] [", "]")
+    output = f"[TOOL_CALLS] [{WEATHER}, " + '{"name": "get_time", "arguments": {}}]'
+    for pieces in splits(output):
+        assert run(ToolCallParser(fmt, NAMES), pieces) == (
+            "",
+            [call("get_weather", city="Paris"), call("get_time", 1)],
+        )
+
+
+def test_content_streams_until_a_possible_tag_and_calls_come_when_complete() -> None:
+    parser = ToolCallParser(QWEN, NAMES)
+    assert parser.add("Checking <tool") == ("Checking ", [])
+    assert parser.add('_call>\n{"name": ') == ("", [])
+    assert parser.add('"get_time", "arguments": {}}') == ("", [call("get_time")])
+    assert parser.add("\n</tool_call>") == ("", [])
+    assert parser.flush() == ("", [])
+
+
+def test_without_names_any_named_call_counts() -> None:
+    parser = ToolCallParser(QWEN)
+    output = '<tool_call>{"name": "anything", "arguments": {"x": [1, {"y": "}"}]}}</tool_call>'
+    assert run(parser, [output]) == ("", [call("anything", x=[1, {"y": "}"}])])
+
+
+def test_arguments_keep_their_order() -> None:
+    parser = ToolCallParser(QWEN, ["f"])
+    _, calls = run(parser, ['<tool_call>{"name": "f", "arguments": {"z": 1, "a": 2, "m": 3}}'])
+    assert list(calls[0]["function"]["arguments"]) == ["z", "a", "m"]
+
+
+@pytest.mark.parametrize(
+    ("text", "end"),
+    [('{"a": 1} tail', 8), ('[{"a": "]"}]x', 12), ('{"a": "\\"}"}', 12), ('{"a": [1, 2', None)],
+)
+def test_json_end(text: str, end: int | None) -> None:
+    assert json_end(text) == end
+
+
+def test_parse_calls_refuses_arguments_that_are_not_an_object() -> None:
+    assert parse_calls('{"name": "f", "arguments": [1]}', (), is_tagged=True) is None
+    assert parse_calls('{"name": "f", "arguments": "not json"}', (), is_tagged=True) is None
+    assert parse_calls("[]", (), is_tagged=True) is None
