@@ -36,7 +36,7 @@ def _is_bare(tag: str) -> bool:
 
 
 _NAME = "ember_tool_sentinel"
-_CALL_NAME = "ember_call_sentinel"  # not _NAME: the tool list the template shows names that
+_CALL_NAME = "ember_call_sentinel"  # not _NAME, which the rendered tool list also holds
 _TOOL = {
     "type": "function",
     "function": {
