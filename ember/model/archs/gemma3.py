@@ -144,7 +144,7 @@ class Gemma3:
         x = self.token_embd.lookup(torch.tensor(batch.tokens)) * o.hidden**0.5  # (T, C)
         positions = torch.tensor(batch.positions)
         ropes = {SLIDING: o.local_rope.cos_sin(positions), GLOBAL: o.global_rope.cos_sin(positions)}
-        outputs = torch.tensor(batch.outputs)
+        outputs = torch.tensor(batch.outputs, dtype=torch.long)
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)
             x = block(x, ropes, cache, o, outputs if i == o.num_layers - 1 else None)

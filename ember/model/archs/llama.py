@@ -134,7 +134,7 @@ class Llama:
         o = self.options
         x = self.token_embd.lookup(torch.tensor(batch.tokens))  # (T, C)
         rope = o.rope.cos_sin(torch.tensor(batch.positions))
-        outputs = torch.tensor(batch.outputs)
+        outputs = torch.tensor(batch.outputs, dtype=torch.long)
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)
             x = block(x, rope, cache, o, outputs if i == o.num_layers - 1 else None)
