@@ -21,7 +21,7 @@ from ember.model import Model
 from ember.runner.inputcache import InputCache
 from ember.runner.memory import reserve
 from ember.runner.sequence import CLOSED, LENGTH, STOP, Piece, Request, Sequence, TokenLogprob
-from ember.sample import Sampler
+from ember.sample import sample_rows
 from ember.sample.sampler import logprobs
 from ember.tokenizer import Tokenizer
 
@@ -201,12 +201,14 @@ class Engine:
         for p in parts:
             p.seq.slot.inputs.extend(p.seq.pending[: p.count])
             del p.seq.pending[: p.count], p.seq.groups[: p.count]
-        rows = {id(p): r for r, p in enumerate(gen)}
-        for p, mask in zip(parts, masks, strict=True):
+        if logits is not None:  # one batched sampling step over every row
+            gen_masks = [mask for p, mask in zip(parts, masks, strict=True) if p in gen]
+            tokens = sample_rows([p.seq.sampler for p in gen], logits, gen_masks)
+            for row, (p, token) in enumerate(zip(gen, tokens, strict=True)):
+                self._emit(p.seq, logits[row], token)
+        for p in parts:
             if p.seq.embedding:
                 self._pool(p, hidden)
-            elif logits is not None and id(p) in rows:
-                self._emit(p.seq, logits[rows[id(p)]], mask)
 
     def _batch(self, parts: list[Part]) -> Batch:
         tokens: list[int] = []
@@ -231,14 +233,13 @@ class Engine:
         with torch.inference_mode():
             return self.model.hidden(batch, self.cache)
 
-    def _emit(self, seq: Sequence, row: torch.Tensor, mask: torch.Tensor | None) -> None:
-        """Samples seq's next token from its logits row and streams what is final."""
+    def _emit(self, seq: Sequence, row: torch.Tensor, token: int) -> None:
+        """Takes seq's sampled token (row: its raw logits) and streams what is final."""
         if not seq.first_token:
             seq.first_token = _now()
         if len(seq.generated) >= seq.num_predict:  # num_predict 0: the prompt only
             self._finish(seq, LENGTH)
             return
-        token = _sample(seq.sampler, row, mask)
         if token in self.tokenizer.eos_ids:
             self._finish(seq, STOP)
             return
@@ -296,19 +297,6 @@ class Engine:
         if seq in self._active:
             self._active.remove(seq)
             self.inputs.release(seq.slot)
-
-
-def _sample(sampler: Sampler, row: torch.Tensor, mask: torch.Tensor | None) -> int:
-    if mask is not None:
-        row = _masked(row, mask)
-    return sampler.sample(row)
-
-
-def _masked(row: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    out = torch.full_like(row, float("-inf"))
-    n = min(row.numel(), allowed.numel())
-    out[:n] = torch.where(allowed[:n], row[:n], out[:n])
-    return out
 
 
 def _now() -> int:
