@@ -112,3 +112,39 @@ def test_format_schema_is_always_enforced(real_llm):
             and value["colour"] in schema["properties"]["colour"]["enum"]
         )
         assert result.done_reason == "stop"
+
+
+def test_threads_share_the_engine_and_get_what_they_get_alone(real_llm):
+    import threading
+
+    llm = real_llm("smollm2:135m")
+    prompts = ["Name a fruit.", "Name a river.", "Name a planet.", "Name a colour.", "Say hi."]
+    options = {**GREEDY, "num_predict": 12}
+    alone = [llm.generate(p, options=options).tokens for p in prompts]
+    together: list[list[int]] = [[] for _ in prompts]
+
+    def run(i: int) -> None:
+        together[i] = llm.generate(prompts[i], options=options).tokens
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone
+
+
+def test_leaving_a_stream_early_cancels_it(real_llm):
+    import time
+
+    from ember.options import Options
+
+    llm = real_llm("smollm2:135m")
+    stream = llm.generate("Tell a long story.", options={"num_predict": 5000}, stream=True)
+    for _ in stream:
+        break  # the iteration is closed here: its sequence is cancelled
+    engine = llm.engine_for(Options())
+    deadline = time.monotonic() + 5
+    while engine.busy() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.busy() == 0 and stream.result is None
