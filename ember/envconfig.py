@@ -49,6 +49,15 @@ def models_dir() -> Path:
     return _path("EMBER_MODELS", "~/.ember/models")
 
 
+DEFAULT_REGISTRY = "https://registry.ollama.ai"
+
+
+def registry_url() -> str:
+    """The registry that pulls and pushes of names without a host of their own use
+    (EMBER_REGISTRY, a base URL such as http://127.0.0.1:5000; default Ollama's registry)."""
+    return (_get("EMBER_REGISTRY") or DEFAULT_REGISTRY).rstrip("/")
+
+
 def cache_dir() -> Path:
     """Where assembled model files and checksum records live (EMBER_CACHE, ~/.ember/cache)."""
     return _path("EMBER_CACHE", "~/.ember/cache")

@@ -1,0 +1,313 @@
+"""Model management endpoints of the native API: /api/tags, /api/show, /api/create, /api/blobs,
+/api/copy, /api/delete, /api/pull and /api/push, with Ollama's progress streams and errors.
+
+The store lives in `app.state.store` (made from envconfig.models_dir() on first use when the app
+set none), so tests point it at a temporary folder. Generating and the scheduler are routes.py's.
+"""
+
+import itertools
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from ember import envconfig
+from ember.errors import EmberError, ModelNotFoundError
+from ember.server import api
+from ember.server.model_show import show_response
+from ember.store import (
+    BlobDigestError,
+    BlobSizeError,
+    CreateError,
+    CreateRequest,
+    Digest,
+    InvalidDigestError,
+    InvalidNameError,
+    ModelfileError,
+    ModelName,
+    Registry,
+    Store,
+    create_model,
+    get_model,
+    list_models,
+)
+from ember.store.catalogue_import import catalogue_entry, pip_install, pull_catalogue
+from ember.store.names import DEFAULT_HOST
+
+router = APIRouter()
+
+NDJSON = "application/x-ndjson"
+Progress = dict[str, Any]
+T = TypeVar("T", bound=BaseModel)
+
+_BAD_REQUEST = (
+    api.RequestError,
+    InvalidNameError,
+    InvalidDigestError,
+    CreateError,
+    ModelfileError,
+    BlobDigestError,
+)
+
+
+def store_of(request: Request) -> Store:
+    """The app's model store; created from EMBER_MODELS the first time when none was set."""
+    state = request.app.state
+    store = getattr(state, "store", None)
+    if store is None:
+        store = state.store = Store(envconfig.models_dir())
+    return store
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def status_of(err: Exception) -> int:
+    """The HTTP status Ollama answers for an error of this kind."""
+    if isinstance(err, ModelNotFoundError):
+        return 404
+    if isinstance(err, BlobSizeError):
+        return 413
+    if isinstance(err, _BAD_REQUEST):
+        return 400
+    return 500
+
+
+def message_of(err: Exception) -> str:
+    if isinstance(err, OSError):
+        return f"{err.strerror or err}" + (f": {err.filename}" if err.filename else "")
+    return err.message if isinstance(err, api.RequestError) else str(err)
+
+
+async def parse(request: Request, model: type[T]) -> T:
+    return api.parse_body(model, await request.body())
+
+
+def parse_name(text: str) -> ModelName:
+    try:
+        return ModelName.parse(text)
+    except InvalidNameError as e:
+        raise api.RequestError(str(e)) from None
+
+
+# ---------------------------------------------------------------- progress streams
+
+
+async def progress_response(items: Iterator[Progress], *, stream: bool, prime: int = 1) -> Response:
+    """An NDJSON stream of progress dicts, or (stream false) the last one as one JSON object.
+
+    The first `prime` items are taken before answering, so an error found before the long work
+    (a bad name, a missing model, a file that is no GGUF) still gets its status code; a later
+    one ends the stream with an {"error"} line, as Ollama's."""
+    if not stream:
+        try:
+            last = await run_in_threadpool(_last, items)
+        except (EmberError, OSError) as e:
+            return error(status_of(e), message_of(e))
+        return JSONResponse(last)
+    try:
+        first = await run_in_threadpool(lambda: list(itertools.islice(items, prime)))
+    except (EmberError, OSError) as e:
+        return error(status_of(e), message_of(e))
+    return StreamingResponse(_lines(first, items), media_type=NDJSON)
+
+
+def _last(items: Iterator[Progress]) -> Progress:
+    last: Progress = {}
+    for last in items:  # noqa: B007 - the final item is the answer
+        pass
+    return last
+
+
+def _lines(first: list[Progress], items: Iterator[Progress]) -> Iterator[bytes]:
+    """Iterated by starlette in a worker thread: the store and registry calls block."""
+    yield from map(_line, first)
+    try:
+        for item in items:
+            yield _line(item)
+    except (EmberError, OSError) as e:
+        yield _line({"error": message_of(e)})
+
+
+def _line(item: Progress) -> bytes:
+    return (json.dumps(item, ensure_ascii=False) + "\n").encode()
+
+
+# ---------------------------------------------------------------- list, show, copy, delete
+
+
+@router.api_route("/api/tags", methods=["GET", "HEAD"])
+async def tags(request: Request) -> Response:
+    store = store_of(request)
+    entries = await run_in_threadpool(list_models, store)
+    return JSONResponse({"models": [e.to_json() for e in entries]})
+
+
+@router.post("/api/show")
+async def show(request: Request) -> Response:
+    try:
+        body = await parse(request, api.ShowRequest)
+        name = parse_name(body.model)
+        model = await run_in_threadpool(get_model, store_of(request), name)
+        answer = await run_in_threadpool(
+            show_response, model, verbose=body.verbose, system=body.system, template=body.template
+        )
+    except EmberError as e:
+        return error(status_of(e), message_of(e))
+    return JSONResponse(answer)
+
+
+@router.post("/api/copy")
+async def copy(request: Request) -> Response:
+    try:
+        body = await parse(request, api.CopyRequest)
+        source = _named("source", body.source)
+        destination = _named("destination", body.destination)
+        await run_in_threadpool(store_of(request).copy, source, destination)
+    except EmberError as e:
+        return error(status_of(e), message_of(e))
+    return Response(status_code=200)
+
+
+def _named(field: str, text: str) -> ModelName:
+    try:
+        return ModelName.parse(text)
+    except InvalidNameError:
+        raise api.RequestError(f"{field} {text!r} is invalid") from None
+
+
+@router.delete("/api/delete")
+async def delete(request: Request) -> Response:
+    try:
+        body = await parse(request, api.DeleteRequest)
+        name = parse_name(body.model)
+        await run_in_threadpool(store_of(request).delete, name)
+    except EmberError as e:
+        return error(status_of(e), message_of(e))
+    return Response(status_code=200)
+
+
+# ---------------------------------------------------------------- create and blobs
+
+
+@router.post("/api/create")
+async def create(request: Request) -> Response:
+    try:
+        body = await parse(request, api.CreateRequest)
+        name = parse_name(body.model)
+        create_request = _create_request(body)
+    except EmberError as e:
+        return error(status_of(e), message_of(e))
+    items = create_model(store_of(request), name, create_request)
+    return await progress_response(items, stream=body.stream, prime=2)
+
+
+def _create_request(body: api.CreateRequest) -> CreateRequest:
+    if body.from_:
+        parse_name(body.from_)
+    messages = [{"role": m.role, "content": m.content} for m in body.messages]
+    return CreateRequest(
+        from_=body.from_ or None,
+        files=body.files or None,
+        adapters=body.adapters or None,
+        template=body.template or None,
+        system=body.system or None,
+        parameters=body.parameters or None,
+        messages=messages or None,
+        license=body.license or None,
+        quantize=body.quantize or None,
+        renderer=body.renderer or None,
+        parser=body.parser or None,
+        requires=body.requires or None,
+    )
+
+
+@router.head("/api/blobs/{digest}")
+async def head_blob(request: Request, digest: str) -> Response:
+    try:
+        parsed = Digest.parse(digest)
+    except InvalidDigestError as e:
+        return error(400, str(e))
+    found = store_of(request).has_blob(parsed)
+    return Response(status_code=200 if found else 404)
+
+
+@router.post("/api/blobs/{digest}")
+async def upload_blob(request: Request, digest: str) -> Response:
+    """Streams the body to a temp file (never whole in memory) under the store's quota and the
+    free disk space; the blob appears only when its sha256 is the one in the path."""
+    try:
+        expected = Digest.parse(digest)
+    except InvalidDigestError as e:
+        return error(400, str(e))
+    store = store_of(request)
+    if store.has_blob(expected):
+        return Response(status_code=200)  # as Ollama: an upload of a known blob is a no-op
+    try:
+        await _receive_blob(request, store, expected)
+    except EmberError as e:
+        return error(status_of(e), message_of(e))
+    return Response(status_code=201)
+
+
+async def _receive_blob(request: Request, store: Store, expected: Digest) -> None:
+    length = request.headers.get("content-length", "")
+    size = int(length) if length.isdigit() else None
+    free = shutil.disk_usage(store.tmp_dir).free
+    quota = min(free, store.max_blob_bytes) if store.max_blob_bytes is not None else free
+    writer = store.blob_writer(expected=expected, size=size, max_bytes=quota)
+    with writer:
+        async for chunk in request.stream():
+            writer.write(chunk)
+        await run_in_threadpool(writer.commit)  # fsync: not on the event loop
+
+
+# ---------------------------------------------------------------- pull and push
+
+
+@router.post("/api/pull")
+async def pull(request: Request) -> Response:
+    try:
+        body = await parse(request, api.PullRequest)
+        name = parse_name(body.model)
+    except EmberError as e:
+        return error(status_of(e), message_of(e))
+    store = store_of(request)
+    if catalogue_entry(name) is not None:
+        install = getattr(request.app.state, "catalogue_install", None) or pip_install
+        items = pull_catalogue(store, name, install=install)
+    else:
+        items = _with_registry(store, name, body.insecure, lambda r: r.pull(name))
+    return await progress_response(items, stream=body.stream)
+
+
+@router.post("/api/push")
+async def push(request: Request) -> Response:
+    try:
+        body = await parse(request, api.PushRequest)
+        name = parse_name(body.model)
+        store = store_of(request)
+        await run_in_threadpool(store.read_manifest, name)  # 404 before any stream
+    except EmberError as e:
+        return error(status_of(e), message_of(e))
+    items = _with_registry(store, name, body.insecure, lambda r: r.push(name))
+    return await progress_response(items, stream=body.stream)
+
+
+def _with_registry(
+    store: Store,
+    name: ModelName,
+    insecure: bool,
+    run: Callable[[Registry], Iterator[Progress]],
+) -> Iterator[Progress]:
+    """A registry client for the name (EMBER_REGISTRY for names without a host of their own),
+    closed when the transfer ends or the client goes away."""
+    base_url = envconfig.registry_url() if name.host.lower() == DEFAULT_HOST else None
+    with Registry(store, base_url=base_url, insecure=insecure) as registry:
+        yield from run(registry)

@@ -1,0 +1,102 @@
+"""What /api/show answers about a stored model: its GGUF metadata as `model_info` (large arrays
+as null, as Ollama), its capabilities, and the text fields of the model (template, system,
+parameters, Modelfile, license). Reading the store is store/'s job; this only shapes answers."""
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ember.gguf import GGUFError, GGUFFile
+from ember.server.thinking import can_think
+from ember.server.tools import can_use_tools
+from ember.store import StoredModel, format_parameters, render_modelfile
+
+MAX_ARRAY_ITEMS = 1024  # longer arrays (the vocabulary, merges) show as null unless verbose
+_HIDDEN_KEYS = ("general.name", "tokenizer.chat_template")  # as Ollama's show deletes them
+
+
+@functools.lru_cache(maxsize=16)
+def _read_gguf(path: Path, mtime_ns: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(metadata, tensors) of a model blob; cached: blobs are content-addressed, never edited."""
+    with GGUFFile.open(path) as gguf:
+        tensors = [
+            {"name": t.name, "type": t.ggml_type.name, "shape": list(reversed(t.shape))}
+            for t in gguf.tensors.values()
+        ]
+        num_params = sum(int(np.prod(t.shape)) for t in gguf.tensors.values())
+        meta = dict(gguf.metadata)
+    meta.setdefault("general.parameter_count", num_params)
+    return meta, tensors
+
+
+def gguf_metadata(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The GGUF's metadata and tensor list ({name, type, shape} in ggml's order)."""
+    return _read_gguf(path, path.stat().st_mtime_ns)
+
+
+def model_info(metadata: dict[str, Any], *, verbose: bool) -> dict[str, Any]:
+    """`model_info`: every key in the file's order, arrays past 1024 items as null unless
+    verbose, float32 values in their shortest form (1e-05, not 9.999999747378752e-06)."""
+    info: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if key in _HIDDEN_KEYS:
+            continue
+        if isinstance(value, list) and len(value) > MAX_ARRAY_ITEMS and not verbose:
+            info[key] = None
+        else:
+            info[key] = _shortest(value)
+    return info
+
+
+def _shortest(value: Any) -> Any:
+    if isinstance(value, float) and float(np.float32(value)) == value:
+        return float(str(np.float32(value)))
+    if isinstance(value, list):
+        return [_shortest(v) for v in value]
+    return value
+
+
+def capabilities(metadata: dict[str, Any], model: StoredModel) -> list[str]:
+    """Ollama's capability names the model has: an embedding model (a pooling type) only
+    embeds; others complete, and tools, thinking and vision come from template and files."""
+    arch = metadata.get("general.architecture", "")
+    if f"{arch}.pooling_type" in metadata:
+        return ["embedding"]
+    found = ["completion"]
+    if can_use_tools(model.template):
+        found.append("tools")
+    if can_think(model.template):
+        found.append("thinking")
+    if model.projector_paths or f"{arch}.vision.block_count" in metadata:
+        found.append("vision")
+    return found
+
+
+def show_response(
+    model: StoredModel, *, verbose: bool = False, system: str = "", template: str = ""
+) -> dict[str, Any]:
+    """The /api/show body; `system`/`template` given in the request replace the model's."""
+    metadata: dict[str, Any] = {}
+    tensors: list[dict[str, Any]] = []
+    if model.model_path is not None:
+        try:
+            metadata, tensors = gguf_metadata(model.model_path)
+        except (GGUFError, OSError):
+            metadata, tensors = {}, []  # shown without model_info rather than not at all
+    out: dict[str, Any] = {
+        "license": "\n".join(model.license),
+        "modelfile": render_modelfile(model),
+        "parameters": format_parameters(model.parameters),
+        "template": template or model.template or "",
+        "system": system or model.system or "",
+        "details": model.details.to_json(),
+        "messages": list(model.messages),
+        "model_info": model_info(metadata, verbose=verbose),
+        "capabilities": capabilities(metadata, model),
+        "modified_at": model.modified_at.astimezone().isoformat(),
+    }
+    if verbose:
+        out["tensors"] = tensors
+    return {k: v for k, v in out.items() if v not in ("", [], None) or k == "model_info"}

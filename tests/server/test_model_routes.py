@@ -1,0 +1,410 @@
+"""The model management endpoints (model_routes.py) on an app holding only that router: through
+httpx in-process for status codes and streams, and through the real `ollama` client against a
+real uvicorn server for the flows a user runs (create from an uploaded GGUF, list, show, copy,
+delete, pull from the catalogue and from a loopback registry, push)."""
+
+import hashlib
+import json
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from ember.server.model_routes import router
+from ember.server.model_show import model_info
+from ember.store import Store
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
+from registry_server import RegistryServer
+
+SYSTEM = "You are a tiny test model."
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers", reason="tiny models are built with HF transformers")
+    import tinymodels
+
+    path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
+    tinymodels.write_tiny_gguf("llama", path, ggml_type="Q8_0")
+    return path
+
+
+def make_app(store: Store) -> FastAPI:
+    app = FastAPI()
+    app.include_router(router)
+    app.state.store = store
+    return app
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "models")
+
+
+@pytest.fixture
+def client(store: Store) -> Iterator[TestClient]:
+    with TestClient(make_app(store)) as test_client:
+        yield test_client
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def upload(client: TestClient, path: Path) -> str:
+    data = path.read_bytes()
+    digest = sha(data)
+    assert client.head(f"/api/blobs/{digest}").status_code == 404
+    assert client.post(f"/api/blobs/{digest}", content=data).status_code == 201
+    assert client.head(f"/api/blobs/{digest}").status_code == 200
+    return digest
+
+
+def lines(resp: httpx.Response) -> list[dict[str, Any]]:
+    assert resp.headers["content-type"] == "application/x-ndjson"
+    return [json.loads(line) for line in resp.text.splitlines()]
+
+
+def create_tiny(client: TestClient, path: Path, name: str = "tiny") -> list[dict[str, Any]]:
+    digest = upload(client, path)
+    body = {"model": name, "files": {"tiny.gguf": digest}, "system": SYSTEM}
+    resp = client.post("/api/create", json=body)
+    assert resp.status_code == 200, resp.text
+    return lines(resp)
+
+
+# ---------------------------------------------------------------- create, list, show
+
+
+def test_create_from_an_uploaded_blob_streams_progress(client: TestClient, tiny_gguf: Path) -> None:
+    progress = create_tiny(client, tiny_gguf)
+    statuses = [p["status"] for p in progress]
+    assert statuses[0] == "parsing GGUF"
+    assert statuses[-2:] == ["writing manifest", "success"]
+    assert f"using existing layer {sha(tiny_gguf.read_bytes())}" in statuses
+    models = client.get("/api/tags").json()["models"]
+    assert [m["name"] for m in models] == ["tiny:latest"]
+    assert models[0]["details"]["family"] == "llama"
+    assert models[0]["details"]["quantization_level"] == "Q8_0"
+    assert models[0]["size"] > tiny_gguf.stat().st_size
+
+
+def test_create_without_stream_answers_one_object(client: TestClient, tiny_gguf: Path) -> None:
+    digest = upload(client, tiny_gguf)
+    body = {"model": "tiny", "files": {"tiny.gguf": digest}, "stream": False}
+    resp = client.post("/api/create", json=body)
+    assert resp.status_code == 200 and resp.json() == {"status": "success"}
+
+
+def test_create_from_a_stored_model_with_values(client: TestClient, tiny_gguf: Path) -> None:
+    create_tiny(client, tiny_gguf)
+    body = {
+        "model": "me/derived:v1",
+        "from": "tiny",
+        "system": "Answer in French.",
+        "parameters": {"temperature": 0.2, "stop": ["<|im_end|>"]},
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "salut"}],
+        "license": "MIT",
+        "stream": False,
+    }
+    assert client.post("/api/create", json=body).json() == {"status": "success"}
+    shown = client.post("/api/show", json={"model": "me/derived:v1"}).json()
+    assert shown["system"] == "Answer in French."
+    assert shown["license"] == "MIT"
+    assert shown["messages"] == body["messages"]
+    assert "temperature                    0.2" in shown["parameters"]
+    assert 'stop                           "<|im_end|>"' in shown["parameters"]
+    assert shown["details"]["parent_model"] == "tiny:latest"
+    assert "FROM " in shown["modelfile"] and "SYSTEM Answer in French." in shown["modelfile"]
+
+
+def test_show_reads_the_gguf_metadata(client: TestClient, tiny_gguf: Path) -> None:
+    create_tiny(client, tiny_gguf)
+    shown = client.post("/api/show", json={"name": "tiny"}).json()  # the legacy key
+    info = shown["model_info"]
+    assert info["general.architecture"] == "llama"
+    assert info["general.parameter_count"] > 0
+    assert "llama.block_count" in info and "tokenizer.ggml.tokens" in info
+    assert "tokenizer.chat_template" not in info and "general.name" not in info
+    assert shown["capabilities"] == ["completion"]
+    assert shown["system"] == SYSTEM
+    assert shown["details"]["format"] == "gguf"
+    assert "tensors" not in shown
+    verbose = client.post("/api/show", json={"model": "tiny", "verbose": True}).json()
+    assert {"name", "type", "shape"} <= set(verbose["tensors"][0])
+
+
+def test_model_info_nulls_long_arrays_unless_verbose() -> None:
+    meta = {"general.name": "x", "a.eps": 9.999999747378752e-06, "t": list(range(2000))}
+    assert model_info(meta, verbose=False) == {"a.eps": 1e-05, "t": None}
+    assert model_info(meta, verbose=True)["t"] == list(range(2000))
+
+
+def test_show_capabilities_follow_the_template(client: TestClient, tiny_gguf: Path) -> None:
+    create_tiny(client, tiny_gguf)
+    template = (
+        "{% if tools %}TOOLS {{ tools | tojson }}{% endif %}"
+        "{% for m in messages %}{% if m.thinking %}<think>{{ m.thinking }}</think>{% endif %}"
+        "{{ m.content }}{% endfor %}"
+    )
+    body = {"model": "smart", "from": "tiny", "template": template, "stream": False}
+    assert client.post("/api/create", json=body).status_code == 200
+    shown = client.post("/api/show", json={"model": "smart"}).json()
+    assert shown["capabilities"] == ["completion", "tools", "thinking"]
+    assert shown["template"] == template
+
+
+# ---------------------------------------------------------------- copy and delete
+
+
+def test_copy_then_delete(client: TestClient, tiny_gguf: Path, store: Store) -> None:
+    create_tiny(client, tiny_gguf)
+    resp = client.post("/api/copy", json={"source": "tiny", "destination": "copy:1"})
+    assert resp.status_code == 200
+    assert sorted(m["name"] for m in client.get("/api/tags").json()["models"]) == [
+        "copy:1",
+        "tiny:latest",
+    ]
+    assert client.request("DELETE", "/api/delete", json={"model": "tiny"}).status_code == 200
+    assert [m["name"] for m in client.get("/api/tags").json()["models"]] == ["copy:1"]
+    assert store.has_blob(sha(tiny_gguf.read_bytes()))  # still used by the copy
+    assert client.request("DELETE", "/api/delete", json={"model": "copy:1"}).status_code == 200
+    assert not store.has_blob(sha(tiny_gguf.read_bytes()))
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "message"),
+    [
+        ("POST", "/api/show", {"model": "nope"}, 404, "model 'nope:latest' not found"),
+        ("DELETE", "/api/delete", {"model": "nope"}, 404, "model 'nope:latest' not found"),
+        ("POST", "/api/copy", {"source": "nope", "destination": "b"}, 404, "not found"),
+        ("POST", "/api/copy", {"source": "a", "destination": "b/c/d/e"}, 400, "is invalid"),
+        ("POST", "/api/show", {"model": "bad name!"}, 400, "invalid model name"),
+        ("POST", "/api/show", {}, 400, "model is required"),
+        ("POST", "/api/create", {"model": "x"}, 400, "neither 'from' or 'files'"),
+        ("POST", "/api/create", {"model": "x", "from": "nope"}, 404, "not found"),
+        ("POST", "/api/create", {"model": "x", "files": {"a": "sha256:12"}}, 400, "digest"),
+        ("POST", "/api/create", {"model": "x", "files": {"../a": "sha256:" + "0" * 64}}, 400, ""),
+        ("POST", "/api/pull", {"model": ":bad"}, 400, "invalid model name"),
+        ("POST", "/api/push", {"model": "nope"}, 404, "model 'nope:latest' not found"),
+    ],
+)
+def test_errors_are_json_with_ollama_status(
+    client: TestClient, method: str, path: str, body: dict[str, Any], status: int, message: str
+) -> None:
+    resp = client.request(method, path, json=body)
+    assert resp.status_code == status, resp.text
+    assert message in resp.json()["error"]
+
+
+def test_create_from_a_blob_that_is_not_gguf(client: TestClient) -> None:
+    data = b"not a model at all"
+    assert client.post(f"/api/blobs/{sha(data)}", content=data).status_code == 201
+    body = {"model": "x", "files": {"x.gguf": sha(data)}}
+    resp = client.post("/api/create", json=body)
+    assert resp.status_code == 400
+    assert "not in GGUF format" in resp.json()["error"]
+
+
+def test_blob_with_the_wrong_digest_is_refused(client: TestClient, store: Store) -> None:
+    wrong = sha(b"other")
+    resp = client.post(f"/api/blobs/{wrong}", content=b"these bytes")
+    assert resp.status_code == 400 and "digest mismatch" in resp.json()["error"]
+    assert client.head(f"/api/blobs/{wrong}").status_code == 404
+    assert not store.has_blob(sha(b"these bytes"))
+    assert [p.name for p in store.tmp_dir.iterdir() if p.name != "store.lock"] == []
+
+
+def test_blob_with_a_bad_digest_is_400(client: TestClient) -> None:
+    assert client.post("/api/blobs/sha256:XYZ", content=b"x").status_code == 400
+    assert client.head("/api/blobs/md5:abc").status_code == 400
+
+
+def test_blob_over_the_quota_is_refused(tmp_path: Path) -> None:
+    store = Store(tmp_path / "small", max_blob_bytes=1000)
+    with TestClient(make_app(store)) as small:
+        data = b"x" * 5000
+        resp = small.post(f"/api/blobs/{sha(data)}", content=iter([data[:2500], data[2500:]]))
+        assert resp.status_code == 413, resp.text
+        assert not store.has_blob(sha(data))
+
+
+def test_known_blob_upload_is_a_no_op(client: TestClient) -> None:
+    data = b"some blob"
+    assert client.post(f"/api/blobs/{sha(data)}", content=data).status_code == 201
+    assert client.post(f"/api/blobs/{sha(data)}", content=b"").status_code == 200
+
+
+# ---------------------------------------------------------------- pull and push
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[RegistryServer]:
+    with RegistryServer(tmp_path / "registry") as running:
+        yield running
+
+
+def test_push_then_pull_through_the_registry(
+    client: TestClient,
+    tiny_gguf: Path,
+    registry: RegistryServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    create_tiny(client, tiny_gguf)
+    host = registry.url.removeprefix("http://")
+    assert client.post("/api/copy", json={"source": "tiny", "destination": f"{host}/me/tiny"})
+    body = {"model": f"{host}/me/tiny", "insecure": True}  # http: allowed when asked
+    progress = lines(client.post("/api/push", json=body))
+    assert progress[0] == {"status": "retrieving manifest"}
+    assert progress[-1] == {"status": "success"}
+    digest = sha(tiny_gguf.read_bytes())
+    pushes = [p for p in progress if p.get("digest") == digest]
+    assert pushes[-1]["status"] == f"pushing {digest[7:19]}"
+    assert pushes[-1]["completed"] == pushes[-1]["total"] == tiny_gguf.stat().st_size
+    # a name without a host pulls from EMBER_REGISTRY
+    monkeypatch.setenv("EMBER_REGISTRY", registry.url)
+    other = Store(tmp_path / "other")
+    with TestClient(make_app(other)) as fresh:
+        progress = lines(fresh.post("/api/pull", json={"model": "me/tiny"}))
+        assert progress[0] == {"status": "pulling manifest"}
+        assert [p["status"] for p in progress[-3:]] == [
+            "verifying sha256 digest",
+            "writing manifest",
+            "success",
+        ]
+        assert any(p.get("digest") == digest and p["completed"] == p["total"] for p in progress)
+        shown = fresh.post("/api/show", json={"model": "me/tiny"}).json()
+        assert shown["system"] == SYSTEM
+
+
+def test_pull_of_a_missing_model_ends_with_an_error_line(
+    client: TestClient, registry: RegistryServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EMBER_REGISTRY", registry.url)
+    progress = lines(client.post("/api/pull", json={"model": "nothere"}))
+    assert progress[0] == {"status": "pulling manifest"}
+    assert "not found" in progress[-1]["error"]
+    resp = client.post("/api/pull", json={"model": "nothere", "stream": False})
+    assert resp.status_code == 500 and "not found" in resp.json()["error"]
+
+
+# ---------------------------------------------------------------- the real ollama client
+
+
+class Server:
+    """A uvicorn server with only the model routes, on a free loopback port, in a thread."""
+
+    def __init__(self, app: FastAPI) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        config = uvicorn.Config(app, log_level="critical", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, daemon=True
+        )
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def served(store: Store) -> Iterator[ollama.Client]:
+    server = Server(make_app(store))
+    try:
+        yield ollama.Client(host=server.url)
+    finally:
+        server.stop()
+
+
+@pytest.mark.e2e
+def test_ollama_client_create_list_show_copy_delete(served: ollama.Client, tiny_gguf: Path) -> None:
+    digest = served.create_blob(tiny_gguf)
+    progress = list(
+        served.create(
+            "tiny", files={"tiny.gguf": digest}, system=SYSTEM, parameters={"top_k": 5}, stream=True
+        )
+    )
+    assert progress[-1].status == "success"
+    assert [m.model for m in served.list().models] == ["tiny:latest"]
+    shown = served.show("tiny")
+    assert shown.modelinfo is not None and shown.modelinfo["general.architecture"] == "llama"
+    assert shown.capabilities == ["completion"]
+    assert shown.details is not None and shown.details.family == "llama"
+    assert shown.parameters is not None and "top_k" in shown.parameters
+    assert served.copy("tiny", "tiny:copy").status == "success"
+    assert sorted(m.model or "" for m in served.list().models) == ["tiny:copy", "tiny:latest"]
+    assert served.delete("tiny").status == "success"
+    assert [m.model for m in served.list().models] == ["tiny:copy"]
+    with pytest.raises(ollama.ResponseError) as err:
+        served.show("tiny")
+    assert err.value.status_code == 404 and "not found" in err.value.error
+
+
+@pytest.mark.e2e
+def test_ollama_client_push_and_pull(
+    served: ollama.Client,
+    tiny_gguf: Path,
+    registry: RegistryServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    digest = served.create_blob(tiny_gguf)
+    served.create("tiny", files={"tiny.gguf": digest})
+    host = registry.url.removeprefix("http://")
+    served.copy("tiny", f"{host}/me/tiny:v1")
+    pushed = list(served.push(f"{host}/me/tiny:v1", insecure=True, stream=True))
+    assert pushed[-1].status == "success"
+    assert any(p.digest == digest and p.completed == p.total for p in pushed)
+    served.delete(f"{host}/me/tiny:v1")
+    served.delete("tiny")
+    assert served.list().models == []
+    monkeypatch.setenv("EMBER_REGISTRY", registry.url)
+    pulled = list(served.pull("me/tiny:v1", stream=True))
+    assert pulled[0].status == "pulling manifest" and pulled[-1].status == "success"
+    assert [m.model for m in served.list().models] == ["me/tiny:v1"]
+    assert served.pull("me/tiny:v1").status == "success"  # again: nothing to fetch
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+def test_ollama_client_pulls_a_catalogue_model_offline(
+    served: ollama.Client, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EMBER_REGISTRY", "http://127.0.0.1:9")  # a registry is never asked
+    progress = list(served.pull("smollm2:135m", stream=True))
+    statuses = [p.status for p in progress]
+    digest = "sha256:b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert statuses[0] == "pulling manifest"
+    assert statuses[-3:] == ["verifying sha256 digest", "writing manifest", "success"]
+    copies = [p for p in progress if p.digest == digest]
+    assert copies[0].status == "pulling b179c9523d0e" and copies[0].completed == 0
+    assert copies[-1].completed == copies[-1].total == smollm2_path.stat().st_size
+    listed = served.list().models
+    assert [m.model for m in listed] == ["smollm2:135m"]
+    shown = served.show("smollm2:135m")
+    assert shown.details is not None and shown.details.quantization_level == "Q4_1"
+    assert shown.template and "<|im_start|>" in shown.template
+    assert shown.modelinfo is not None
+    assert shown.modelinfo["tokenizer.ggml.tokens"] is None  # 49,152 tokens: not shown
+    assert shown.modelinfo["llama.block_count"] == 30
