@@ -1,4 +1,5 @@
-"""The `ember` command. For now: `ember run MODEL [PROMPT]` runs a model in this process."""
+"""The `ember` command: `ember serve` runs the server; `ember run MODEL [PROMPT]` runs a model in
+this process."""
 
 import argparse
 import sys
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--temperature", type=float, default=None)
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--num-predict", type=int, default=None)
+    commands.add_parser("serve", help="start the server (on EMBER_HOST, default 127.0.0.1:11434)")
     runner = commands.add_parser("runner", help="serve one model to the server (internal)")
     runner.add_argument("--model", required=True, help="path of the GGUF file")
     runner.add_argument("--port", type=int, required=True)
@@ -32,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
             from ember.runner.server import main as runner_main
 
             return runner_main(args.model, args.port)
+        if args.command == "serve":
+            from ember.server.app import serve
+
+            return serve()
         return _run(args)
     except EmberError as e:
         print(f"Error: {e}", file=sys.stderr)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -114,7 +114,7 @@ class RunnerClient:
         """Loads the model; a load that does not fit raises RunnerError (status 507)."""
         return await self._post("/load", asdict(settings))
 
-    async def completion(self, prompt: str, **fields: Any) -> AsyncIterator[dict[str, Any]]:
+    async def completion(self, prompt: str, **fields: Any) -> AsyncGenerator[dict[str, Any], None]:
         """The runner's NDJSON records: {"content", "logprobs"?} pieces, then one final record
         {"done": true, ...} (or {"error": ...}). fields: options, format, shift, truncate,
         logprobs, top_logprobs, images. Closing the iterator early cancels the generation."""

@@ -11,8 +11,10 @@ input, 409 before a load, 507 when the load does not fit in memory, 500 otherwis
 import asyncio
 import json
 import logging
+import os
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
@@ -324,10 +326,19 @@ async def _stream(seq: Sequence, wake: asyncio.Event) -> AsyncIterator[bytes]:
         yield (json.dumps(record) + "\n").encode()
 
 
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    log.info("the server is gone; exiting")
+    os._exit(0)
+
+
 def main(model: str, port: int) -> int:
-    """Serves the runner API for model on 127.0.0.1:port until killed."""
+    """Serves the runner API for model on 127.0.0.1:port until killed, or until the server that
+    started it is gone (a killed server must not leave its models loaded)."""
     logging.basicConfig(
         level=logging.INFO, format="time=%(asctime)s level=%(levelname)s msg=%(message)s"
     )
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     uvicorn.run(create_app(model), host="127.0.0.1", port=port, log_level="warning")
     return 0

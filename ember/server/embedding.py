@@ -1,0 +1,68 @@
+"""Embeddings for /api/embed and /v1/embeddings: the runner's vectors for a batch of inputs,
+cut to `dimensions` and scaled to unit length, as Ollama's /api/embed returns them."""
+
+import math
+import time
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from ember.runner.client import RunnerError
+from ember.server.api import RequestOptions
+from ember.server.errors import APIError
+from ember.server.state import ServerState, runner_failure
+from ember.server.streaming import until_disconnected
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    vectors: list[list[float]]
+    prompt_eval_count: int
+    total_duration: int
+    load_duration: int
+
+
+async def embed(
+    state: ServerState,
+    request: Request,
+    name: str,
+    inputs: list[str],
+    *,
+    options: RequestOptions | None,
+    truncate: bool,
+    dimensions: int | None,
+    keep_alive: float | None,
+) -> Embedded:
+    """Every input's vector, in order; no inputs still loads the model (Ollama's load form)."""
+    start = time.perf_counter_ns()
+    plan = state.plan(name, options)
+    async with state.lease(plan, keep_alive) as lease:
+        vectors: list[list[float]] = []
+        count = 0
+        if inputs:
+            work = lease.runner.embedding(inputs, truncate=truncate)
+            try:
+                result = await until_disconnected(request, work)
+            except RunnerError as err:
+                raise runner_failure(err, lease.runner) from None
+            vectors, count = result["embeddings"], int(result.get("prompt_eval_count", 0))
+    return Embedded(
+        [normalize(v, dimensions) for v in vectors],
+        count,
+        time.perf_counter_ns() - start,
+        lease.load_duration,
+    )
+
+
+def normalize(vector: list[float], dimensions: int | None = None) -> list[float]:
+    """vector cut to its first `dimensions` values (when given), then scaled to unit length."""
+    if dimensions is not None:
+        if dimensions > len(vector):
+            raise APIError(
+                400, f"dimensions ({dimensions}) exceeds the embedding length ({len(vector)})"
+            )
+        vector = vector[:dimensions]
+    if not all(math.isfinite(x) for x in vector):
+        raise APIError(500, "the embedding has NaN or infinite values")
+    norm = math.sqrt(sum(x * x for x in vector))
+    return [x / norm for x in vector] if norm > 0 else list(vector)

@@ -1,0 +1,278 @@
+"""/api/chat and /api/generate as async streams of Ollama's response chunks (dicts): checks,
+the load and unload forms, the prompt, the runner's records through the output parser, the
+final metrics. Routes choose streaming or one merged answer; /v1 translates the chunks.
+
+Errors are APIError: raised before the first chunk they become the response's status."""
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from ember.errors import EmberError
+from ember.runner.client import RunnerError
+from ember.server.api import ChatRequest, GenerateRequest, Generation
+from ember.server.errors import RUNNER_STOPPED_MESSAGE, APIError
+from ember.server.model import ServedModel
+from ember.server.output import OutputParser, Part, logprobs
+from ember.server.prompt import Completion, Prompt, chat_prompt, generate_prompt
+from ember.server.scheduler import Lease
+from ember.server.state import Plan, ServerState, runner_failure
+from ember.server.thinking import no_thinking_message
+
+Chunk = dict[str, Any]
+
+
+def now() -> str:
+    """created_at as Ollama writes it (RFC 3339, UTC)."""
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def unsupported(name: str, capability: str) -> APIError:
+    return APIError(400, f'"{name}" does not support {capability}')
+
+
+def check_capabilities(name: str, model: ServedModel, *, think: Any, tools: bool, images: bool):
+    """400 for what the model cannot do, with Ollama's messages."""
+    if think not in (None, False) and "thinking" not in model.capabilities:
+        raise APIError(400, no_thinking_message(name))
+    if tools and "tools" not in model.capabilities:
+        raise unsupported(name, "tools")
+    if images and "vision" not in model.capabilities:
+        raise unsupported(name, "vision")
+
+
+async def chat(state: ServerState, req: ChatRequest) -> AsyncGenerator[Chunk, None]:
+    start = time.perf_counter_ns()
+    plan = state.plan(req.model, req.options)
+    images = any(m.images for m in req.messages)
+    check_capabilities(req.model, plan.model, think=req.think, tools=bool(req.tools), images=images)
+    if not req.messages:
+        reason, load_ns = await load_or_unload(state, plan, req.keep_alive)
+        empty = {"role": "assistant", "content": ""}
+        yield _final({"message": empty}, req.model, reason, start, load_ns)
+        return
+    async with state.lease(plan, req.keep_alive) as lease:
+        prompt = await _chat_prompt(lease, plan, req)
+        names = [t.function.name for t in req.tools]
+        parser = _parser(plan.model, req, prompt.text, tool_names=names)
+        async for part, lps, final in _run(lease, plan, req, prompt.text, parser):
+            message: dict[str, Any] = {"role": "assistant", "content": part.content}
+            if part.thinking:
+                message["thinking"] = part.thinking
+            if part.tool_calls:
+                message["tool_calls"] = part.tool_calls
+            fields: Chunk = {"message": message}
+            if lps:
+                fields["logprobs"] = lps
+            if final is None:
+                yield {"model": req.model, "created_at": now(), **fields, "done": False}
+                continue
+            chunk = _final(fields, req.model, final, start, lease.load_duration)
+            if prompt.truncated:
+                chunk["truncated"] = True
+            yield chunk
+
+
+async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+    start = time.perf_counter_ns()
+    plan = state.plan(req.model, req.options)
+    check_capabilities(req.model, plan.model, think=req.think, tools=False, images=bool(req.images))
+    if req.raw and (req.template or req.system or req.context):
+        raise APIError(400, "raw mode does not support template, system, or context")
+    if req.suffix and "insert" not in plan.model.capabilities:
+        raise unsupported(req.model, "insert")
+    if not req.prompt and not req.images:
+        reason, load_ns = await load_or_unload(state, plan, req.keep_alive)
+        yield _final({"response": ""}, req.model, reason, start, load_ns)
+        return
+    async with state.lease(plan, req.keep_alive) as lease:
+        prompt = await _generate_prompt(lease, plan, req)
+        parser = _parser(plan.model, req, prompt.text)
+        text: list[str] = []
+        async for part, lps, final in _run(lease, plan, req, prompt.text, parser):
+            text.append(part.content)
+            fields: Chunk = {"response": part.content}
+            if part.thinking:
+                fields["thinking"] = part.thinking
+            if lps:
+                fields["logprobs"] = lps
+            if final is None:
+                yield {"model": req.model, "created_at": now(), **fields, "done": False}
+                continue
+            if not req.raw:  # as Ollama: the tokens of prompt and answer, to continue from
+                tokens = await lease.runner.tokenize(prompt.text + "".join(text), add_special=False)
+                fields["context"] = tokens
+            yield _final(fields, req.model, final, start, lease.load_duration)
+
+
+async def load_or_unload(
+    state: ServerState, plan: Plan, keep_alive: float | None
+) -> tuple[str, int]:
+    """The empty request: keep_alive 0 unloads the model, anything else loads it."""
+    if keep_alive == 0:
+        await state.scheduler.unload(plan.shape.model_path)
+        return "unload", 0
+    async with state.lease(plan, keep_alive) as lease:
+        return "load", lease.load_duration
+
+
+def _final(
+    fields: Chunk, name: str, final: dict[str, Any] | str, start: int, load_duration: int
+) -> Chunk:
+    chunk: Chunk = {"model": name, "created_at": now(), **fields, "done": True}
+    if isinstance(final, str):  # the load and unload forms
+        chunk["done_reason"] = final
+        return chunk
+    reason = final.get("done_reason", "stop")
+    chunk.update(
+        done_reason="" if reason == "closed" else reason,
+        total_duration=time.perf_counter_ns() - start,
+        load_duration=load_duration,
+        # Ollama reports the whole prompt, cached or not
+        prompt_eval_count=final.get("prompt_count", final.get("prompt_eval_count", 0)),
+        prompt_eval_duration=final.get("prompt_eval_duration", 0),
+        eval_count=final.get("eval_count", 0),
+        eval_duration=final.get("eval_duration", 0),
+    )
+    return chunk
+
+
+def _parser(
+    model: ServedModel, req: Generation, prompt: str, *, tool_names: list[str] | None = None
+) -> OutputParser:
+    thinks = "thinking" in model.capabilities and req.think is not False
+    return OutputParser(
+        thinking=model.thinking_tags if thinks else None,
+        prompt=prompt,
+        tools=model.tool_format if tool_names else None,
+        tool_names=tool_names or (),
+    )
+
+
+async def _chat_prompt(lease: Lease, plan: Plan, req: ChatRequest) -> Prompt:
+    messages = [m.to_prompt() for m in req.messages]
+    tools = [t.to_template() for t in req.tools] or None
+    try:
+        if req.truncate is False:
+            return chat_prompt(plan.model.template, messages, tools=tools, think=req.think)
+        loop = asyncio.get_running_loop()
+
+        def count(text: str) -> int:  # runs in the worker thread; the runner call on the loop
+            future = asyncio.run_coroutine_threadsafe(lease.runner.tokenize(text), loop)
+            return len(future.result())
+
+        return await asyncio.to_thread(
+            chat_prompt,
+            plan.model.template,
+            messages,
+            tools=tools,
+            think=req.think,
+            count=count,
+            num_ctx=lease.loaded.num_ctx,
+        )
+    except RunnerError as err:
+        raise runner_failure(err, lease.runner) from None
+    except EmberError as err:  # a template that fails to render, a prompt that cannot be built
+        raise APIError(400, str(err)) from None
+
+
+async def _generate_prompt(lease: Lease, plan: Plan, req: GenerateRequest) -> Prompt:
+    template = plan.model.template
+    if req.template:
+        template = replace(template, source=req.template)
+    try:
+        context = await lease.runner.detokenize(req.context) if req.context else ""
+        request = Completion(
+            prompt=req.prompt,
+            system=req.system,
+            suffix=req.suffix,
+            images=tuple(req.images),
+            raw=req.raw,
+            think=req.think,
+            context=context,
+        )
+        return generate_prompt(template, request)
+    except RunnerError as err:
+        raise runner_failure(err, lease.runner) from None
+    except EmberError as err:
+        raise APIError(400, str(err)) from None
+
+
+async def _run(
+    lease: Lease, plan: Plan, req: Generation, prompt: str, parser: OutputParser
+) -> AsyncGenerator[tuple[Part, list[dict[str, Any]], dict[str, Any] | None], None]:
+    """(part, logprobs, None) per runner piece, then (rest, [], final record)."""
+    async for record in runner_records(lease, prompt, runner_fields(lease, plan, req)):
+        if record.get("done"):
+            yield parser.flush(), [], record
+            return
+        part = parser.add(record.get("content", ""))
+        lps = logprobs(record.get("logprobs") or [])
+        if part or lps:
+            yield part, lps, None
+
+
+def runner_fields(lease: Lease, plan: Plan, req: Generation) -> dict[str, Any]:
+    options = asdict(replace(plan.options, num_ctx=lease.loaded.num_ctx))
+    options["stop"] = list(plan.options.stop)
+    return {
+        "options": options,
+        "format": req.format,
+        "shift": req.shift is not False,
+        "truncate": req.truncate is not False,
+        "logprobs": req.logprobs,
+        "top_logprobs": req.top_logprobs,
+    }
+
+
+async def runner_records(
+    lease: Lease, prompt: str, fields: dict[str, Any]
+) -> AsyncGenerator[dict[str, Any], None]:
+    """The runner's records up to the final one; APIError for an error record or a failure."""
+    try:
+        async with contextlib.aclosing(lease.runner.completion(prompt, **fields)) as records:
+            async for record in records:
+                if "error" in record:
+                    raise APIError(500, str(record["error"]))
+                yield record
+                if record.get("done"):
+                    return
+    except RunnerError as err:
+        raise runner_failure(err, lease.runner) from None
+    raise APIError(500, RUNNER_STOPPED_MESSAGE)  # the stream ended without its final record
+
+
+def merge_chat(chunks: list[Chunk]) -> Chunk:
+    """A non-streamed chat answer: every chunk's message joined, the last one's metrics."""
+    merged = dict(chunks[-1])
+    messages = [c["message"] for c in chunks]
+    message: dict[str, Any] = {"role": "assistant", "content": _joined(messages, "content")}
+    if thinking := _joined(messages, "thinking"):
+        message["thinking"] = thinking
+    if calls := [call for m in messages for call in m.get("tool_calls", [])]:
+        message["tool_calls"] = calls
+    merged["message"] = message
+    return _merge_logprobs(merged, chunks)
+
+
+def merge_generate(chunks: list[Chunk]) -> Chunk:
+    merged = dict(chunks[-1])
+    merged["response"] = _joined(chunks, "response")
+    if thinking := _joined(chunks, "thinking"):
+        merged["thinking"] = thinking
+    return _merge_logprobs(merged, chunks)
+
+
+def _joined(items: list[dict[str, Any]], key: str) -> str:
+    return "".join(item.get(key, "") for item in items)
+
+
+def _merge_logprobs(merged: Chunk, chunks: list[Chunk]) -> Chunk:
+    lps = [lp for c in chunks for lp in c.get("logprobs", [])]
+    if lps:
+        merged["logprobs"] = lps
+    return merged

@@ -1,0 +1,256 @@
+"""A model name as the server serves it: found in the model store, else among the bundled models,
+and read once into its GGUF path, chat template, default options, capabilities and details.
+
+Only names resolve here, never file paths: a request cannot make the server open any file."""
+
+import functools
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ember import catalog
+from ember.errors import ModelNotFoundError
+from ember.gguf import GGUFError, GGUFFile
+from ember.server.errors import APIError, not_found
+from ember.server.prompt import ChatTemplate, FillInMiddle, Message, fill_in_middle
+from ember.server.thinking import ThinkingTags, infer_tags
+from ember.server.tools import ToolCallFormat, can_use_tools, tool_call_format
+from ember.store import Store, StoreError, get_model, list_models
+from ember.store.ggufinfo import FILE_TYPES, human_number
+from ember.template import BUILTIN
+
+log = logging.getLogger("ember.server")
+
+# Ollama's own templates are Go templates ("{{ .Prompt }}", "{{ range .Messages }}"): Ember
+# renders Jinja only, so such a template gives way to the GGUF's own.
+_GO_TEMPLATE = re.compile(r"\{\{-?\s*(\.|range\s|if\s+\.|end\s*-?\}\})")
+
+
+@dataclass(frozen=True, slots=True)
+class GGUFFacts:
+    """What the server needs from a GGUF's metadata (read without loading any weight)."""
+
+    architecture: str
+    chat_template: str | None
+    bos_text: str  # "" when the tokenizer adds BOS itself (a template must not write it again)
+    eos_text: str
+    context_length: int  # the trained context; 0 when the file does not say
+    file_type: str
+    parameter_size: str
+    fim: FillInMiddle | None  # the model can fill a gap (Ollama's "insert")
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    name: str  # as /api/ps and /v1/models show it ("smollm2:135m")
+    model_path: Path
+    template: ChatTemplate
+    parameters: dict[str, Any]  # Modelfile PARAMETERs: defaults under the request's options
+    capabilities: frozenset[str]  # completion, tools, thinking, insert, vision
+    tool_format: ToolCallFormat
+    thinking_tags: ThinkingTags | None
+    digest: str
+    size: int
+    modified_at: datetime
+    details: dict[str, Any]
+    context_length: int
+    owner: str = "library"  # /v1/models' owned_by
+    facts: GGUFFacts | None = field(default=None, compare=False)
+
+
+class Models:
+    """Resolves names (store first, then the bundled catalogue); GGUF reads are cached by file."""
+
+    def __init__(self, store_root: Path) -> None:
+        self.store_root = store_root
+        self._store: Store | None = None
+        self._facts: dict[tuple[str, int], GGUFFacts] = {}
+        self._lock = threading.Lock()
+
+    def store(self) -> Store:
+        if self._store is None:  # made on first use: creating it makes the folders
+            self._store = Store(self.store_root)
+        return self._store
+
+    def resolve(self, name: str) -> ServedModel:
+        """The model called name; APIError 404 when there is none."""
+        try:
+            stored = get_model(self.store(), name)
+        except ModelNotFoundError:
+            stored = None
+        except StoreError as err:
+            raise APIError(500, str(err)) from None
+        except ValueError:  # not a valid store name: it may still be a bundled one
+            stored = None
+        if stored is not None and stored.model_path is not None:
+            return self._from_store(stored)
+        return self._from_catalog(name)
+
+    def available(self) -> list[tuple[str, int, str]]:
+        """(name, created, owner) of every model a request may name: the store's, newest
+        first, then the bundled ones whose packages are installed."""
+        out = [
+            (e.name.display_shortest(), int(e.modified_at.timestamp()), e.name.namespace)
+            for e in list_models(self.store())
+        ]
+        names = {name for name, _, _ in out}
+        for entry in catalog.CATALOG.values():
+            created = _installed_at(entry)
+            if created is not None and entry.name not in names:
+                out.append((entry.name, created, "library"))
+        return out
+
+    def _from_store(self, stored: Any) -> ServedModel:
+        facts = self.facts(stored.model_path)
+        template = stored.template
+        if template and _GO_TEMPLATE.search(template):
+            log.warning("ignoring a Go template: Ember renders Jinja", extra={"model": stored.name})
+            template = None
+        messages = tuple(Message(m["role"], m.get("content", "")) for m in stored.messages)
+        details = stored.details.to_json()
+        return _served(
+            facts,
+            name=stored.name.display_shortest(),
+            path=stored.model_path,
+            template=template or None,
+            system=stored.system or "",
+            messages=messages,
+            parameters=dict(stored.parameters),
+            digest=stored.digest,
+            size=stored.size,
+            modified_at=stored.modified_at,
+            details=details,
+            owner=stored.name.namespace,
+        )
+
+    def _from_catalog(self, name: str) -> ServedModel:
+        canonical = catalog.ALIASES.get(name, name)
+        entry = catalog.CATALOG.get(canonical.removesuffix(":latest"))
+        if entry is None:
+            raise not_found(name)
+        try:
+            path = catalog.resolve_model(entry.name)
+        except ModelNotFoundError as err:
+            raise APIError(404, f"model '{name}' not found: {err}") from None
+        facts = self.facts(path)
+        details = {
+            "parent_model": "",
+            "format": "gguf",
+            "family": facts.architecture,
+            "families": [facts.architecture],
+            "parameter_size": facts.parameter_size,
+            "quantization_level": facts.file_type,
+        }
+        return _served(
+            facts,
+            name=entry.name,
+            path=path,
+            template=None,
+            system="",
+            messages=(),
+            parameters={},
+            digest=entry.sha256,
+            size=entry.num_bytes,
+            modified_at=datetime.fromtimestamp(path.stat().st_mtime, UTC),
+            details=details,
+            owner="library",
+        )
+
+    def facts(self, path: Path) -> GGUFFacts:
+        key = (str(path), path.stat().st_mtime_ns)
+        with self._lock:
+            cached = self._facts.get(key)
+        if cached is None:
+            cached = read_facts(path)
+            with self._lock:
+                self._facts[key] = cached
+        return cached
+
+
+def _installed_at(entry: catalog.Entry) -> int | None:
+    """When the bundled model's first package was installed; None if it is not."""
+    try:
+        dist = metadata.distribution(entry.parts[0].dist)
+    except metadata.PackageNotFoundError:
+        return None
+    path = Path(str(dist.locate_file(entry.parts[0].path)))
+    return int(path.stat().st_mtime) if path.is_file() else None
+
+
+def read_facts(path: Path) -> GGUFFacts:
+    try:
+        with GGUFFile.open(path) as gguf:
+            md = gguf.metadata
+            vocab = md.get("tokenizer.ggml.tokens") or []
+            arch = str(md.get("general.architecture", ""))
+            size_label = md.get("general.size_label")
+            num_params = sum(_count(t.shape) for t in gguf.tensors.values())
+    except (GGUFError, OSError) as err:
+        raise APIError(500, f"cannot read the model file: {err}") from None
+    template = md.get("tokenizer.chat_template")
+    ftype = md.get("general.file_type")
+    return GGUFFacts(
+        architecture=arch,
+        chat_template=template if isinstance(template, str) else BUILTIN.get(arch),
+        bos_text="" if md.get("tokenizer.ggml.add_bos_token") else _token_text(md, vocab, "bos"),
+        eos_text=_token_text(md, vocab, "eos"),
+        context_length=int(md.get(f"{arch}.context_length", 0) or 0),
+        file_type=FILE_TYPES.get(ftype, "unknown") if isinstance(ftype, int) else "unknown",
+        parameter_size=human_number(num_params) if num_params else str(size_label or ""),
+        fim=fill_in_middle([str(t) for t in vocab]),
+    )
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _token_text(md: dict[str, Any], vocab: list[Any], kind: str) -> str:
+    token_id = md.get(f"tokenizer.ggml.{kind}_token_id")
+    if isinstance(token_id, int) and 0 <= token_id < len(vocab):
+        return str(vocab[token_id])
+    return ""
+
+
+def _served(facts: GGUFFacts, *, template: str | None, system: str, **fields: Any) -> ServedModel:
+    source = template or facts.chat_template
+    chat = ChatTemplate(
+        source,
+        bos_token=facts.bos_text,
+        eos_token=facts.eos_text,
+        system=system,
+        messages=fields.pop("messages"),
+        fim=facts.fim,
+    )
+    tags, has_tools, tool_format = _template_facts(source)
+    capabilities = {"completion"}
+    if has_tools:
+        capabilities.add("tools")
+    if tags is not None:
+        capabilities.add("thinking")
+    if chat.fim is not None:
+        capabilities.add("insert")
+    return ServedModel(
+        model_path=fields.pop("path"),
+        template=chat,
+        capabilities=frozenset(capabilities),
+        tool_format=tool_format,
+        thinking_tags=tags,
+        context_length=facts.context_length,
+        facts=facts,
+        **fields,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _template_facts(source: str | None) -> tuple[ThinkingTags | None, bool, ToolCallFormat]:
+    # each renders the template a few times: once per template, not once per request
+    return infer_tags(source), can_use_tools(source), tool_call_format(source)

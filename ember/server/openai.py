@@ -1,0 +1,332 @@
+"""OpenAI compatibility (/v1): each request becomes a native one (openai_api.py translates the
+fields), runs through the same flows as /api/chat and /api/generate, and its chunks are turned
+into OpenAI's objects; streams are server-sent events. Errors use OpenAI's error object."""
+
+import base64
+import contextlib
+import json
+import secrets
+import struct
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from ember.server import embedding, generation
+from ember.server.api import (
+    ChatMessage,
+    ChatRequest,
+    GenerateRequest,
+    RequestError,
+    RequestOptions,
+    Tool,
+    ToolCall,
+    ToolCallFunction,
+)
+from ember.server.errors import APIError
+from ember.server.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
+from ember.server.prompt import Message
+from ember.server.routes import body_of, state_of
+from ember.server.streaming import collect, first_chunk, prepend, sse_response
+
+router = APIRouter(prefix="/v1")
+Chunk = dict[str, Any]
+_FINGERPRINT = "fp_ember"
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+def _stream_error(err: APIError) -> dict[str, Any]:
+    return error_body(err.status, err.message)
+
+
+class ChatCompletion(ChatCompletionRequest):
+    tool_choice: str | dict[str, Any] | None = None  # "none", "auto", "required", or a function
+
+
+# --- /v1/chat/completions ---
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    req = await body_of(request, ChatCompletion)
+    native = _native_chat(req)
+    chunks = generation.chat(state_of(request), native)
+    reply = _Reply("chatcmpl", req.model, include_usage=_usage_wanted(req))
+    if not req.stream:
+        return JSONResponse(reply.chat(generation.merge_chat(await collect(request, chunks))))
+    first = await first_chunk(request, chunks)
+    return sse_response(reply.chat_stream(prepend(first, chunks)), _stream_error)
+
+
+def _native_chat(req: ChatCompletion) -> ChatRequest:
+    return ChatRequest.model_construct(
+        model=req.model,
+        messages=[_chat_message(m) for m in req.ollama_messages()],
+        tools=_chosen_tools(req.tools, req.tool_choice),
+        format=req.ollama_format(),
+        options=RequestOptions.model_validate(req.ollama_options()),
+        stream=req.stream,
+        think=req.ollama_think(),
+        logprobs=req.logprobs or req.top_logprobs > 0,
+        top_logprobs=req.top_logprobs,
+    )
+
+
+def _chat_message(m: Message) -> ChatMessage:
+    calls = [
+        ToolCall(function=ToolCallFunction(name=f["name"], arguments=f["arguments"]))
+        for f in (c["function"] for c in m.tool_calls)
+    ]
+    return ChatMessage.model_construct(
+        role=m.role,
+        content=m.content,
+        thinking=m.thinking,
+        images=list(m.images),
+        tool_calls=calls,
+        tool_name=m.tool_name,
+        tool_call_id=m.tool_call_id,
+    )
+
+
+def _chosen_tools(tools: list[Tool], choice: str | dict[str, Any] | None) -> list[Tool]:
+    """tool_choice as far as a prompt can honour it: "none" hides the tools, a named function
+    leaves only that one; "auto" and "required" show them all."""
+    if choice == "none":
+        return []
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        chosen = [t for t in tools if t.function.name == name]
+        if not chosen:
+            raise RequestError(f"tool_choice names an unknown function {name!r}", "tool_choice")
+        return chosen
+    if choice not in (None, "auto", "required"):
+        raise RequestError(f"invalid tool_choice {choice!r}", "tool_choice")
+    return tools
+
+
+def _usage_wanted(req: ChatCompletionRequest | CompletionRequest) -> bool:
+    return req.stream_options is not None and req.stream_options.include_usage
+
+
+class _Reply:
+    """Builds OpenAI's objects from native chunks; one id and creation time per request."""
+
+    def __init__(self, prefix: str, model: str, *, include_usage: bool) -> None:
+        self.id = f"{prefix}-{secrets.randbelow(1000)}"
+        self.model = model
+        self.created = int(time.time())
+        self.include_usage = include_usage
+
+    def _object(self, kind: str, choices: list[dict[str, Any]]) -> Chunk:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": _FINGERPRINT,
+            "choices": choices,
+        }
+
+    def chat(self, native: Chunk) -> Chunk:
+        message = _message(native["message"])
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": _finish_reason(native, bool(message.get("tool_calls"))),
+            "logprobs": _chat_logprobs(native),
+        }
+        return {**self._object("chat.completion", [choice]), "usage": usage(native)}
+
+    async def chat_stream(self, chunks: AsyncGenerator[Chunk, None]) -> AsyncGenerator[Chunk, None]:
+        has_calls = False
+        async with contextlib.aclosing(chunks):
+            async for native in chunks:
+                delta = _message(native["message"])
+                has_calls = has_calls or bool(delta.get("tool_calls"))
+                finish = _finish_reason(native, has_calls) if native.get("done") else None
+                choice = {"index": 0, "delta": delta, "finish_reason": finish}
+                if native.get("logprobs"):
+                    choice["logprobs"] = _chat_logprobs(native)
+                yield self._object("chat.completion.chunk", [choice])
+                if native.get("done") and self.include_usage:
+                    yield {**self._object("chat.completion.chunk", []), "usage": usage(native)}
+
+    def completion(self, native: Chunk, *, echo: str = "") -> Chunk:
+        choice = {
+            "text": echo + native.get("response", ""),
+            "index": 0,
+            "logprobs": _completion_logprobs(native),
+            "finish_reason": _finish_reason(native, False),
+        }
+        return {**self._object("text_completion", [choice]), "usage": usage(native)}
+
+    async def completion_stream(
+        self, chunks: AsyncGenerator[Chunk, None], *, echo: str = ""
+    ) -> AsyncGenerator[Chunk, None]:
+        async with contextlib.aclosing(chunks):
+            async for native in chunks:
+                finish = _finish_reason(native, False) if native.get("done") else None
+                choice = {
+                    "text": echo + native.get("response", ""),
+                    "index": 0,
+                    "logprobs": _completion_logprobs(native),
+                    "finish_reason": finish,
+                }
+                echo = ""
+                yield self._object("text_completion", [choice])
+                if native.get("done") and self.include_usage:
+                    yield {**self._object("text_completion", []), "usage": usage(native)}
+
+
+def _message(native: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": native.get("content", "")}
+    if native.get("thinking"):
+        message["reasoning"] = native["thinking"]
+    calls = native.get("tool_calls") or []
+    if calls:
+        message["tool_calls"] = [
+            {
+                "index": call["function"].get("index", i),
+                "id": call.get("id", ""),
+                "type": "function",
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": json.dumps(call["function"].get("arguments", {})),
+                },
+            }
+            for i, call in enumerate(calls)
+        ]
+    return message
+
+
+def _finish_reason(native: Chunk, has_calls: bool) -> str:
+    if has_calls:
+        return "tool_calls"
+    return "length" if native.get("done_reason") == "length" else "stop"
+
+
+def usage(native: Chunk) -> dict[str, int]:
+    prompt, completion = native.get("prompt_eval_count", 0), native.get("eval_count", 0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _chat_logprobs(native: Chunk) -> dict[str, Any] | None:
+    lps = native.get("logprobs")
+    if not lps:
+        return None
+    return {
+        "content": [
+            {
+                "token": lp["token"],
+                "logprob": lp["logprob"],
+                "bytes": lp.get("bytes"),
+                "top_logprobs": lp.get("top_logprobs", []),
+            }
+            for lp in lps
+        ]
+    }
+
+
+def _completion_logprobs(native: Chunk) -> dict[str, Any] | None:
+    """The legacy completions form: parallel lists of tokens, logprobs and top maps."""
+    lps = native.get("logprobs")
+    if not lps:
+        return None
+    return {
+        "tokens": [lp["token"] for lp in lps],
+        "token_logprobs": [lp["logprob"] for lp in lps],
+        "top_logprobs": [
+            {t["token"]: t["logprob"] for t in lp.get("top_logprobs", [])} for lp in lps
+        ],
+    }
+
+
+# --- /v1/completions ---
+
+
+@router.post("/completions")
+async def completions(request: Request) -> Response:
+    req = await body_of(request, CompletionRequest)
+    native = GenerateRequest.model_construct(
+        model=req.model,
+        prompt=req.prompt,
+        suffix=req.suffix,
+        options=RequestOptions.model_validate(req.ollama_options()),
+        stream=req.stream,
+        logprobs=req.logprobs is not None,
+        top_logprobs=req.logprobs or 0,
+    )
+    chunks = generation.generate(state_of(request), native)
+    reply = _Reply("cmpl", req.model, include_usage=_usage_wanted(req))
+    echo = req.prompt if req.echo else ""
+    if not req.stream:
+        merged = generation.merge_generate(await collect(request, chunks))
+        return JSONResponse(reply.completion(merged, echo=echo))
+    first = await first_chunk(request, chunks)
+    return sse_response(reply.completion_stream(prepend(first, chunks), echo=echo), _stream_error)
+
+
+# --- /v1/embeddings ---
+
+
+@router.post("/embeddings")
+async def embeddings(request: Request) -> dict[str, Any]:
+    req = await body_of(request, EmbeddingsRequest)
+    if not req.input:
+        raise RequestError("invalid input: a string or a non-empty list of strings", "input")
+    result = await embedding.embed(
+        state_of(request),
+        request,
+        req.model,
+        list(req.input),
+        options=None,
+        truncate=True,
+        dimensions=req.dimensions,
+        keep_alive=None,
+    )
+    data = [
+        {"object": "embedding", "embedding": _encoded(v, req.encoding_format), "index": i}
+        for i, v in enumerate(result.vectors)
+    ]
+    count = result.prompt_eval_count
+    return {
+        "object": "list",
+        "data": data,
+        "model": req.model,
+        "usage": {"prompt_tokens": count, "total_tokens": count},
+    }
+
+
+def _encoded(vector: list[float], encoding: str) -> list[float] | str:
+    if encoding == "base64":  # little-endian float32, as OpenAI's clients decode it
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+    return vector
+
+
+# --- /v1/models ---
+
+
+@router.get("/models")
+async def models(request: Request) -> dict[str, Any]:
+    listed = state_of(request).models.available()
+    return {"object": "list", "data": [_model(*entry) for entry in listed]}
+
+
+@router.get("/models/{name:path}")
+async def model(request: Request, name: str) -> dict[str, Any]:
+    served = state_of(request).models.resolve(name)
+    return _model(name, int(served.modified_at.timestamp()), served.owner)
+
+
+def _model(name: str, created: int, owner: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": owner}

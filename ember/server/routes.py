@@ -1,0 +1,122 @@
+"""The native API: /, /api/version, /api/generate, /api/chat, /api/embed, /api/embeddings,
+/api/ps. Bodies are parsed with api.parse_body; errors are raised as APIError or RequestError
+and answered by the app's handlers. Model management lives in model_routes.py."""
+
+import time
+from datetime import datetime
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse, Response
+from pydantic import BaseModel
+
+from ember import __version__
+from ember.runner.client import RunnerError
+from ember.server import embedding, generation
+from ember.server.api import (
+    ChatRequest,
+    EmbeddingRequest,
+    EmbedRequest,
+    GenerateRequest,
+    parse_body,
+)
+from ember.server.scheduler import Loaded
+from ember.server.state import ServerState, runner_failure
+from ember.server.streaming import respond, until_disconnected
+
+router = APIRouter()
+B = TypeVar("B", bound=BaseModel)
+_FOREVER_SECONDS = 290 * 365 * 86400  # as Go's largest Duration, about 292 years
+
+
+def state_of(request: Request) -> ServerState:
+    state = request.app.state.ember
+    if not isinstance(state, ServerState):
+        raise TypeError("the app has no ServerState")
+    return state
+
+
+async def body_of(request: Request, kind: type[B]) -> B:
+    return parse_body(kind, await request.body())
+
+
+@router.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+async def root() -> str:
+    return "Ember is running"
+
+
+@router.api_route("/api/version", methods=["GET", "HEAD"])
+async def version() -> dict[str, str]:
+    return {"version": __version__}
+
+
+@router.post("/api/generate")
+async def generate(request: Request) -> Response:
+    req = await body_of(request, GenerateRequest)
+    chunks = generation.generate(state_of(request), req)
+    return await respond(request, chunks, stream=req.stream, merge=generation.merge_generate)
+
+
+@router.post("/api/chat")
+async def chat(request: Request) -> Response:
+    req = await body_of(request, ChatRequest)
+    chunks = generation.chat(state_of(request), req)
+    return await respond(request, chunks, stream=req.stream, merge=generation.merge_chat)
+
+
+@router.post("/api/embed")
+async def embed(request: Request) -> dict[str, Any]:
+    req = await body_of(request, EmbedRequest)
+    result = await embedding.embed(
+        state_of(request),
+        request,
+        req.model,
+        list(req.input),
+        options=req.options,
+        truncate=req.truncate is not False,
+        dimensions=req.dimensions,
+        keep_alive=req.keep_alive,
+    )
+    return {
+        "model": req.model,
+        "embeddings": result.vectors,
+        "total_duration": result.total_duration,
+        "load_duration": result.load_duration,
+        "prompt_eval_count": result.prompt_eval_count,
+    }
+
+
+@router.post("/api/embeddings")
+async def embeddings(request: Request) -> dict[str, Any]:
+    """The legacy form: one prompt, its vector as the model gives it (not normalised)."""
+    req = await body_of(request, EmbeddingRequest)
+    state = state_of(request)
+    plan = state.plan(req.model, req.options)
+    async with state.lease(plan, req.keep_alive) as lease:
+        if not req.prompt:
+            return {"embedding": []}
+        try:
+            result = await until_disconnected(request, lease.runner.embedding(req.prompt))
+        except RunnerError as err:
+            raise runner_failure(err, lease.runner) from None
+    return {"embedding": result["embedding"]}
+
+
+@router.get("/api/ps")
+async def ps(request: Request) -> dict[str, Any]:
+    return {"models": [_running(loaded) for loaded in state_of(request).scheduler.running()]}
+
+
+def _running(loaded: Loaded) -> dict[str, Any]:
+    model = loaded.info
+    expires = min(loaded.expires_at, time.time() + _FOREVER_SECONDS)
+    return {
+        "name": model.name,
+        "model": model.name,
+        "size": model.size + loaded.kv_bytes,
+        "digest": model.digest,
+        "details": model.details,
+        "expires_at": datetime.fromtimestamp(expires).astimezone().isoformat(),
+        "size_vram": 0,  # the CPU holds it all
+        "context_length": loaded.num_ctx,
+    }

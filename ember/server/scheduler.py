@@ -1,0 +1,336 @@
+"""Which runner process serves a request: one per loaded model, started on demand, kept while
+its keep-alive lasts, evicted when too many are loaded, replaced when it dies or when a request
+needs another shape (num_ctx, num_batch, threads). It knows nothing of HTTP or prompts.
+
+A request holds a Lease from acquire() to release(). Requests that wait (for a load, or for one
+of the runner's parallel slots) count against max_queue; past it acquire raises QueueFullError.
+"""
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from ember.errors import EmberError
+from ember.runner.client import LoadSettings, RunnerClient, RunnerError
+from ember.server.errors import MAX_QUEUE_MESSAGE
+
+log = logging.getLogger("ember.server")
+
+AUTO_PARALLEL = (4, 2, 1)  # tried in turn when EMBER_NUM_PARALLEL is unset and memory is short
+DEFAULT_MAX_LOADED = 3
+
+
+class Runner(Protocol):
+    """What the scheduler and the routes use of a runner (RunnerClient; fakes in tests)."""
+
+    async def load(self, settings: LoadSettings) -> dict[str, Any]: ...
+
+    def completion(self, prompt: str, **fields: Any) -> AsyncGenerator[dict[str, Any], None]: ...
+
+    async def embedding(
+        self, content: str | list[str], *, truncate: bool = True
+    ) -> dict[str, Any]: ...
+
+    async def tokenize(self, content: str, *, add_special: bool = True) -> list[int]: ...
+
+    async def detokenize(self, tokens: list[int]) -> str: ...
+
+    def alive(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+StartRunner = Callable[[str], Awaitable[Runner]]
+
+
+async def start_process(model_path: str) -> Runner:
+    return await RunnerClient.start(model_path)
+
+
+class QueueFullError(EmberError):
+    def __init__(self) -> None:
+        super().__init__(MAX_QUEUE_MESSAGE)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The settings a runner process is loaded with; a request leaves out (None) what it does
+    not set, and any loaded runner matches those."""
+
+    model_path: str
+    num_ctx: int | None = None
+    num_batch: int | None = None
+    num_thread: int | None = None
+
+    def matches(self, loaded: "Shape") -> bool:
+        if self.model_path != loaded.model_path:
+            return False
+        # a load cuts num_batch to num_ctx: a request asking for more wants what it got
+        num_batch = self.num_batch
+        if num_batch is not None and loaded.num_ctx is not None:
+            num_batch = min(num_batch, self.num_ctx or loaded.num_ctx)
+        return all(
+            want is None or want == have
+            for want, have in (
+                (self.num_ctx, loaded.num_ctx),
+                (num_batch, loaded.num_batch),
+                (self.num_thread, loaded.num_thread),
+            )
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """What a load uses for what the request left out."""
+
+    num_ctx: int = 4096
+    num_batch: int = 512
+    num_thread: int = 0
+    kv_cache_type: str = ""
+    multiuser_cache: bool = False
+
+    def complete(self, shape: Shape, context_length: int) -> Shape:
+        num_ctx = shape.num_ctx or self.num_ctx
+        if context_length > 0:  # as Ollama: never more than the model was trained for
+            num_ctx = min(num_ctx, context_length)
+        num_batch = min(shape.num_batch or self.num_batch, num_ctx)  # as Ollama
+        num_thread = self.num_thread if shape.num_thread is None else shape.num_thread
+        return replace(shape, num_ctx=num_ctx, num_batch=num_batch, num_thread=num_thread)
+
+
+@dataclass(eq=False)
+class Loaded:
+    """A runner process and its bookkeeping."""
+
+    shape: Shape  # complete: every field set
+    runner: Runner
+    parallel: int
+    info: Any  # what /api/ps shows of the model (the server's ServedModel)
+    kv_bytes: int = 0
+    refs: int = 0  # requests holding or waiting for a slot
+    keep_alive: float = 300.0
+    expires_at: float = math.inf  # wall-clock seconds
+    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    timer: asyncio.TimerHandle | None = None
+    is_retired: bool = False
+
+    @property
+    def num_ctx(self) -> int:
+        return self.shape.num_ctx or 0
+
+
+class Lease:
+    """One request's hold on a runner; release() exactly once (more calls do nothing)."""
+
+    def __init__(self, scheduler: "Scheduler", loaded: Loaded, load_duration: int) -> None:
+        self.scheduler, self.loaded, self.load_duration = scheduler, loaded, load_duration
+        self._is_released = False
+
+    @property
+    def runner(self) -> Runner:
+        return self.loaded.runner
+
+    def release(self) -> None:
+        if not self._is_released:
+            self._is_released = True
+            self.scheduler._release(self.loaded)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        start: StartRunner = start_process,
+        defaults: Defaults | None = None,
+        num_parallel: int = 0,
+        max_loaded: int = 0,
+        max_queue: int = 512,
+        keep_alive: float = 300.0,
+    ) -> None:
+        self._start = start
+        self.defaults = defaults or Defaults()
+        self.parallels = (num_parallel,) if num_parallel else AUTO_PARALLEL
+        self.max_loaded = max_loaded or DEFAULT_MAX_LOADED
+        self.max_queue = max_queue
+        self.keep_alive = keep_alive
+        self.loaded: dict[str, Loaded] = {}  # by model path
+        self._waiting = 0
+        self._lock = asyncio.Lock()  # one load (or unload) at a time, as Ollama's processPending
+        self._released = asyncio.Event()
+
+    async def acquire(
+        self, shape: Shape, *, info: Any = None, context_length: int = 0, keep_alive: float | None
+    ) -> Lease:
+        """A slot on a runner of the model for shape, loading it if needed."""
+        if self._waiting >= self.max_queue:
+            raise QueueFullError()
+        self._waiting += 1
+        try:
+            start = time.perf_counter_ns()
+            async with self._lock:
+                loaded = await self._runner_for(shape, info, context_length)
+                load_duration = time.perf_counter_ns() - start
+                self._hold(loaded, self.keep_alive if keep_alive is None else keep_alive)
+            try:
+                await loaded.slots.acquire()
+            except BaseException:
+                self._drop_ref(loaded)
+                raise
+        finally:
+            self._waiting -= 1
+        return Lease(self, loaded, load_duration)
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self, shape: Shape, *, info: Any = None, context_length: int = 0, keep_alive: float | None
+    ) -> AsyncIterator[Lease]:
+        held = await self.acquire(
+            shape, info=info, context_length=context_length, keep_alive=keep_alive
+        )
+        try:
+            yield held
+        finally:
+            held.release()
+
+    def running(self) -> list[Loaded]:
+        return [loaded for loaded in self.loaded.values() if loaded.runner.alive()]
+
+    async def unload(self, model_path: str) -> bool:
+        """Unloads the model now if idle, else as soon as its requests end; False if not loaded."""
+        async with self._lock:
+            loaded = self.loaded.get(model_path)
+            if loaded is None:
+                return False
+            loaded.keep_alive = 0.0
+            if loaded.refs == 0:
+                await self._close(loaded)
+            return True
+
+    async def close(self) -> None:
+        """Ends every runner process (at server shutdown)."""
+        for loaded in list(self.loaded.values()):
+            await self._close(loaded)
+
+    # --- loading ---
+
+    async def _runner_for(self, shape: Shape, info: Any, context_length: int) -> Loaded:
+        current = self.loaded.get(shape.model_path)
+        if current is not None:
+            if not current.runner.alive():
+                log.warning("runner stopped; starting a new one", extra={"model": shape.model_path})
+                await self._close(current)
+            elif shape.matches(current.shape):
+                current.info = info if info is not None else current.info
+                return current
+            else:
+                log.info("reloading: the request needs another context or batch size")
+                await self._wait_idle(current)
+                await self._close(current)
+        while len(self.loaded) >= self.max_loaded:
+            await self._evict_one()
+        return await self._load(self.defaults.complete(shape, context_length), info)
+
+    async def _load(self, shape: Shape, info: Any) -> Loaded:
+        attempt = 0
+        while True:
+            parallel = self.parallels[min(attempt, len(self.parallels) - 1)]
+            runner = await self._start(shape.model_path)
+            try:
+                result = await runner.load(self._settings(shape, parallel))
+            except RunnerError as err:
+                await runner.close()
+                if err.status != 507:
+                    raise
+                if self._idle():  # memory held by an idle model: give it back and retry
+                    await self._evict_one()
+                elif attempt + 1 < len(self.parallels):
+                    attempt += 1
+                else:
+                    raise
+                log.info("model does not fit; retrying", extra={"reason": str(err)})
+                continue
+            except BaseException:
+                await runner.close()
+                raise
+            loaded = Loaded(shape, runner, parallel, info, kv_bytes=int(result.get("kv_bytes", 0)))
+            loaded.slots = asyncio.Semaphore(parallel)
+            self.loaded[shape.model_path] = loaded
+            log.info(
+                "model loaded",
+                extra={"model": shape.model_path, "parallel": parallel, "num_ctx": shape.num_ctx},
+            )
+            return loaded
+
+    def _settings(self, shape: Shape, parallel: int) -> LoadSettings:
+        num_ctx, num_batch = shape.num_ctx or 1, shape.num_batch or 1
+        return LoadSettings(
+            parallel=parallel,
+            batch_size=num_batch,
+            kv_size=num_ctx * parallel,
+            kv_cache_type=self.defaults.kv_cache_type or "f32",
+            num_threads=shape.num_thread or 0,
+            multiuser_cache=self.defaults.multiuser_cache,
+        )
+
+    # --- eviction and expiry ---
+
+    def _idle(self) -> list[Loaded]:
+        return [loaded for loaded in self.loaded.values() if loaded.refs == 0]
+
+    async def _evict_one(self) -> None:
+        """Unloads the idle runner that would expire first; waits for one if all are busy."""
+        while not self._idle():
+            self._released.clear()
+            await self._released.wait()
+        victim = min(self._idle(), key=lambda loaded: (loaded.keep_alive, loaded.shape.model_path))
+        await self._close(victim)
+
+    async def _wait_idle(self, loaded: Loaded) -> None:
+        while loaded.refs > 0 and loaded.runner.alive():
+            self._released.clear()
+            await self._released.wait()
+
+    def _hold(self, loaded: Loaded, keep_alive: float) -> None:
+        loaded.refs += 1
+        loaded.keep_alive = keep_alive
+        loaded.expires_at = time.time() + keep_alive
+        if loaded.timer is not None:
+            loaded.timer.cancel()
+            loaded.timer = None
+
+    def _release(self, loaded: Loaded) -> None:
+        loaded.slots.release()
+        self._drop_ref(loaded)
+
+    def _drop_ref(self, loaded: Loaded) -> None:
+        loaded.refs -= 1
+        self._released.set()
+        if loaded.is_retired or loaded.refs > 0:
+            return
+        loaded.expires_at = time.time() + loaded.keep_alive
+        if not loaded.runner.alive() or loaded.keep_alive <= 0:
+            asyncio.get_running_loop().create_task(self._expire(loaded))
+        elif math.isfinite(loaded.keep_alive):
+            loop = asyncio.get_running_loop()
+            loaded.timer = loop.call_later(
+                loaded.keep_alive, lambda: loop.create_task(self._expire(loaded))
+            )
+
+    async def _expire(self, loaded: Loaded) -> None:
+        async with self._lock:
+            if loaded.refs == 0 and not loaded.is_retired:
+                log.info("model unloaded", extra={"model": loaded.shape.model_path})
+                await self._close(loaded)
+
+    async def _close(self, loaded: Loaded) -> None:
+        loaded.is_retired = True
+        if loaded.timer is not None:
+            loaded.timer.cancel()
+        if self.loaded.get(loaded.shape.model_path) is loaded:
+            del self.loaded[loaded.shape.model_path]
+        await loaded.runner.close()

@@ -1,0 +1,127 @@
+"""Responses of a stream of chunks: NDJSON or one merged JSON object (native API), SSE (OpenAI).
+
+The first chunk is awaited before the response starts, so an error raised before it (a bad
+request, a full queue, a model that fails to load) gets its own status; a later one ends the
+stream with an error line. A client that goes away cancels the work, which frees its runner slot.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ember.server.errors import APIError
+
+log = logging.getLogger("ember.server")
+
+T = TypeVar("T")
+Chunk = dict[str, Any]
+ErrorBody = Callable[[APIError], dict[str, Any]]
+
+
+def native_error(err: APIError) -> dict[str, Any]:
+    return {"error": err.message}
+
+
+def error_response(err: APIError, body: ErrorBody = native_error) -> JSONResponse:
+    return JSONResponse(body(err), status_code=err.status)
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """work's result; if the client goes away first, work is cancelled and 499 raised."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, APIError):
+        await task
+    log.info("client went away", extra={"path": request.url.path})
+    raise APIError(499, "request canceled")
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def collect(request: Request, chunks: AsyncIterator[Chunk]) -> list[Chunk]:
+    async def gather() -> list[Chunk]:
+        return [chunk async for chunk in chunks]
+
+    return await until_disconnected(request, gather())
+
+
+async def respond(
+    request: Request,
+    chunks: AsyncGenerator[Chunk, None],
+    *,
+    stream: bool,
+    merge: Callable[[list[Chunk]], Chunk],
+) -> Response:
+    """The native API's answer: NDJSON when stream, else the chunks merged into one object."""
+    try:
+        if not stream:
+            return JSONResponse(merge(await collect(request, chunks)))
+        first = await until_disconnected(request, anext(chunks))
+    except APIError as err:
+        return error_response(err)
+    lines = _lines(prepend(first, chunks), _ndjson, lambda err: _ndjson(native_error(err)))
+    return StreamingResponse(lines, media_type="application/x-ndjson")
+
+
+def _ndjson(value: dict[str, Any]) -> str:
+    return json.dumps(value) + "\n"
+
+
+async def first_chunk(request: Request, chunks: AsyncGenerator[T, None]) -> T:
+    """The first chunk (for routes that format the rest themselves); APIError as raised."""
+    return await until_disconnected(request, anext(chunks))
+
+
+async def prepend(first: T, rest: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+    """first, then rest; closing this closes rest."""
+    async with contextlib.aclosing(rest):
+        yield first
+        async for item in rest:
+            yield item
+
+
+async def _lines(
+    chunks: AsyncGenerator[T, None],
+    encode: Callable[[T], str],
+    encode_error: Callable[[APIError], str],
+    end: str = "",
+) -> AsyncIterator[str]:
+    async with contextlib.aclosing(chunks):  # also when the client went away: frees the slot
+        try:
+            async for chunk in chunks:
+                yield encode(chunk)
+        except APIError as err:
+            yield encode_error(err)
+            return
+        except Exception as err:  # a bug: the client still gets an error line, not a cut stream
+            log.exception("stream failed")
+            yield encode_error(APIError(500, f"internal error: {type(err).__name__}: {err}"))
+            return
+    if end:
+        yield end
+
+
+def sse_response(chunks: AsyncGenerator[Chunk, None], error_body: ErrorBody) -> StreamingResponse:
+    """OpenAI's server-sent events: `data: {json}` lines, then `data: [DONE]`."""
+
+    def event(value: dict[str, Any]) -> str:
+        return f"data: {json.dumps(value)}\n\n"
+
+    lines = _lines(chunks, event, lambda err: event(error_body(err)), "data: [DONE]\n\n")
+    return StreamingResponse(lines, media_type="text/event-stream")
