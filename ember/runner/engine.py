@@ -5,9 +5,11 @@ forward (on the compute thread, while this thread computes the grammar masks) â†
 Requests come in from any thread with `submit`; their events come out of `Sequence.events`.
 """
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +30,17 @@ from ember.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 KV_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+_live: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    # Stop every loop before the interpreter tears down: a loop or compute thread still inside
+    # torch at exit can abort the process ("terminate called without an active exception").
+    for engine in list(_live):
+        engine.close()
 
 
 class EngineClosedError(EmberError):
@@ -84,6 +97,7 @@ class Engine:
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="ember-compute")
         self._thread = threading.Thread(target=self._run, name="ember-runner", daemon=True)
         self._thread.start()
+        _live.add(self)
 
     # --- from any thread ---
     def submit(self, request: Request, *, on_event: Callable[[], None] | None = None) -> Sequence:
