@@ -148,3 +148,16 @@ def test_leaving_a_stream_early_cancels_it(real_llm):
     while engine.busy() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.busy() == 0 and stream.result is None
+
+
+def test_logprobs_of_each_token_with_the_top_ones(real_llm):
+    llm = real_llm("smollm2:135m")
+    r = llm.generate("Name a fruit.", options={**GREEDY, "num_predict": 8}, top_logprobs=3)
+    assert len(r.logprobs) == r.eval_count == len(r.tokens)
+    for lp, token in zip(r.logprobs, r.tokens, strict=True):
+        assert lp.token == llm.tokenizer.token_bytes(token).decode("utf-8", "replace")
+        assert len(lp.top) == 3 and lp.logprob <= 0
+        values = [v for _, v in lp.top]
+        assert values == sorted(values, reverse=True)
+        assert lp.top[0] == (lp.token, lp.logprob)  # greedy: the chosen one is the most likely
+    assert llm.generate("Hi", options={"num_predict": 2}).logprobs == []
