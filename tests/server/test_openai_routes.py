@@ -1,0 +1,138 @@
+"""/v1 over fake runners: OpenAI's objects, SSE streams with usage, tool calls and tool_choice,
+response_format, embeddings (float and base64), models, and OpenAI's error object."""
+
+import base64
+import json
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from server_fakes import FakeStarter, fake_state
+
+from ember.server.app import create_app
+
+
+@pytest.fixture
+def starter() -> FakeStarter:
+    return FakeStarter()
+
+
+@pytest.fixture
+def client(starter: FakeStarter) -> Iterator[TestClient]:
+    with TestClient(create_app(fake_state(starter))) as c:
+        yield c
+
+
+def events(response: Any) -> list[Any]:
+    data = [line[6:] for line in response.text.split("\n\n") if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+def completion(client: TestClient, **body: Any) -> Any:
+    body.setdefault("model", "fake")
+    body.setdefault("messages", [{"role": "user", "content": "hi"}])
+    return client.post("/v1/chat/completions", json=body)
+
+
+def test_chat_completion_object(client, starter):
+    r = completion(client, max_tokens=2, seed=3)
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    [choice] = body["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "Hello there"}
+    assert choice["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 2
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 2
+    options = starter.runners[0].fields[0]["options"]
+    assert (options["temperature"], options["top_p"], options["seed"]) == (1.0, 1.0, 3)
+
+
+def test_chat_stream_with_usage(client):
+    r = completion(client, stream=True, stream_options={"include_usage": True})
+    assert r.headers["content-type"].startswith("text/event-stream")
+    chunks = events(r)
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"])
+    assert text == "Hello there friend"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+
+
+def test_stream_without_include_usage_has_no_usage_chunk(client):
+    chunks = events(completion(client, stream=True))
+    assert all(c["choices"] for c in chunks) and "usage" not in chunks[-1]
+
+
+def test_tool_calls_and_tool_choice(client, starter):
+    starter.runner_args["reply"] = '<tool_call> {"name": "f", "arguments": {"x": 1}} </tool_call>'
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": {}}},
+        {"type": "function", "function": {"name": "g", "parameters": {}}},
+    ]
+    body = completion(client, model="tooly", tools=tools).json()
+    [call] = body["choices"][0]["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "f", "arguments": '{"x": 1}'}
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    assert "<tools>2</tools>" in starter.runners[0].prompts[-1]
+    choice = {"type": "function", "function": {"name": "g"}}
+    completion(client, model="tooly", tools=tools, tool_choice=choice)
+    assert "<tools>1</tools>" in starter.runners[0].prompts[-1]
+    completion(client, model="tooly", tools=tools, tool_choice="none")
+    assert "<tools>" not in starter.runners[0].prompts[-1]
+    r = completion(client, model="tooly", tools=tools, tool_choice={"function": {"name": "h"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+
+
+def test_response_format_becomes_the_format(client, starter):
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    completion(client, response_format={"type": "json_schema", "json_schema": {"schema": schema}})
+    assert starter.runners[0].fields[-1]["format"] == schema
+    completion(client, response_format={"type": "json_object"})
+    assert starter.runners[0].fields[-1]["format"] == "json"
+
+
+def test_errors_use_openai_error_objects(client):
+    r = completion(client, model="nope")
+    assert r.status_code == 404
+    assert r.json()["error"]["type"] == "not_found_error"
+    r = completion(client, messages="x")
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = client.post("/v1/chat/completions", content=b"{")
+    assert r.status_code == 400 and "message" in r.json()["error"]
+
+
+def test_completions(client, starter):
+    body = client.post("/v1/completions", json={"model": "fake", "prompt": "say"}).json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == "Hello there friend"
+    streamed = {"model": "fake", "prompt": "x", "stream": True}
+    chunks = events(client.post("/v1/completions", json=streamed))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "Hello there friend"
+    with_logprobs = {"model": "fake", "prompt": "x", "logprobs": 1}
+    body = client.post("/v1/completions", json=with_logprobs).json()
+    assert body["choices"][0]["logprobs"]["tokens"] == ["Hello", "there", "friend"]
+
+
+def test_embeddings_float_and_base64(client):
+    r = client.post("/v1/embeddings", json={"model": "fake", "input": ["ab", "c"]})
+    body = r.json()
+    assert body["object"] == "list" and [d["index"] for d in body["data"]] == [0, 1]
+    vector = body["data"][0]["embedding"]
+    r = client.post(
+        "/v1/embeddings", json={"model": "fake", "input": "ab", "encoding_format": "base64"}
+    )
+    raw = base64.b64decode(r.json()["data"][0]["embedding"])
+    assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == pytest.approx(vector)
+    r = client.post("/v1/embeddings", json={"model": "fake", "input": []})
+    assert r.status_code == 400
+
+
+def test_models(client):
+    data = client.get("/v1/models").json()["data"]
+    assert {m["id"] for m in data} >= {"fake", "tooly"}
+    assert client.get("/v1/models/fake").json()["owned_by"] == "library"
+    assert client.get("/v1/models/nope").status_code == 404

@@ -1,0 +1,207 @@
+"""The native routes over fake runners: response shapes, streaming, errors and their status
+codes, the load and unload forms, thinking and tool calls parsed from output, embeddings."""
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from server_fakes import FakeStarter, fake_state
+
+from ember.server.app import create_app
+from ember.server.errors import RUNNER_STOPPED_MESSAGE
+
+
+@pytest.fixture
+def starter() -> FakeStarter:
+    return FakeStarter()
+
+
+@pytest.fixture
+def client(starter: FakeStarter) -> Iterator[TestClient]:
+    with TestClient(create_app(fake_state(starter))) as c:
+        yield c
+
+
+def lines(response: Any) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in response.text.splitlines() if line]
+
+
+def chat(client: TestClient, **body: Any) -> Any:
+    body.setdefault("model", "fake")
+    body.setdefault("messages", [{"role": "user", "content": "hi"}])
+    return client.post("/api/chat", json=body)
+
+
+def test_root_and_version(client):
+    assert client.get("/").text == "Ember is running"
+    assert client.head("/").status_code == 200
+    assert client.get("/api/version").json()["version"].count(".") == 2
+
+
+def test_generate_answers_with_metrics_and_context(client, starter):
+    r = client.post("/api/generate", json={"model": "fake", "prompt": "why", "stream": False})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["response"] == "Hello there friend" and body["done"] is True
+    assert body["done_reason"] == "stop" and body["model"] == "fake"
+    answered = starter.runners[0].prompts[0] + body["response"]
+    assert body["context"] == list(range(len(answered.split())))  # the fake: a token a word
+    for key in ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration"):
+        assert isinstance(body[key], int)
+    # the whole prompt is reported, not only the tokens the runner evaluated
+    assert body["prompt_eval_count"] == len(starter.runners[0].prompts[0].split()) > 1
+    assert starter.runners[0].prompts[0] == "<user>why</user>\n<assistant>"
+
+
+def test_generate_streams_ndjson_ending_with_the_final_chunk(client):
+    r = client.post("/api/generate", json={"model": "fake", "prompt": "why"})
+    assert r.headers["content-type"].startswith("application/x-ndjson")
+    chunks = lines(r)
+    assert "".join(c["response"] for c in chunks) == "Hello there friend"
+    assert [c["done"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1]["eval_count"] == 3
+
+
+def test_chat_streams_messages_and_logprobs(client):
+    chunks = lines(chat(client, logprobs=True, top_logprobs=2))
+    assert all(c["message"]["role"] == "assistant" for c in chunks)
+    assert "".join(c["message"]["content"] for c in chunks) == "Hello there friend"
+    entries = [lp for c in chunks for lp in c.get("logprobs", [])]
+    assert len(entries) == 3
+    assert entries[0]["bytes"] == list(b"Hello") and len(entries[0]["top_logprobs"]) == 2
+
+
+def test_options_reach_the_runner_and_bad_ones_are_400(client, starter):
+    options = {"num_predict": 2, "temperature": 0, "penalize_newline": 1}  # the last: ignored
+    r = chat(client, stream=False, options=options)
+    assert r.json()["message"]["content"] == "Hello there"
+    assert r.json()["done_reason"] == "length"
+    assert starter.runners[0].fields[0]["options"]["temperature"] == 0
+    r = chat(client, options={"temperature": "hot"})
+    assert r.status_code == 400 and "options.temperature" in r.json()["error"]
+    r = chat(client, options={"top_k": -1})
+    assert r.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"model": "nope"}, 404, "model 'nope' not found"),
+        ({"model": ""}, 400, "model is required"),
+        ({"think": True}, 400, '"fake" does not support thinking'),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f"}}]},
+            400,
+            '"fake" does not support tools',
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
+            400,
+            '"fake" does not support vision',
+        ),
+        ({"messages": "x"}, 400, "messages"),
+        ({"top_logprobs": 21}, 400, "top_logprobs"),
+    ],
+)
+def test_bad_chats_get_their_status_and_message(client, body, status, message):
+    r = chat(client, **body)
+    assert r.status_code == status
+    assert message in r.json()["error"]
+
+
+def test_bad_bodies_are_400_json(client):
+    for raw in (b"", b"{", b"[1]", b'{"model": 3}'):
+        r = client.post("/api/generate", content=raw)
+        assert r.status_code == 400 and "error" in r.json()
+
+
+def test_raw_with_a_system_prompt_is_400(client):
+    body = {"model": "fake", "prompt": "x", "raw": True, "system": "s"}
+    r = client.post("/api/generate", json=body)
+    assert r.status_code == 400 and "raw mode" in r.json()["error"]
+
+
+def test_empty_prompt_loads_and_keep_alive_zero_unloads(client):
+    r = client.post("/api/generate", json={"model": "fake", "stream": False})
+    assert r.json()["done_reason"] == "load"
+    ps = client.get("/api/ps").json()["models"]
+    assert [m["name"] for m in ps] == ["fake"] and ps[0]["context_length"] == 4096
+    r = chat(client, messages=[], keep_alive=0, stream=False)
+    assert r.json()["done_reason"] == "unload" and r.json()["message"]["content"] == ""
+    assert client.get("/api/ps").json()["models"] == []
+
+
+def test_an_error_mid_stream_ends_with_an_error_line(client, starter):
+    chat(client, stream=False)  # loads the runner
+    starter.runners[0].error = "boom"
+    chunks = lines(chat(client))
+    assert chunks[-1] == {"error": "boom"} and chunks[0]["message"]["content"] == "Hello"
+    r = chat(client, stream=False)
+    assert r.status_code == 500 and r.json() == {"error": "boom"}
+
+
+def test_a_dead_runner_gives_a_clear_error_and_the_next_request_works(client, starter):
+    chat(client, stream=False)
+    starter.runners[0].is_alive = False
+    r = chat(client, stream=False)
+    assert r.status_code == 200  # found dead before the request: a new runner serves it
+    assert len(starter.runners) == 2
+    starter.runners[1].gate = None
+    starter.runners[1].is_alive = False
+    starter.runners[1].alive = lambda: True  # type: ignore[method-assign]  # dies mid-request
+    r = chat(client, stream=False)
+    assert r.status_code == 500 and r.json()["error"] == RUNNER_STOPPED_MESSAGE
+
+
+def test_thinking_is_split_from_content(client, starter):
+    starter.runner_args["reply"] = "<think>let me see</think> The answer"
+    r = chat(client, model="thinker", stream=False, think=True)
+    assert r.json()["message"]["thinking"] == "let me see"
+    assert r.json()["message"]["content"] == "The answer"
+
+
+def test_tool_calls_are_parsed_with_ids(client, starter):
+    call = '<tool_call> {"name": "get_weather", "arguments": {"location": "Paris"}} </tool_call>'
+    starter.runner_args["reply"] = call
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    r = chat(client, model="tooly", stream=False, tools=tools)
+    message = r.json()["message"]
+    assert message["content"] == ""
+    [parsed] = message["tool_calls"]
+    arguments = {"location": "Paris"}
+    assert parsed["function"] == {"index": 0, "name": "get_weather", "arguments": arguments}
+    assert parsed["id"].startswith("call_")
+    assert "<tools>1</tools>" in starter.runners[0].prompts[0]
+
+
+def test_history_that_does_not_fit_is_truncated(client, starter):
+    messages = [{"role": "user", "content": "word " * 50}, {"role": "assistant", "content": "ok"}]
+    messages.append({"role": "user", "content": "last"})
+    r = chat(client, stream=False, messages=messages, options={"num_ctx": 20})
+    assert r.json()["truncated"] is True
+    assert "word" not in starter.runners[0].prompts[0]
+
+
+def test_embed_normalises_and_cuts_dimensions(client):
+    r = client.post("/api/embed", json={"model": "fake", "input": ["ab", "abcd"]})
+    body = r.json()
+    assert len(body["embeddings"]) == 2 and body["prompt_eval_count"] == 2
+    for v in body["embeddings"]:
+        assert sum(x * x for x in v) == pytest.approx(1.0)
+    r = client.post("/api/embed", json={"model": "fake", "input": "ab", "dimensions": 2})
+    assert r.json()["embeddings"] == [[1.0, 0.0]]
+    r = client.post("/api/embed", json={"model": "fake", "input": []})
+    assert r.json()["embeddings"] == []
+
+
+def test_legacy_embeddings_are_not_normalised(client):
+    r = client.post("/api/embeddings", json={"model": "fake", "prompt": "abc"})
+    assert r.json() == {"embedding": [3.0, 0.0, 3.0, 4.0]}
+    assert client.post("/api/embeddings", json={"model": "fake"}).json() == {"embedding": []}
+
+
+def test_unknown_routes_are_json_404(client):
+    r = client.get("/api/nothing")
+    assert r.status_code == 404 and "error" in r.json()

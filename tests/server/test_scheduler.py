@@ -1,0 +1,222 @@
+"""The scheduler with fake runners: loading, reuse, reload on shape, keep-alive, eviction,
+the queue limit, dead runners, and the parallel fallback when memory is short."""
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from server_fakes import FakeStarter
+
+from ember.server.scheduler import Defaults, QueueFullError, Scheduler, Shape
+
+A, B = "/models/a.gguf", "/models/b.gguf"
+
+
+def run(test: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(asyncio.wait_for(test(), timeout=10))
+
+
+def scheduler(starter: FakeStarter, **args: Any) -> Scheduler:
+    args.setdefault("num_parallel", 1)
+    return Scheduler(start=starter, defaults=Defaults(num_ctx=1024, num_batch=256), **args)
+
+
+async def settle() -> None:
+    for _ in range(5):  # let scheduled unload tasks run
+        await asyncio.sleep(0)
+
+
+def test_a_loaded_model_is_reused_and_sized_by_the_defaults():
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter, num_parallel=2)
+        first = await s.acquire(Shape(A), keep_alive=None)
+        second = await s.acquire(Shape(A), keep_alive=None)
+        assert first.runner is second.runner and len(starter.runners) == 1
+        settings = starter.runners[0].settings
+        assert settings is not None
+        assert (settings.parallel, settings.kv_size, settings.batch_size) == (2, 2048, 256)
+        first.release()
+        second.release()
+
+    run(test)
+
+
+def test_leaving_out_num_ctx_reuses_any_size_but_another_size_reloads():
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter)
+        lease = await s.acquire(Shape(A, num_ctx=2048), keep_alive=None)
+        lease.release()
+        lease = await s.acquire(Shape(A), keep_alive=None)  # no num_ctx: the loaded one does
+        assert len(starter.runners) == 1 and lease.loaded.num_ctx == 2048
+        lease.release()
+        lease = await s.acquire(Shape(A, num_ctx=512), keep_alive=None)
+        assert len(starter.runners) == 2 and lease.loaded.num_ctx == 512
+        assert not starter.runners[0].alive()
+        lease.release()
+
+    run(test)
+
+
+def test_a_reload_waits_for_the_running_requests():
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter, num_parallel=2)
+        busy = await s.acquire(Shape(A, num_ctx=2048), keep_alive=None)
+        reload = asyncio.ensure_future(s.acquire(Shape(A, num_ctx=512), keep_alive=None))
+        await settle()
+        assert not reload.done() and starter.runners[0].alive()
+        busy.release()
+        lease = await reload
+        assert lease.loaded.num_ctx == 512 and not starter.runners[0].alive()
+        lease.release()
+
+    run(test)
+
+
+def test_num_ctx_is_cut_to_the_trained_context_and_num_batch_to_num_ctx():
+    shape = Defaults(num_ctx=4096, num_batch=512).complete(Shape(A, num_ctx=100_000), 8192)
+    assert (shape.num_ctx, shape.num_batch) == (8192, 512)
+    shape = Defaults(num_ctx=4096, num_batch=512).complete(Shape(A, num_ctx=128), 8192)
+    assert (shape.num_ctx, shape.num_batch) == (128, 128)
+    # a request asking num_batch 512 with num_ctx 128 matches what that load gave
+    assert Shape(A, num_ctx=128, num_batch=512).matches(shape)
+
+
+def test_keep_alive_zero_unloads_when_the_request_ends():
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter)
+        lease = await s.acquire(Shape(A), keep_alive=0)
+        assert starter.runners[0].alive()
+        lease.release()
+        await settle()
+        assert not starter.runners[0].alive() and s.running() == []
+
+    run(test)
+
+
+def test_keep_alive_expires_idle_models_and_negative_keeps_them():
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter, max_loaded=2)
+        (await s.acquire(Shape(A), keep_alive=0.05)).release()
+        (await s.acquire(Shape(B), keep_alive=math.inf)).release()
+        await asyncio.sleep(0.2)
+        assert [loaded.shape.model_path for loaded in s.running()] == [B]
+
+    run(test)
+
+
+def test_a_new_request_cancels_the_expiry_of_an_idle_model():
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter)
+        (await s.acquire(Shape(A), keep_alive=0.05)).release()
+        lease = await s.acquire(Shape(A), keep_alive=None)
+        await asyncio.sleep(0.15)
+        assert starter.runners[0].alive() and len(starter.runners) == 1
+        lease.release()
+
+    run(test)
+
+
+def test_past_max_loaded_the_idle_model_is_evicted():
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter, max_loaded=1)
+        busy = await s.acquire(Shape(A), keep_alive=None)
+        other = asyncio.ensure_future(s.acquire(Shape(B), keep_alive=None))
+        await settle()
+        assert not other.done()  # A is busy: B waits for it
+        busy.release()
+        lease = await other
+        assert not starter.runners[0].alive() and lease.runner is starter.runners[1]
+        assert [loaded.shape.model_path for loaded in s.running()] == [B]
+        lease.release()
+
+    run(test)
+
+
+def test_requests_past_the_queue_limit_are_refused():
+    async def test() -> None:
+        s = scheduler(FakeStarter(), num_parallel=1, max_queue=2)
+        running = await s.acquire(Shape(A), keep_alive=None)
+        waiting = [asyncio.ensure_future(s.acquire(Shape(A), keep_alive=None)) for _ in range(2)]
+        await settle()
+        with pytest.raises(QueueFullError, match="maximum pending requests exceeded"):
+            await s.acquire(Shape(A), keep_alive=None)
+        running.release()
+        first = await waiting[0]
+        first.release()
+        (await waiting[1]).release()
+
+    run(test)
+
+
+def test_a_dead_runner_is_replaced_by_the_next_request():
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter)
+        lease = await s.acquire(Shape(A), keep_alive=None)
+        starter.runners[0].is_alive = False  # killed while the request ran
+        lease.release()
+        await settle()
+        assert s.running() == []
+        lease = await s.acquire(Shape(A), keep_alive=None)
+        assert lease.runner is starter.runners[1]
+        lease.release()
+
+    run(test)
+
+
+def test_automatic_parallel_falls_back_when_the_load_does_not_fit():
+    async def test() -> None:
+        starter = FakeStarter(fits=2)
+        s = scheduler(starter, num_parallel=0)
+        lease = await s.acquire(Shape(A), keep_alive=None)
+        assert lease.loaded.parallel == 2 and len(starter.runners) == 2
+        assert not starter.runners[0].alive()
+        lease.release()
+
+    run(test)
+
+
+def test_a_fixed_parallel_that_does_not_fit_fails_with_the_runner_error():
+    async def test() -> None:
+        s = scheduler(FakeStarter(fits=2), num_parallel=4)
+        with pytest.raises(Exception, match="does not fit"):
+            await s.acquire(Shape(A), keep_alive=None)
+        assert s.running() == []
+
+    run(test)
+
+
+def test_unload_waits_for_running_requests():
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter)
+        assert not await s.unload(A)
+        lease = await s.acquire(Shape(A), keep_alive=None)
+        assert await s.unload(A)
+        assert starter.runners[0].alive()  # still answering its request
+        lease.release()
+        await settle()
+        assert not starter.runners[0].alive()
+
+    run(test)
+
+
+def test_close_ends_every_runner():
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter, max_loaded=2)
+        (await s.acquire(Shape(A), keep_alive=None)).release()
+        (await s.acquire(Shape(B), keep_alive=None)).release()
+        await s.close()
+        assert not any(r.alive() for r in starter.runners)
+
+    run(test)
