@@ -19,13 +19,14 @@ class Batch:
     positions: tuple[int, ...]
     sequences: tuple[int, ...]
     outputs: tuple[int, ...]
+    multimodal: tuple[int, ...] = ()  # indices of inputs that carry encoder (image) data
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
         if n == 0 or len(self.positions) != n or len(self.sequences) != n:
             raise ValueError("a batch needs one position and one sequence per token, and a token")
-        if any(not 0 <= i < n for i in self.outputs):
-            raise ValueError("batch outputs must index tokens of the batch")
+        if any(not 0 <= i < n for i in (*self.outputs, *self.multimodal)):
+            raise ValueError("batch outputs and multimodal entries must index tokens of the batch")
 
     @classmethod
     def single(cls, tokens: list[int], start: int, *, seq: int = 0) -> "Batch":

@@ -1,4 +1,5 @@
-"""Causal KV cache over a shared pool of cells, optionally with a sliding window.
+"""Causal KV cache over a shared pool of cells, optionally with a sliding window or chunked
+attention (a query sees only the keys of its own chunk: p - p % chunk <= q <= p, as llama4's).
 
 Every sequence draws cells from one pool; a cell may belong to several sequences (shared
 prefixes), tracked as a bit mask of sequence ids. Masks follow the transformers convention
@@ -18,10 +19,13 @@ class CausalCache:
         self,
         *,
         window: int | None = None,
+        chunk: int | None = None,
         shift: ShiftFn | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        self.window = window
+        if window is not None and chunk is not None:
+            raise ValueError("a cache has a sliding window or chunks, not both")
+        self.window, self.chunk = window, chunk
         self.shift_fn = shift
         self.dtype = dtype
         self.layer = 0
@@ -69,6 +73,8 @@ class CausalCache:
         visible = in_seq & (cell_pos[None, :] <= positions[:, None])
         if self.window is not None:
             visible &= cell_pos[None, :] > positions[:, None] - self.window
+        if self.chunk is not None:
+            visible &= cell_pos[None, :] >= positions[:, None] - positions[:, None] % self.chunk
         if bool(visible.all()):
             return None  # plain attention over everything: lets SDPA take its fastest path
         mask = torch.zeros(visible.shape, dtype=torch.float32)

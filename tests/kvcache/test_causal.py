@@ -140,3 +140,83 @@ def test_wrapper_routes_layers_to_their_cache():
     cache.set_layer(1)
     assert torch.equal(cache.get()[2], grid("0 x\n0 0"))
     assert full.keys[1][0, :2, 0].tolist() == [1.0, 1.0] and 1 not in local.keys
+
+
+def test_chunked_mask_sees_only_the_current_chunk():
+    cache = CausalCache(chunk=3)
+    cache.init(max_sequences=1, capacity=8, max_batch=8)
+    assert torch.equal(
+        mask_of(cache, batch([0, 1, 2, 3, 4])),
+        grid("""
+        0 x x x x
+        0 0 x x x
+        0 0 0 x x
+        x x x 0 x
+        x x x 0 0
+    """),
+    )
+    assert torch.equal(mask_of(cache, batch([5, 6])), grid("x x x 0 0 0 x\nx x x x x x 0"))
+
+
+def test_chunked_with_two_sequences():
+    cache = CausalCache(chunk=2)
+    cache.init(max_sequences=2, capacity=4, max_batch=6)
+    assert torch.equal(
+        mask_of(cache, batch([0, 1, 2, 0, 1, 2], [0, 0, 0, 1, 1, 1])),
+        grid("""
+        0 x x x x x
+        0 0 x x x x
+        x x 0 x x x
+        x x x 0 x x
+        x x x 0 0 x
+        x x x x x 0
+    """),
+    )
+
+
+def test_window_and_chunk_are_exclusive():
+    with pytest.raises(ValueError):
+        CausalCache(window=2, chunk=2)
+
+
+def test_encoder_cache_stores_once_and_shows_everything():
+    from ember.kvcache import EncoderCache
+
+    cache = EncoderCache()
+    cache.init(max_sequences=1, capacity=16, max_batch=8)
+    image = Batch((5, 6, 7), (0, 1, 2), (0, 0, 0), (2,), multimodal=(1,))
+    cache.start_forward(image)
+    cache.set_layer(0)
+    cache.put(torch.ones(4, 1, 2), torch.full((4, 1, 2), 2.0))  # 4 encoder positions
+    k, v, mask = cache.get()
+    assert k.shape == (1, 4, 2) and mask is None and cache.is_cached and cache.encoder_pos == 1
+    cache.start_forward(batch([3]))  # text only: the stored output stays
+    cache.put(torch.zeros(1, 1, 2), torch.zeros(1, 1, 2))
+    k, v, _ = cache.get()
+    assert torch.equal(v, torch.full((1, 4, 2), 2.0))
+    cache.remove(0, 2, None)  # after the image: kept
+    assert cache.is_cached
+    cache.remove(0, 1, 2)  # the image's input: dropped
+    assert not cache.is_cached
+    with pytest.raises(LookupError):
+        cache.get()
+    with pytest.raises(NotImplementedError):
+        cache.copy_prefix(0, 1, 1)
+    with pytest.raises(ValueError):
+        cache.start_forward(batch([0], [1]))
+
+
+def test_wrapper_of_encoder_and_causal_as_mllama():
+    from ember.kvcache import EncoderCache
+
+    enc, causal = EncoderCache(), CausalCache()
+    cache = WrapperCache([enc, causal], [1, 0, 1])  # layer 1 cross-attends
+    cache.init(max_sequences=1, capacity=4, max_batch=4)
+    cache.start_forward(Batch((1, 2), (0, 1), (0, 0), (1,), multimodal=(0,)))
+    for layer in range(3):
+        cache.set_layer(layer)
+        cache.put(torch.full((2, 1, 1), float(layer)), torch.zeros(2, 1, 1))
+    cache.set_layer(1)
+    assert cache.get()[2] is None and cache.get()[0].flatten().tolist() == [1.0, 1.0]
+    cache.set_layer(2)
+    assert torch.equal(cache.get()[2], grid("0 x\n0 0"))
