@@ -1,0 +1,233 @@
+"""The `ember` command line (typer): serve, run, pull, push, create, list, show, ps, stop, cp, rm,
+and the hidden `runner` the server starts. Commands talk to the server at EMBER_HOST; errors
+are one line (`Error: ...`) and a non-zero exit, printed by main()."""
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from typer.exceptions import TyperException
+
+from ember import __version__
+from ember.cli import commands
+from ember.cli.chat import Session, generate_once
+from ember.cli.client import Client, CLIError
+from ember.cli.serve import ensure_server
+from ember.errors import EmberError
+
+DEFAULT_MODEL = "smollm2:135m"
+
+app = typer.Typer(
+    name="ember",
+    help="Large language model runner",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console script: runs a command and returns its exit status."""
+    try:
+        result = app(args=argv, prog_name="ember", standalone_mode=False)
+    except (KeyboardInterrupt, typer.Abort):
+        return 130
+    except TyperException as e:  # usage errors: one line, not click's box
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        print(f"Error: {message}", file=sys.stderr)
+        return int(getattr(e, "exit_code", 2))
+    except EmberError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
+    return result if isinstance(result, int) else 0
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"ember version {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-v", is_eager=True, callback=_version, help="Show version"),
+    ] = False,
+) -> None:
+    """Large language model runner."""
+
+
+@app.command()
+def serve() -> None:
+    """Start the ember server."""
+    from ember.cli.serve import serve as run_server
+
+    raise typer.Exit(run_server())
+
+
+@app.command(hidden=True)
+def runner(
+    model: Annotated[str, typer.Option("--model", help="path of the GGUF file")],
+    port: Annotated[int, typer.Option("--port")],
+) -> None:
+    """Serve one model to the server (internal)."""
+    from ember.runner.server import main as runner_main
+
+    raise typer.Exit(runner_main(model, port))
+
+
+@app.command()
+def run(
+    model: Annotated[str, typer.Argument(help="model name")] = DEFAULT_MODEL,
+    prompt: Annotated[list[str] | None, typer.Argument(help="prompt, else stdin or a REPL")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show timings for response")] = False,
+    format: Annotated[str | None, typer.Option("--format", help="Response format (json)")] = None,
+    keepalive: Annotated[str | None, typer.Option("--keepalive", help="e.g. 5m")] = None,
+    think: Annotated[bool | None, typer.Option("--think/--nothink", help="Thinking")] = None,
+    hidethinking: Annotated[bool, typer.Option("--hidethinking")] = False,
+    nowordwrap: Annotated[bool, typer.Option("--nowordwrap")] = False,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Use an insecure registry")] = False,
+    temperature: Annotated[float | None, typer.Option(hidden=True)] = None,
+    seed: Annotated[int | None, typer.Option(hidden=True)] = None,
+    num_predict: Annotated[int | None, typer.Option(hidden=True)] = None,
+) -> None:
+    """Run a model: answer PROMPT (or stdin) once, or chat in a REPL."""
+    options = {
+        k: v
+        for k, v in (("temperature", temperature), ("seed", seed), ("num_predict", num_predict))
+        if v is not None
+    }
+    session = Session(
+        model,
+        options=options,
+        format=format,
+        keep_alive=keepalive,
+        think=think,
+        hide_thinking=hidethinking,
+        verbose=verbose,
+    )
+    with Client() as client:
+        ensure_server(client)
+        commands.ensure_model(client, model, insecure=insecure)
+        text = _prompt_text(prompt or [])
+        if text is None:
+            from ember.cli.repl import Repl
+
+            client.request("POST", "/api/chat", {"model": model, "messages": [], "stream": False})
+            Repl(client, session).loop()
+        elif text.strip():
+            generate_once(client, session, text)
+        else:
+            client.request("POST", "/api/generate", {"model": model, "stream": False})
+
+
+def _prompt_text(words: list[str]) -> str | None:
+    """The one-shot prompt: piped stdin then the arguments; None for an interactive session."""
+    if not sys.stdin.isatty():
+        piped = sys.stdin.read()
+        return " ".join(p for p in (piped, *words) if p)
+    return " ".join(words) if words else None
+
+
+@app.command()
+def pull(
+    model: str,
+    insecure: Annotated[bool, typer.Option("--insecure")] = False,
+) -> None:
+    """Pull a model from a registry (bundled models install offline)."""
+    with Client() as client:
+        commands.pull(client, model, insecure=insecure)
+
+
+@app.command()
+def push(
+    model: str,
+    insecure: Annotated[bool, typer.Option("--insecure")] = False,
+) -> None:
+    """Push a model to a registry."""
+    with Client() as client:
+        commands.push(client, model, insecure=insecure)
+
+
+@app.command()
+def create(
+    model: str,
+    file: Annotated[Path, typer.Option("--file", "-f", help="Modelfile")] = Path("Modelfile"),
+    quantize: Annotated[str | None, typer.Option("--quantize", "-q")] = None,
+) -> None:
+    """Create a model from a Modelfile."""
+    with Client() as client:
+        commands.create(client, model, file, quantize=quantize)
+
+
+@app.command("list")
+def list_() -> None:
+    """List models."""
+    with Client() as client:
+        print(commands.list_models(client))
+
+
+app.command("ls", hidden=True)(list_)
+
+
+@app.command()
+def show(
+    model: str,
+    license: Annotated[bool, typer.Option("--license")] = False,
+    modelfile: Annotated[bool, typer.Option("--modelfile")] = False,
+    parameters: Annotated[bool, typer.Option("--parameters")] = False,
+    template: Annotated[bool, typer.Option("--template")] = False,
+    system: Annotated[bool, typer.Option("--system")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Show information for a model."""
+    flags = {
+        "license": license,
+        "modelfile": modelfile,
+        "parameters": parameters,
+        "template": template,
+        "system": system,
+    }
+    chosen = [name for name, on in flags.items() if on]
+    if len(chosen) > 1:
+        raise CLIError("only one of --license, --modelfile, --parameters, ... at a time")
+    with Client() as client:
+        print(commands.show_part(client, model, chosen[0] if chosen else None, verbose=verbose))
+
+
+@app.command()
+def ps() -> None:
+    """List running models."""
+    with Client() as client:
+        print(commands.list_running(client))
+
+
+@app.command()
+def stop(model: str) -> None:
+    """Stop a running model."""
+    with Client() as client:
+        commands.stop(client, model)
+
+
+@app.command()
+def cp(source: str, destination: str) -> None:
+    """Copy a model."""
+    with Client() as client:
+        client.request("POST", "/api/copy", {"source": source, "destination": destination})
+    print(f"copied '{source}' to '{destination}'")
+
+
+@app.command()
+def rm(models: Annotated[list[str], typer.Argument(help="models to delete")]) -> None:
+    """Remove models."""
+    with Client() as client:
+        for name in models:
+            client.request("DELETE", "/api/delete", {"model": name})
+            print(f"deleted '{name}'")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""One answer from the server, printed as it streams: a chat turn (the REPL) or a single
+generate (`ember run MODEL PROMPT`, piped stdin), with the timings of --verbose."""
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from ember.cli.client import Client
+
+
+@dataclass
+class Session:
+    """What a `run` carries from one answer to the next (the REPL's /set changes it)."""
+
+    model: str
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    system: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    format: str | None = None
+    keep_alive: str | None = None
+    think: bool | str | None = None
+    hide_thinking: bool = False
+    verbose: bool = False
+
+    def common(self) -> dict[str, Any]:
+        """The request fields every generation of this session sends."""
+        body: dict[str, Any] = {"model": self.model, "options": self.options}
+        if self.format:
+            body["format"] = self.format
+        if self.keep_alive is not None:
+            body["keep_alive"] = self.keep_alive
+        if self.think is not None:
+            body["think"] = self.think
+        return body
+
+
+def chat_turn(client: Client, session: Session, text: str, out: TextIO = sys.stdout) -> None:
+    """Sends `text` as the next user message and prints the answer; the answer joins the
+    history only when it ended (Ctrl-C drops it, as Ollama's, and propagates)."""
+    session.messages.append({"role": "user", "content": text})
+    system = [{"role": "system", "content": session.system}] if session.system else []
+    body = session.common() | {"messages": system + session.messages, "stream": True}
+    content, thinking, final = _print_stream(client, "/api/chat", body, session, out)
+    message = {"role": "assistant", "content": content}
+    if thinking:
+        message["thinking"] = thinking
+    session.messages.append(message)
+    if session.verbose and final is not None:
+        print_timings(final)
+
+
+def generate_once(client: Client, session: Session, prompt: str, out: TextIO = sys.stdout) -> None:
+    """Answers one prompt (the non-interactive `run`)."""
+    body = session.common() | {"prompt": prompt, "stream": True}
+    if session.system:
+        body["system"] = session.system
+    _, _, final = _print_stream(client, "/api/generate", body, session, out)
+    if session.verbose and final is not None:
+        print_timings(final)
+
+
+def _print_stream(
+    client: Client, path: str, body: dict[str, Any], session: Session, out: TextIO
+) -> tuple[str, str, dict[str, Any] | None]:
+    """Prints pieces as they come; returns (content, thinking, final record)."""
+    content, thinking, final = [], [], None
+    is_thinking = False
+    for record in client.stream(path, body):
+        message = record.get("message") or {}
+        piece = message.get("content", "") if message else record.get("response", "")
+        thought = message.get("thinking", "") if message else record.get("thinking", "")
+        if thought:
+            thinking.append(thought)
+            if not session.hide_thinking:
+                if not is_thinking:
+                    out.write("Thinking...\n")
+                    is_thinking = True
+                out.write(thought)
+        if piece:
+            if is_thinking:
+                out.write("\n...done thinking.\n\n")
+                is_thinking = False
+            content.append(piece)
+            out.write(piece)
+        out.flush()
+        if record.get("done"):
+            final = record
+    out.write("\n" if content and not "".join(content).endswith("\n") else "")
+    out.write("\n" if sys.stdin.isatty() else "")  # a blank line before the next prompt
+    out.flush()
+    return "".join(content), "".join(thinking), final
+
+
+def print_timings(final: dict[str, Any], err: TextIO = sys.stderr) -> None:
+    """Ollama's --verbose summary, from the last record's counts and nanosecond durations."""
+
+    def seconds(key: str) -> str:
+        return f"{final.get(key, 0) / 1e9:.6f}s"
+
+    def rate(count_key: str, duration_key: str) -> str:
+        count, duration = final.get(count_key, 0), final.get(duration_key, 0)
+        return f"{count / (duration / 1e9):.2f} tokens/s" if duration else "-"
+
+    lines = [
+        ("total duration", seconds("total_duration")),
+        ("load duration", seconds("load_duration")),
+        ("prompt eval count", f"{final.get('prompt_eval_count', 0)} token(s)"),
+        ("prompt eval duration", seconds("prompt_eval_duration")),
+        ("prompt eval rate", rate("prompt_eval_count", "prompt_eval_duration")),
+        ("eval count", f"{final.get('eval_count', 0)} token(s)"),
+        ("eval duration", seconds("eval_duration")),
+        ("eval rate", rate("eval_count", "eval_duration")),
+    ]
+    for name, value in lines:
+        err.write(f"{name + ':':<22}{value}\n")
+    err.flush()

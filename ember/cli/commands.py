@@ -1,0 +1,205 @@
+"""What the model commands do against the server (list, show, ps, stop, cp, rm, pull, push,
+create) and how their answers are printed; app.py only wires them to the command line."""
+
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ember.cli.client import Client, CLIError
+from ember.cli.progress import show_progress
+
+
+def human_bytes(num: float) -> str:
+    """Sizes as Ollama prints them (decimal units): 98 MB, 1.1 GB."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if num < 1000 or unit == "TB":
+            text = f"{num:.1f}" if unit in ("GB", "TB") and num < 10 else f"{num:.0f}"
+            return f"{text} {unit}"
+        num /= 1000
+    return f"{num:.0f} TB"
+
+
+def ago(timestamp: str) -> str:
+    """ "3 minutes ago" for an ISO time."""
+    try:
+        then = datetime.fromisoformat(timestamp)
+    except (TypeError, ValueError):
+        return ""
+    seconds = (datetime.now(UTC) - then).total_seconds()
+    for size, unit in ((86400 * 365, "year"), (86400 * 30, "month"), (86400 * 7, "week")):
+        if seconds >= size:
+            return _plural(int(seconds // size), unit)
+    for size, unit in ((86400, "day"), (3600, "hour"), (60, "minute")):
+        if seconds >= size:
+            return _plural(int(seconds // size), unit)
+    return "Less than a minute ago" if seconds >= 1 else "Less than a second ago"
+
+
+def _plural(count: int, unit: str) -> str:
+    if count == 1:
+        return f"{'An' if unit == 'hour' else 'A'} {unit} ago"
+    return f"{count} {unit}s ago"
+
+
+def table(rows: list[list[str]]) -> str:
+    """Columns padded as Go's tabwriter pads them (three spaces between)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "   ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+    )
+
+
+def list_models(client: Client) -> str:
+    models = client.request("GET", "/api/tags")["models"]
+    rows = [["NAME", "ID", "SIZE", "MODIFIED"]]
+    for m in models:
+        rows.append([m["name"], m["digest"][:12], human_bytes(m["size"]), ago(m["modified_at"])])
+    return table(rows)
+
+
+def list_running(client: Client) -> str:
+    models = client.request("GET", "/api/ps")["models"]
+    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]]
+    for m in models:
+        vram, size = m.get("size_vram", 0), m.get("size", 0)
+        processor = "100% GPU" if size and vram >= size else "100% CPU"
+        if 0 < vram < size:
+            processor = f"{round(100 * (size - vram) / size)}%/{round(100 * vram / size)}% CPU/GPU"
+        until = _until(m.get("expires_at", ""))
+        context = str(m.get("context_length", ""))
+        rows.append([m["name"], m["digest"][:12], human_bytes(size), processor, context, until])
+    return table(rows)
+
+
+def _until(timestamp: str) -> str:
+    try:
+        then = datetime.fromisoformat(timestamp)
+    except (TypeError, ValueError):
+        return ""
+    seconds = (then - datetime.now(UTC)).total_seconds()
+    if seconds > 100 * 365 * 86400:
+        return "Forever"
+    if seconds <= 0:
+        return "Stopping..."
+    minutes = math.ceil(seconds / 60)
+    return f"{minutes} minutes from now" if minutes > 1 else "About a minute from now"
+
+
+def stop(client: Client, model: str) -> None:
+    running = client.request("GET", "/api/ps")["models"]
+    if not any(model in (m.get("name"), m.get("model")) for m in running):
+        names = {m.get("name", "").removesuffix(":latest") for m in running}
+        if model not in names:
+            raise CLIError(f'couldn\'t find model "{model}" to stop')
+    client.request("POST", "/api/generate", {"model": model, "keep_alive": 0})
+
+
+def pull(client: Client, model: str, *, insecure: bool = False) -> None:
+    show_progress(client.stream("/api/pull", {"model": model, "insecure": insecure}))
+
+
+def push(client: Client, model: str, *, insecure: bool = False) -> None:
+    show_progress(client.stream("/api/push", {"model": model, "insecure": insecure}))
+
+
+def create(client: Client, model: str, modelfile: Path, *, quantize: str | None = None) -> None:
+    """Creates `model` from a Modelfile; a FROM naming a local GGUF file is uploaded first."""
+    from ember.store import ModelfileError, parse_modelfile  # late: the store pulls in torch
+
+    try:
+        commands = parse_modelfile(modelfile.read_bytes())
+    except OSError as e:
+        raise CLIError(f"cannot read {modelfile}: {e.strerror or e}") from None
+    except ModelfileError as e:
+        raise CLIError(f"{modelfile}: {e}") from None
+    body: dict[str, Any] = {"model": model, "stream": True}
+    if quantize:
+        body["quantize"] = quantize
+    licenses: list[str] = []
+    messages: list[dict[str, str]] = []
+    params: dict[str, list[str]] = {}
+    for c in commands:
+        if c.name == "model":
+            body.update(_from(client, c.args, modelfile.parent))
+        elif c.name in ("template", "system", "renderer", "parser", "requires"):
+            body[c.name] = c.args
+        elif c.name == "license":
+            licenses.append(c.args)
+        elif c.name == "message":
+            role, _, text = c.args.partition(": ")
+            messages.append({"role": role, "content": text})
+        elif c.name in ("adapter", "draft"):
+            raise CLIError(f"{c.name.upper()} is not supported")
+        else:
+            params.setdefault(c.name, []).append(c.args)
+    body.update({k: v for k, v in _extras(licenses, messages, params).items() if v})
+    show_progress(client.stream("/api/create", body))
+
+
+def _from(client: Client, source: str, base: Path) -> dict[str, Any]:
+    path = (base / Path(source).expanduser()).resolve()
+    if path.is_dir():
+        raise CLIError(f"FROM {source}: a folder (safetensors) cannot be imported, only GGUF")
+    if path.is_file():
+        return {"files": {path.name: client.upload_blob(path)}}
+    if source.startswith((".", "/", "~")) or source.endswith(".gguf"):
+        raise CLIError(f"FROM {source}: no such file")
+    return {"from": source}
+
+
+def _extras(
+    licenses: list[str], messages: list[dict[str, str]], params: dict[str, list[str]]
+) -> dict[str, Any]:
+    # parameters as strings: the server types them as Ollama's FormatParams does
+    parameters = {k: v if k == "stop" else v[-1] for k, v in params.items()}
+    return {"license": licenses, "messages": messages, "parameters": parameters}
+
+
+def format_show(shown: dict[str, Any]) -> str:
+    """`ember show MODEL`'s summary: model facts, capabilities, parameters, system, license."""
+    info, details = shown.get("model_info") or {}, shown.get("details") or {}
+    arch = info.get("general.architecture", details.get("family", ""))
+    facts = [
+        ("architecture", arch),
+        ("parameters", details.get("parameter_size", "")),
+        ("context length", info.get(f"{arch}.context_length", "")),
+        ("embedding length", info.get(f"{arch}.embedding_length", "")),
+        ("quantization", details.get("quantization_level", "")),
+    ]
+    sections = [("Model", [(k, str(v)) for k, v in facts if v != ""])]
+    sections.append(("Capabilities", [(c, "") for c in shown.get("capabilities", [])]))
+    params = [tuple(line.split(None, 1)) for line in shown.get("parameters", "").splitlines()]
+    sections.append(("Parameters", [(p[0], p[1] if len(p) > 1 else "") for p in params]))
+    if shown.get("system"):
+        sections.append(("System", [(_first_line(shown["system"]), "")]))
+    if shown.get("license"):
+        sections.append(("License", [(_first_line(shown["license"]), "")]))
+    out = []
+    for title, rows in sections:
+        if rows:
+            out.append(f"  {title}")
+            out += [f"    {k:<20}{v}".rstrip() for k, v in rows]
+            out.append("")
+    return "\n".join(out)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def show_part(client: Client, model: str, part: str | None, *, verbose: bool = False) -> str:
+    shown = client.request("POST", "/api/show", {"model": model, "verbose": verbose})
+    if part is None:
+        return format_show(shown)
+    return str(shown.get(part, ""))
+
+
+def ensure_model(client: Client, model: str, *, insecure: bool = False) -> None:
+    """Pulls `model` when the server does not have it (as `ollama run`)."""
+    try:
+        client.request("POST", "/api/show", {"model": model})
+    except CLIError as e:
+        if "not found" not in str(e):
+            raise
+        pull(client, model, insecure=insecure)

@@ -1,0 +1,206 @@
+"""The interactive `ember run` (Ollama's REPL): `>>> ` prompt with history, `\"\"\"` multi-line
+input, /set, /show, /load, /save, /clear, /bye. Ctrl-C stops an answer, not the REPL; Ctrl-D or
+/bye leaves."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+from prompt_toolkit import PromptSession
+from prompt_toolkit.history import FileHistory, History, InMemoryHistory
+
+from ember import envconfig
+from ember.cli import commands
+from ember.cli.chat import Session, chat_turn
+from ember.cli.client import Client, CLIError
+from ember.errors import EmberError
+
+HELP = """Available Commands:
+  /set            Set session variables
+  /show           Show model information
+  /load <model>   Load a session or model
+  /save <model>   Save your current session
+  /clear          Clear session context
+  /bye            Exit
+  /?, /help       Help for a command
+
+Use \"\"\" to begin a multi-line message.
+"""
+SET_HELP = """Available Commands:
+  /set parameter ...     Set a parameter
+  /set system <string>   Set system message
+  /set format json       Enable JSON mode
+  /set noformat          Disable formatting
+  /set verbose           Show LLM stats
+  /set quiet             Disable LLM stats
+  /set think / nothink   Enable or disable thinking
+"""
+SHOW_PARTS = ("info", "license", "modelfile", "parameters", "system", "template")
+MULTILINE = '"""'
+
+
+class Repl:
+    def __init__(self, client: Client, session: Session) -> None:
+        self.client, self.session = client, session
+        self.prompt: PromptSession[str] = PromptSession(history=_history())
+
+    def loop(self) -> None:
+        while True:
+            try:
+                text = self._read()
+            except KeyboardInterrupt:
+                print("Use Ctrl + d or /bye to exit.")
+                continue
+            except EOFError:
+                return
+            if text.startswith("/"):
+                if self._command(text.strip()):
+                    return
+            elif text.strip():
+                self._answer(text)
+
+    def _read(self) -> str:
+        line = self.prompt.prompt(">>> ", placeholder="Send a message (/? for help)")
+        if not line.lstrip().startswith(MULTILINE):
+            return line
+        lines = [line.lstrip()[len(MULTILINE) :]]
+        while not lines[-1].rstrip().endswith(MULTILINE):
+            lines.append(self.prompt.prompt("... "))
+        lines[-1] = lines[-1].rstrip()[: -len(MULTILINE)]
+        return "\n".join(lines).strip("\n")
+
+    def _answer(self, text: str) -> None:
+        try:
+            chat_turn(self.client, self.session, text)
+        except KeyboardInterrupt:
+            print()  # the answer stops; the REPL goes on
+        except CLIError as e:
+            print(f"Error: {e}")
+
+    def _command(self, text: str) -> bool:
+        """Runs a slash command; True when the REPL should end."""
+        name, _, rest = text.partition(" ")
+        if name in ("/bye", "/exit"):
+            return True
+        handlers: dict[str, Callable[[str], None]] = {
+            "/set": self._set,
+            "/show": self._show,
+            "/load": self._load,
+            "/save": self._save,
+            "/clear": self._clear,
+            "/?": self._help,
+            "/help": self._help,
+        }
+        handler = handlers.get(name)
+        if handler is None:
+            print(f"Unknown command '{name}'. Type /? for help")
+            return False
+        try:
+            handler(rest.strip())
+        except EmberError as e:
+            print(f"Error: {e}")
+        return False
+
+    def _help(self, rest: str) -> None:
+        print(SET_HELP if rest == "set" else HELP)
+
+    def _set(self, rest: str) -> None:
+        what, _, value = rest.partition(" ")
+        flags = {
+            "verbose": ("verbose", True, "Set 'verbose' mode."),
+            "quiet": ("verbose", False, "Set 'quiet' mode."),
+            "think": ("think", True, "Set 'think' mode."),
+            "nothink": ("think", False, "Set 'nothink' mode."),
+            "noformat": ("format", None, "Disabled format."),
+        }
+        if what in flags:
+            attr, flag, message = flags[what]
+            setattr(self.session, attr, flag)
+            print(message)
+        elif what == "parameter":
+            self._set_parameter(value)
+        elif what == "system":
+            self.session.system = value.strip().strip('"') or None
+            print("Set system message.")
+        elif what == "format" and value.strip() == "json":
+            self.session.format = "json"
+            print("Set format to 'json' mode.")
+        else:
+            print(SET_HELP)
+
+    def _set_parameter(self, text: str) -> None:
+        name, _, value = text.strip().partition(" ")
+        if not name or not value.strip():
+            print("Usage:\n  /set parameter <name> <value>")
+            return
+        if name == "stop":
+            self.session.options.setdefault("stop", []).append(value.strip())
+        else:
+            self.session.options[name] = parameter_value(value.strip())
+        print(f"Set parameter '{name}' to '{value.strip()}'")
+
+    def _show(self, rest: str) -> None:
+        part = rest or "info"
+        if part not in SHOW_PARTS:
+            print(f"Usage:\n  /show {' | '.join(SHOW_PARTS)}")
+            return
+        shown = self.client.request("POST", "/api/show", {"model": self.session.model})
+        if part == "info":
+            print(commands.format_show(shown))
+            return
+        overrides = {"system": self.session.system, "parameters": _params(self.session.options)}
+        value = overrides.get(part) or shown.get(part, "")
+        print(value or f"No {part} was specified for this model.")
+
+    def _load(self, rest: str) -> None:
+        if not rest:
+            print("Usage:\n  /load <modelname>")
+            return
+        print(f"Loading model '{rest}'")
+        self.client.request("POST", "/api/chat", {"model": rest, "messages": [], "stream": False})
+        self.session.model = rest
+        self.session.messages.clear()
+
+    def _save(self, rest: str) -> None:
+        if not rest:
+            print("Usage:\n  /save <modelname>")
+            return
+        body = {"model": rest, "from": self.session.model, "stream": False}
+        if self.session.system:
+            body["system"] = self.session.system
+        if self.session.options:
+            body["parameters"] = self.session.options
+        if self.session.messages:
+            body["messages"] = self.session.messages
+        self.client.request("POST", "/api/create", body)
+        print(f"Created new model '{rest}'")
+
+    def _clear(self, _: str) -> None:
+        self.session.messages.clear()
+        print("Cleared session context")
+
+
+def parameter_value(text: str) -> int | float | bool | str:
+    """A /set parameter value as JSON types it; the server checks names and types (the CLI
+    does not import the engine's option tables, which pull in torch)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def _params(options: dict[str, object]) -> str:
+    return "\n".join(f"{k:<30} {v}" for k, v in sorted(options.items()))
+
+
+def _history() -> History:
+    if envconfig.no_history():
+        return InMemoryHistory()
+    path = Path("~/.ember/history").expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError:
+        return InMemoryHistory()  # no writable home: a session without saved history
+    return FileHistory(str(path))

@@ -1,0 +1,156 @@
+"""The `ember` commands as a user runs them, against a fake Ollama-API server (real model routes,
+fake generation): outputs, one-line errors and exit codes."""
+
+from pathlib import Path
+
+from conftest import Ember
+from fake_server import FakeServer
+
+
+def one_line_error(stderr: str) -> bool:
+    return stderr.startswith("Error: ") and stderr.count("\n") == 1 and "Traceback" not in stderr
+
+
+def write_modelfile(folder: Path, gguf: Path, extra: str = "") -> Path:
+    folder.mkdir(exist_ok=True)
+    (folder / "tiny.gguf").write_bytes(gguf.read_bytes())
+    path = folder / "Modelfile"
+    path.write_text(
+        "FROM ./tiny.gguf\nSYSTEM You are terse.\nPARAMETER temperature 0.3\n"
+        "PARAMETER stop <|im_end|>\n" + extra
+    )
+    return path
+
+
+def test_version(ember: Ember) -> None:
+    result = ember("--version")
+    assert result.returncode == 0 and result.stdout.startswith("ember version ")
+
+
+def test_create_list_show_copy_remove(ember: Ember, tmp_path: Path, tiny_gguf: Path) -> None:
+    modelfile = write_modelfile(tmp_path / "work", tiny_gguf)
+    created = ember("create", "tiny", "-f", str(modelfile))
+    assert created.returncode == 0, created.stderr
+    assert "success" in created.stderr and "writing manifest" in created.stderr
+    listed = ember("list")
+    assert listed.stdout.splitlines()[0].split() == ["NAME", "ID", "SIZE", "MODIFIED"]
+    assert listed.stdout.splitlines()[1].startswith("tiny:latest ")
+    shown = ember("show", "tiny")
+    assert shown.returncode == 0, shown.stderr
+    assert "architecture        llama" in shown.stdout
+    assert "completion" in shown.stdout and "temperature" in shown.stdout
+    assert ember("show", "tiny", "--system").stdout.strip() == "You are terse."
+    assert "FROM " in ember("show", "tiny", "--modelfile").stdout
+    copied = ember("cp", "tiny", "tiny:two")
+    assert copied.stdout.strip() == "copied 'tiny' to 'tiny:two'"
+    removed = ember("rm", "tiny", "tiny:two")
+    assert removed.returncode == 0
+    assert removed.stdout.splitlines() == ["deleted 'tiny'", "deleted 'tiny:two'"]
+    assert len(ember("ls").stdout.splitlines()) == 1
+
+
+def test_create_from_a_relative_path_in_the_modelfiles_folder(
+    ember: Ember, tmp_path: Path, tiny_gguf: Path
+) -> None:
+    write_modelfile(tmp_path / "work", tiny_gguf)
+    created = ember("create", "tiny", cwd=tmp_path / "work")  # -f defaults to ./Modelfile
+    assert created.returncode == 0, created.stderr
+
+
+def test_errors_are_one_line_and_nonzero(ember: Ember, tmp_path: Path, tiny_gguf: Path) -> None:
+    bad = tmp_path / "Bad"
+    bad.write_text("PARAMETER temperature hot\n")
+    cases = [
+        (ember("show", "nope"), "model 'nope:latest' not found"),
+        (ember("rm", "nope"), "not found"),
+        (ember("cp", "nope", "other"), "not found"),
+        (ember("create", "x", "-f", str(tmp_path / "missing")), "cannot read"),
+        (ember("create", "x", "-f", str(bad)), ""),
+        (ember("show", "bad name!"), "invalid model name"),
+        (ember("nosuchcommand"), "No such command"),
+    ]
+    for result, text in cases:
+        assert result.returncode != 0
+        assert one_line_error(result.stderr), result.stderr
+        assert text in result.stderr
+
+
+def test_a_modelfile_from_a_file_that_is_not_gguf(ember: Ember, tmp_path: Path) -> None:
+    (tmp_path / "junk.gguf").write_bytes(b"junk")
+    (tmp_path / "Modelfile").write_text("FROM ./junk.gguf\n")
+    result = ember("create", "junk", "-f", str(tmp_path / "Modelfile"))
+    assert result.returncode == 1 and "not in GGUF format" in result.stderr
+
+
+def test_run_with_a_prompt_answers_once(ember: Ember, fake: FakeServer, tiny_gguf: Path) -> None:
+    result = ember("run", "tiny", "Why", "is", "the", "sky", "blue?", "--verbose")
+    assert result.returncode == 0, result.stderr
+    assert "You said: Why is the sky blue?" in result.stdout
+    assert "eval rate:            50.00 tokens/s" in result.stderr
+    assert "pulling manifest" in result.stderr  # the model was missing: run pulled it
+    assert fake.bodies("/api/generate")[-1]["prompt"] == "Why is the sky blue?"
+
+
+def test_run_reads_a_piped_prompt(ember: Ember, fake: FakeServer) -> None:
+    result = ember("run", "tiny", "--temperature", "0", stdin="question from a pipe\n")
+    assert result.returncode == 0, result.stderr
+    assert "You said: question from a pipe (temperature 0.0)" in result.stdout
+    assert "eval rate" not in result.stderr
+
+
+def test_run_without_a_model_uses_smollm2(ember: Ember, fake: FakeServer) -> None:
+    result = ember("run", stdin="hi")
+    assert result.returncode == 0, result.stderr
+    assert fake.bodies("/api/pull")[0]["model"] == "smollm2:135m"
+    assert fake.bodies("/api/generate")[-1]["model"] == "smollm2:135m"
+
+
+def test_run_of_a_model_that_cannot_be_pulled(ember: Ember, fake: FakeServer) -> None:
+    fake.gguf = None
+    result = ember("run", "nosuchmodel:7b", "hello")
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == "Error: pull model manifest: file does not exist"
+    assert "Traceback" not in result.stderr
+
+
+def test_ps_and_stop(ember: Ember, fake: FakeServer) -> None:
+    assert ember("run", "tiny", "hi").returncode == 0
+    ember("run", "tiny", stdin="")  # an empty prompt loads the model
+    listed = ember("ps").stdout.splitlines()
+    assert listed[0].split() == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]
+    assert listed[1].startswith("tiny ") and "100% CPU" in listed[1]
+    assert "Forever" in listed[1]
+    assert ember("stop", "tiny").returncode == 0
+    assert fake.bodies("/api/generate")[-1] == {"model": "tiny", "keep_alive": 0}
+    assert len(ember("ps").stdout.splitlines()) == 1
+    stopped = ember("stop", "other")
+    assert stopped.returncode == 1 and 'couldn\'t find model "other"' in stopped.stderr
+
+
+def test_pull_shows_progress(ember: Ember, tiny_gguf: Path) -> None:
+    result = ember("pull", "some/model:1")
+    assert result.returncode == 0, result.stderr
+    assert "pulling manifest" in result.stderr and "success" in result.stderr
+    assert "some/model:1" in ember("list").stdout
+
+
+def test_no_server_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+
+    from conftest import EMBER, cli_env
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # a port nobody listens on
+    result = subprocess.run(
+        [*EMBER, "list"],
+        text=True,
+        capture_output=True,
+        timeout=60,
+        env=cli_env(tmp_path, f"127.0.0.1:{port}"),
+    )
+    assert result.returncode == 1
+    assert one_line_error(result.stderr)
+    assert "could not connect to ember server" in result.stderr
