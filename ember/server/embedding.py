@@ -44,7 +44,7 @@ async def embed(
             try:
                 result = await until_disconnected(request, work)
             except RunnerError as err:
-                raise runner_failure(err, lease.runner) from None
+                raise await runner_failure(err, lease.runner) from None
             vectors, count = result["embeddings"], int(result.get("prompt_eval_count", 0))
     return Embedded(
         [normalize(v, dimensions) for v in vectors],

@@ -175,7 +175,7 @@ async def _chat_prompt(lease: Lease, plan: Plan, req: ChatRequest) -> Prompt:
             num_ctx=lease.loaded.num_ctx,
         )
     except RunnerError as err:
-        raise runner_failure(err, lease.runner) from None
+        raise await runner_failure(err, lease.runner) from None
     except EmberError as err:  # a template that fails to render, a prompt that cannot be built
         raise APIError(400, str(err)) from None
 
@@ -197,7 +197,7 @@ async def _generate_prompt(lease: Lease, plan: Plan, req: GenerateRequest) -> Pr
         )
         return generate_prompt(template, request)
     except RunnerError as err:
-        raise runner_failure(err, lease.runner) from None
+        raise await runner_failure(err, lease.runner) from None
     except EmberError as err:
         raise APIError(400, str(err)) from None
 
@@ -242,7 +242,7 @@ async def runner_records(
                 if record.get("done"):
                     return
     except RunnerError as err:
-        raise runner_failure(err, lease.runner) from None
+        raise await runner_failure(err, lease.runner) from None
     raise APIError(500, RUNNER_STOPPED_MESSAGE)  # the stream ended without its final record
 
 

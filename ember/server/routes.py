@@ -98,7 +98,7 @@ async def embeddings(request: Request) -> dict[str, Any]:
         try:
             result = await until_disconnected(request, lease.runner.embedding(req.prompt))
         except RunnerError as err:
-            raise runner_failure(err, lease.runner) from None
+            raise await runner_failure(err, lease.runner) from None
     return {"embedding": result["embedding"]}
 
 

@@ -1,6 +1,7 @@
 """What every route shares: the model resolver, the scheduler, and the step from a request's
 model name and options to a Plan (the model, its merged options, the runner shape it needs)."""
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -82,8 +83,13 @@ def _given(options: RequestOptions | dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in options.given().items() if k not in _RUNNER_ACCEPTED}
 
 
-def runner_failure(err: RunnerError, runner: Runner) -> APIError:
+async def runner_failure(err: RunnerError, runner: Runner) -> APIError:
     """The API's error for a runner call that failed: a dead runner's is Ollama's message."""
+    if err.status >= 500:  # a cut connection: a killed process takes a moment to be reaped
+        for _ in range(20):
+            if not runner.alive():
+                break
+            await asyncio.sleep(0.05)
     if not runner.alive() or "the runner stopped" in str(err):
         return APIError(500, RUNNER_STOPPED_MESSAGE)
     return APIError(err.status if 400 <= err.status < 500 else 500, str(err))

@@ -1,0 +1,390 @@
+"""`ember serve` as a real process on a free loopback port, driven by the real `ollama` and
+`openai` clients with the bundled SmolLM2 (and Qwen2.5-Coder for one tool call). Adapted from
+Ollama's integration tests: keywords, num_predict, context exhaustion, logprobs, concurrency,
+the queue limit, a killed runner; plus the Host check, the API key and Open WebUI's load forms."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import openai
+import psutil
+import pytest
+
+from ember.catalog import ModelChecksumError, resolve_model
+from ember.errors import ModelNotFoundError
+from ember.runner.client import free_port
+from ember.server.errors import MAX_QUEUE_MESSAGE
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.slow]
+
+MODEL = "smollm2:135m"
+TOOLS_MODEL = "qwen2.5-coder:0.5b"
+NUM_PARALLEL = 2
+BLUE_SKY = "why is the sky blue? Be brief but factual in your reply"
+# Ollama's integration keywords for the blue-sky prompt
+BLUE_SKY_WORDS = (
+    "rayleigh",
+    "scatter",
+    "atmosphere",
+    "nitrogen",
+    "oxygen",
+    "wavelength",
+    "interact",
+)
+GREEDY = {"temperature": 0, "seed": 42}
+
+
+class Server:
+    """A `python -m ember serve` child process and its address."""
+
+    def __init__(self, tmp: Path, **env: str) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = (tmp / f"server-{port}.log").open("wb")
+        environ = {
+            **os.environ,
+            "EMBER_HOST": f"127.0.0.1:{port}",
+            "EMBER_MODELS": str(tmp / "models"),
+            "EMBER_CONTEXT_LENGTH": "2048",  # smaller KV caches: faster loads
+            **env,
+        }
+        if "EMBER_API_KEY" not in env:  # the developer's own key would lock the tests out
+            environ.pop("EMBER_API_KEY", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ember", "serve"],
+            env=environ,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self._wait(env.get("EMBER_API_KEY"))
+
+    def _wait(self, key: str | None) -> None:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, "ember serve exited at startup"
+            try:
+                if httpx.get(self.url, headers=headers, timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.2)
+        raise TimeoutError("ember serve did not answer within 60s")
+
+    def runner_pids(self) -> list[int]:
+        children = psutil.Process(self.process.pid).children()
+        return [c.pid for c in children if "runner" in c.cmdline()]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    require(MODEL)
+    s = Server(tmp_path_factory.mktemp("serve"), EMBER_NUM_PARALLEL=str(NUM_PARALLEL))
+    yield s
+    runners = s.runner_pids()
+    s.stop()
+    assert not any(psutil.pid_exists(pid) for pid in runners)  # they end with the server
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> ollama.Client:
+    return ollama.Client(host=server.url, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def oai(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", timeout=120)
+
+
+def require(name: str) -> None:
+    try:
+        resolve_model(name)
+    except ModelChecksumError:
+        raise
+    except ModelNotFoundError as err:
+        pytest.skip(str(err))
+
+
+def has_keyword(text: str, words: tuple[str, ...] = BLUE_SKY_WORDS) -> bool:
+    return any(word in text.lower() for word in words)
+
+
+def test_blue_sky_generate(client):
+    r = client.generate(MODEL, BLUE_SKY, options={**GREEDY, "num_predict": 60})
+    assert has_keyword(r.response), r.response
+    assert r.model == MODEL and r.done and r.done_reason in ("stop", "length")
+    assert r.total_duration and r.load_duration and r.prompt_eval_duration and r.eval_duration
+    assert r.prompt_eval_count and r.prompt_eval_count > 10 and r.eval_count
+    assert r.context and len(r.context) > r.prompt_eval_count
+
+
+def test_blue_sky_chat_streams(client):
+    messages = [{"role": "user", "content": BLUE_SKY}]
+    parts = list(client.chat(MODEL, messages, stream=True, options={**GREEDY, "num_predict": 60}))
+    text = "".join(p.message.content or "" for p in parts)
+    assert has_keyword(text), text
+    assert len(parts) > 5 and all(p.model == MODEL for p in parts)
+    final = parts[-1]
+    assert final.done and final.done_reason and final.eval_count and final.total_duration
+
+
+def test_ps_lists_the_loaded_model(client):
+    [running] = client.ps().models
+    assert running.model == MODEL and running.size and running.digest
+    assert running.details and running.details.family == "llama"
+    assert running.expires_at and running.context_length == 2048
+
+
+def test_num_predict_gives_exactly_that_many_tokens(client):
+    r = client.generate(MODEL, "Write a long poem.", options={"num_predict": 10}, logprobs=True)
+    assert r.eval_count == 10 and r.done_reason == "length"
+    assert r.logprobs is not None and len(r.logprobs) == 10
+
+
+def test_logprobs_shape_and_order(client):
+    messages = [{"role": "user", "content": "Name a colour."}]
+    r = client.chat(MODEL, messages, options={"num_predict": 8}, logprobs=True, top_logprobs=5)
+    assert r.logprobs
+    for entry in r.logprobs:
+        assert entry.token and entry.logprob <= 0
+        values = [t.logprob for t in entry.top_logprobs or []]
+        assert 0 < len(values) <= 5 and values == sorted(values, reverse=True)
+    assert client.chat(MODEL, messages, options={"num_predict": 3}).logprobs is None
+    r = client.chat(MODEL, messages, options={"num_predict": 3}, logprobs=True, top_logprobs=0)
+    assert r.logprobs and all(not e.top_logprobs for e in r.logprobs)
+
+
+def test_format_with_a_json_schema(client):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    prompt = "Describe a person as JSON with a name and an age."
+    r = client.generate(MODEL, prompt, format=schema, options={**GREEDY, "num_predict": 80})
+    value = json.loads(r.response)
+    assert isinstance(value["name"], str) and isinstance(value["age"], int)
+
+
+def test_think_on_a_model_that_cannot_is_400(client):
+    with pytest.raises(ollama.ResponseError) as err:
+        client.chat(MODEL, [{"role": "user", "content": "hi"}], think=True)
+    assert err.value.status_code == 400
+    assert err.value.error == f'"{MODEL}" does not support thinking'
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(ollama.ResponseError) as err:
+        client.generate("no-such-model", "hi")
+    assert err.value.status_code == 404 and "not found" in err.value.error
+
+
+def test_embed_batch_is_normalised(client):
+    r = client.embed(MODEL, ["The sky is blue.", "Grass is green."])
+    assert len(r.embeddings) == 2 and len(r.embeddings[0]) == 576
+    for vector in r.embeddings:
+        assert math.fsum(x * x for x in vector) == pytest.approx(1.0, abs=1e-4)
+    assert r.prompt_eval_count and r.prompt_eval_count > 4
+    assert len(client.embed(MODEL, "hi", dimensions=8).embeddings[0]) == 8
+    legacy = client.embeddings(MODEL, "The sky is blue.").embedding
+    assert len(legacy) == 576 and math.fsum(x * x for x in legacy) > 1.5  # not normalised
+
+
+def test_concurrent_chats_all_succeed(client):
+    results: list[str] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            messages = [{"role": "user", "content": BLUE_SKY}]
+            r = client.chat(MODEL, messages, options={**GREEDY, "num_predict": 40})
+            results.append(r.message.content or "")
+        except BaseException as err:  # surfaced below
+            errors.append(err)
+
+    threads = [threading.Thread(target=one) for _ in range(NUM_PARALLEL + 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and len(results) == NUM_PARALLEL + 1
+    assert all(has_keyword(text) for text in results), results
+
+
+def test_openai_chat_stream_and_embeddings(oai):
+    messages: Any = [{"role": "user", "content": BLUE_SKY}]
+    r = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0)
+    assert has_keyword(r.choices[0].message.content or "")
+    assert r.usage and r.usage.completion_tokens == 40 and r.choices[0].finish_reason == "length"
+    stream = oai.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=20,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage and chunks[-1].usage.completion_tokens == 20
+    e = oai.embeddings.create(model=MODEL, input=["a", "b"])
+    assert len(e.data) == 2 and len(e.data[0].embedding) == 576
+    b64 = oai.embeddings.create(model=MODEL, input="a", encoding_format="base64")
+    assert b64.data[0].embedding  # the client decodes base64 itself
+    assert MODEL in [m.id for m in oai.models.list()]
+
+
+def test_openai_json_schema_response_format(oai):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    r = oai.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Name the capital of France as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        max_tokens=40,
+        temperature=0,
+    )
+    assert isinstance(json.loads(r.choices[0].message.content or "")["city"], str)
+
+
+def test_openai_errors(oai):
+    with pytest.raises(openai.NotFoundError):
+        oai.chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "x"}]
+        )
+
+
+def test_tool_call_with_qwen(client):
+    require(TOOLS_MODEL)
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"location": {"type": "string", "description": "the city"}},
+                "required": ["location"],
+            },
+        },
+    }
+    messages = [
+        {"role": "user", "content": "What is the weather in Paris? Use the get_weather tool."}
+    ]
+    r = client.chat(
+        TOOLS_MODEL, messages, tools=[tool], options={**GREEDY, "num_predict": 60}, keep_alive=0
+    )
+    calls = r.message.tool_calls or []
+    assert calls and calls[0].function.name == "get_weather"
+    assert "paris" in str(calls[0].function.arguments.get("location", "")).lower()
+
+
+def test_host_header_of_another_site_is_403(server):
+    r = httpx.get(f"{server.url}/api/version", headers={"Host": "evil.example"})
+    assert r.status_code == 403 and "error" in r.json()
+
+
+def test_open_webui_load_and_unload_forms(client, server):
+    r = client.generate(MODEL, "")
+    assert r.done and r.done_reason == "load"
+    assert [m.model for m in client.ps().models] == [MODEL]
+    r = client.chat(MODEL, [], keep_alive=0)
+    assert r.done and r.done_reason == "unload"
+    assert client.ps().models == []
+    deadline = time.monotonic() + 10
+    while server.runner_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.runner_pids() == []  # the process is gone, and its memory with it
+
+
+def test_context_exhaustion_keeps_generating(client):
+    prompt = "Write a very long story about a dragon and a knight, with many chapters."
+    r = client.generate(MODEL, prompt, options={"num_ctx": 128, "num_predict": 200, "seed": 7})
+    assert r.eval_count == 200 and r.done_reason == "length"  # past num_ctx: the context shifted
+    assert len(r.response.split()) > 50
+    assert client.ps().models[0].context_length == 128
+
+
+def test_a_killed_runner_fails_its_request_and_the_next_one_works(client, server):
+    stream = client.generate(
+        MODEL, "Tell me a long story.", stream=True, options={"num_predict": 400}
+    )
+    first = next(stream)
+    assert not first.done
+    [pid] = server.runner_pids()
+    psutil.Process(pid).kill()
+    with pytest.raises(ollama.ResponseError) as err:
+        for _ in stream:
+            pass
+    assert "runner has unexpectedly stopped" in err.value.error
+    r = client.generate(MODEL, BLUE_SKY, options={**GREEDY, "num_predict": 40})
+    assert has_keyword(r.response) and server.runner_pids() != [pid]
+
+
+# --- a second server: a queue of 4, one request at a time, and an API key ---
+
+KEY = "secret-key"
+
+
+@pytest.fixture(scope="module")
+def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    require(MODEL)
+    s = Server(
+        tmp_path_factory.mktemp("strict"),
+        EMBER_NUM_PARALLEL="1",
+        EMBER_MAX_QUEUE="4",
+        EMBER_API_KEY=KEY,
+    )
+    yield s
+    s.stop()
+
+
+def test_every_route_needs_the_api_key(strict_server):
+    for path in ("/", "/api/version", "/api/ps", "/v1/models"):
+        assert httpx.get(strict_server.url + path).status_code == 401
+    r = httpx.post(f"{strict_server.url}/api/generate", json={"model": MODEL})
+    assert r.status_code == 401 and "error" in r.json()
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{strict_server.url}/api/version", headers=auth).status_code == 200
+
+
+def test_requests_past_the_queue_get_503_and_the_others_finish(strict_server):
+    client = ollama.Client(
+        host=strict_server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120
+    )
+    assert client.generate(MODEL, "").done_reason == "load"
+    outcomes: list[Any] = []
+
+    def one() -> None:
+        try:
+            r = client.generate(MODEL, "Count to twenty.", options={"num_predict": 40})
+            outcomes.append(r.eval_count)
+        except ollama.ResponseError as err:
+            outcomes.append(err)
+
+    threads = [threading.Thread(target=one) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    refused = [o for o in outcomes if isinstance(o, ollama.ResponseError)]
+    finished = [o for o in outcomes if isinstance(o, int) and 0 < o <= 40]
+    assert len(outcomes) == 10 and len(refused) + len(finished) == 10
+    assert refused and len(finished) >= 5  # one running and four waiting, at the least
+    assert all(err.status_code == 503 and err.error == MAX_QUEUE_MESSAGE for err in refused)
