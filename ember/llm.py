@@ -63,8 +63,7 @@ class LLM:
         self.template = template if isinstance(template, str) else BUILTIN.get(arch)
         self._lock = threading.Lock()  # guards the engine's replacement
         self._engine: Engine | None = None
-        self._size = (0, 0)
-        self.engine_for(Options())
+        self._size = (0, 0)  # the engine is made (and its memory reserved) on first use
         self.load_duration = time.perf_counter_ns() - start
 
     def engine_for(self, opts: Options) -> Engine:

@@ -14,7 +14,7 @@ GAP_REQUIRED = 0.05
 
 def run_prompt(llm, ids: list[int], steps: int) -> tuple[torch.Tensor, list[int]]:
     """First-step logits over ids, then `steps` greedy tokens (not stopped at end tokens)."""
-    model, cache = llm.session.model, llm.session.model.make_cache()
+    model, cache = llm.model, llm.model.make_cache()
     cache.init(max_sequences=1, capacity=len(ids) + steps, max_batch=512)
     logits = torch.empty(0)
     for start in range(0, len(ids), 512):
