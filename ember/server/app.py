@@ -16,12 +16,13 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
 from ember import __version__, envconfig
+from ember.runner.client import RunnerClient
 from ember.server import middleware, openai, routes
 from ember.server.api import RequestError
 from ember.server.errors import APIError
 from ember.server.logging import log_startup, setup_logging
 from ember.server.model import Models
-from ember.server.scheduler import Defaults, Scheduler
+from ember.server.scheduler import Defaults, Runner, Scheduler
 from ember.server.state import ServerState
 
 log = logging.getLogger("ember.server")
@@ -35,7 +36,13 @@ def default_state() -> ServerState:
         kv_cache_type=envconfig.kv_cache_type(),
         multiuser_cache=envconfig.multiuser_cache(),
     )
+    load_timeout = envconfig.load_timeout()
+
+    async def start(model_path: str) -> Runner:
+        return await RunnerClient.start(model_path, timeout=load_timeout)
+
     scheduler = Scheduler(
+        start=start,
         defaults=defaults,
         num_parallel=envconfig.num_parallel(),
         max_loaded=envconfig.max_loaded_models(),
@@ -116,6 +123,7 @@ async def _internal_error(request: Request, err: Exception) -> JSONResponse:
 def serve() -> int:
     """Runs the server on EMBER_HOST until interrupted."""
     setup_logging()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # every runner call is not news
     address = envconfig.host()
     app = build()
     log_startup(log, address=address.hostport, version=__version__)

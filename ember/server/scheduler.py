@@ -172,10 +172,15 @@ class Scheduler:
         self._waiting += 1
         try:
             start = time.perf_counter_ns()
-            async with self._lock:
-                loaded = await self._runner_for(shape, info, context_length)
-                load_duration = time.perf_counter_ns() - start
-                self._hold(loaded, self.keep_alive if keep_alive is None else keep_alive)
+            held = asyncio.ensure_future(self._hold_runner(shape, info, context_length, keep_alive))
+            try:
+                loaded = await asyncio.shield(held)
+            except asyncio.CancelledError:
+                # the client went away: the load goes on (as Ollama's) and the model stays
+                # for the next request; only this request's hold is let go
+                held.add_done_callback(self._abandon)
+                raise
+            load_duration = time.perf_counter_ns() - start
             try:
                 await loaded.slots.acquire()
             except BaseException:
@@ -184,6 +189,18 @@ class Scheduler:
         finally:
             self._waiting -= 1
         return Lease(self, loaded, load_duration)
+
+    async def _hold_runner(
+        self, shape: Shape, info: Any, context_length: int, keep_alive: float | None
+    ) -> Loaded:
+        async with self._lock:
+            loaded = await self._runner_for(shape, info, context_length)
+            self._hold(loaded, self.keep_alive if keep_alive is None else keep_alive)
+            return loaded
+
+    def _abandon(self, held: "asyncio.Future[Loaded]") -> None:
+        if not held.cancelled() and held.exception() is None:
+            self._drop_ref(held.result())
 
     @contextlib.asynccontextmanager
     async def lease(

@@ -31,7 +31,14 @@ class FakeRunner:
     """Answers every completion with `reply` split into words (one record a word), after
     waiting for `gate` when one is set. Records what it was asked."""
 
-    def __init__(self, path: str, *, reply: str = "Hello there friend", fits: int = 64) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        reply: str = "Hello there friend",
+        fits: int = 64,
+        load_gate: asyncio.Event | None = None,
+    ) -> None:
         self.path = path
         self.reply = reply
         self.fits = fits  # the largest parallel a load accepts (more: 507)
@@ -40,9 +47,12 @@ class FakeRunner:
         self.fields: list[dict[str, Any]] = []
         self.is_alive = True
         self.gate: asyncio.Event | None = None
+        self.load_gate = load_gate  # a load waits for it
         self.error: str | None = None  # an error record instead of the final one
 
     async def load(self, settings: LoadSettings) -> dict[str, Any]:
+        if self.load_gate is not None:
+            await self.load_gate.wait()
         if settings.parallel > self.fits:
             raise RunnerError("does not fit", 507)
         self.settings = settings

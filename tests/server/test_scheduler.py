@@ -195,6 +195,24 @@ def test_a_fixed_parallel_that_does_not_fit_fails_with_the_runner_error():
     run(test)
 
 
+def test_a_request_cancelled_during_the_load_leaves_the_model_loaded_and_idle():
+    async def test() -> None:
+        gate = asyncio.Event()
+        starter = FakeStarter(load_gate=gate)
+        s = scheduler(starter)
+        waiting = asyncio.ensure_future(s.acquire(Shape(A), keep_alive=0.05))
+        await settle()
+        waiting.cancel()  # the client went away
+        gate.set()
+        await settle()
+        [loaded] = s.running()
+        assert loaded.refs == 0  # nobody holds it: it expires as usual
+        await asyncio.sleep(0.2)
+        assert s.running() == [] and not starter.runners[0].alive()
+
+    run(test)
+
+
 def test_unload_waits_for_running_requests():
     async def test() -> None:
         starter = FakeStarter()
