@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fake_server import FakeServer
 
-EMBER = [sys.executable, "-m", "ember.cli.app"]  # TODO(switch): "-m ember"
+EMBER = [sys.executable, "-m", "ember"]
 
 Ember = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -68,6 +68,8 @@ def test_errors_are_one_line_and_nonzero(ember: Ember, tmp_path: Path, tiny_gguf
         (ember("create", "x", "-f", str(bad)), ""),
         (ember("show", "bad name!"), "invalid model name"),
         (ember("nosuchcommand"), "No such command"),
+        (ember("run", str(tmp_path / "bad.gguf"), "hello"), "invalid model name"),
+        (ember("run", "tiny", "--temperature", "hot"), "Invalid value"),
     ]
     for result, text in cases:
         assert result.returncode != 0
