@@ -156,3 +156,21 @@ def test_no_server_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert one_line_error(result.stderr)
     assert "could not connect to ember server" in result.stderr
+
+
+def test_push_to_a_loopback_registry(ember: Ember, tmp_path: Path, tiny_gguf: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
+    from registry_server import RegistryServer
+
+    with RegistryServer(tmp_path / "registry") as registry:
+        host = registry.url.removeprefix("http://")
+        modelfile = write_modelfile(tmp_path / "work", tiny_gguf)
+        assert ember("create", f"{host}/me/tiny:v1", "-f", str(modelfile)).returncode == 0
+        refused = ember("push", f"{host}/me/tiny:v1")  # https by default: the registry is http
+        assert refused.returncode == 1 and one_line_error(refused.stderr.splitlines()[-1] + "\n")
+        pushed = ember("push", "--insecure", f"{host}/me/tiny:v1")
+        assert pushed.returncode == 0, pushed.stderr
+        assert "pushing manifest" in pushed.stderr and "success" in pushed.stderr
+        assert ("me", "tiny", "v1") in registry.manifests
