@@ -388,3 +388,15 @@ def test_requests_past_the_queue_get_503_and_the_others_finish(strict_server):
     assert len(outcomes) == 10 and len(refused) + len(finished) == 10
     assert refused and len(finished) >= 5  # one running and four waiting, at the least
     assert all(err.status_code == 503 and err.error == MAX_QUEUE_MESSAGE for err in refused)
+
+
+def test_langchain_ollama_chats_and_streams(server: Server) -> None:
+    chat_ollama = pytest.importorskip("langchain_ollama")
+    llm = chat_ollama.ChatOllama(
+        model=MODEL, base_url=server.url, temperature=0, num_predict=24, seed=42
+    )
+    answer = llm.invoke("Name one colour of the rainbow.")
+    assert isinstance(answer.content, str) and answer.content.strip()
+    assert answer.usage_metadata and answer.usage_metadata["output_tokens"] > 0
+    pieces = [chunk.content for chunk in llm.stream("Name one colour of the rainbow.")]
+    assert len(pieces) > 1 and "".join(pieces) == answer.content
