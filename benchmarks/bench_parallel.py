@@ -54,6 +54,7 @@ def main() -> None:
 
     import torch
 
+    from ember.backend.threads import in_fresh_thread
     from ember.catalog import resolve_model
     from ember.gguf import GGUFFile
     from ember.model import load_model
@@ -63,7 +64,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     gguf = GGUFFile.open(resolve_model(args.model))
     tokenizer = Tokenizer.from_metadata(gguf.metadata)
-    model = load_model(gguf)
+    model = in_fresh_thread(lambda: load_model(gguf))  # the engine's thread computes alone
     engine = Engine(
         model, tokenizer, num_parallel=max(args.parallel), num_ctx=256, num_batch=512
     )

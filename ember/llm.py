@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ember.backend.threads import in_fresh_thread
 from ember.catalog import resolve_model
 from ember.errors import GenerationError
 from ember.gguf import GGUFFile
@@ -56,7 +57,7 @@ class LLM:
         self.path = resolve_model(model)
         self.gguf = GGUFFile.open(self.path)
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
-        self.model = load_model(self.gguf)
+        self.model = in_fresh_thread(lambda: load_model(self.gguf))  # see backend/threads.py
         self.num_parallel = num_parallel
         template = self.gguf.metadata.get("tokenizer.chat_template")
         arch = self.gguf.metadata.get("general.architecture", "")

@@ -1,7 +1,7 @@
 """The run loop: one model serving many sequences over one shared KV cache.
 
 Every step: next batch (round-robin over the active sequences, at most num_batch tokens) →
-forward (on the compute thread, while this thread computes the grammar masks) → sample → emit.
+forward (while a side thread computes the grammar masks) → sample → emit.
 Requests come in from any thread with `submit`; their events come out of `Sequence.events`.
 """
 
@@ -77,26 +77,29 @@ class Engine:
         self.num_parallel = num_parallel
         self.num_ctx = min(num_ctx, model.context_length)  # per sequence
         self.num_batch = min(num_batch, self.num_ctx)
+        self.kv_type = KV_TYPES[kv_type]
         self.cache = model.make_cache()
-        self.kv_bytes = reserve(
-            model,
-            self.cache,
-            num_parallel=num_parallel,
-            num_ctx=self.num_ctx,
-            num_batch=self.num_batch,
-            dtype=KV_TYPES[kv_type],
-        )
         self.inputs = InputCache(
             self.cache, num_ctx=self.num_ctx, num_slots=num_parallel, multiuser=multiuser
         )
+        self.kv_bytes = 0
         self._cond = threading.Condition()
         self._waiting: deque[Sequence] = deque()  # guarded by _cond
         self._active: list[Sequence] = []  # the loop thread's own
         self._next = 0  # where the next batch's round-robin starts
         self._closed = False
-        self._compute = ThreadPoolExecutor(1, thread_name_prefix="ember-compute")
-        self._thread = threading.Thread(target=self._run, name="ember-runner", daemon=True)
+        self._side = ThreadPoolExecutor(1, thread_name_prefix="ember-masks")
+        # One thread does all of this engine's torch work, the reservation included (see
+        # ember/backend/threads.py for why): __init__ waits for the reservation's outcome.
+        self._reserved = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="ember-runner", daemon=True)
         self._thread.start()
+        self._reserved.wait()
+        if self._failure is not None:
+            self._thread.join()
+            self._side.shutdown()
+            raise self._failure
         _live.add(self)
 
     # --- from any thread ---
@@ -123,9 +126,26 @@ class Engine:
             self._closed = True
             self._cond.notify()
         self._thread.join()
-        self._compute.shutdown()
+        self._side.shutdown()
 
     # --- the loop thread ---
+    def _main(self) -> None:
+        try:
+            self.kv_bytes = reserve(
+                self.model,
+                self.cache,
+                num_parallel=self.num_parallel,
+                num_ctx=self.num_ctx,
+                num_batch=self.num_batch,
+                dtype=self.kv_type,
+            )
+        except BaseException as err:
+            self._failure = err
+            return
+        finally:
+            self._reserved.set()
+        self._run()
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -196,17 +216,18 @@ class Engine:
 
     def _step(self, parts: list[Part]) -> None:
         batch = self._batch(parts)
-        running = self._compute.submit(self._forward, batch)
-        # beside the forward pass: the grammar masks of the rows about to be sampled
-        masks = [
-            p.seq.grammar.mask() if p.output >= 0 and p.seq.grammar is not None else None
-            for p in parts
-        ]
+        # Beside the forward pass, on the side thread: the grammar masks of the rows about to
+        # be sampled (llguidance releases the GIL). Every torch op stays on this thread: each
+        # thread that calls into OpenMP gets its own spinning team, and two teams on two cores
+        # slow each other down.
+        constrained = [p for p in parts if p.output >= 0 and p.seq.grammar is not None]
+        masking = self._side.submit(_masks, constrained) if constrained else None
         try:
-            hidden = running.result()
+            hidden = self._forward(batch)
             gen = [p for p in parts if p.output >= 0 and not p.seq.embedding]
             with torch.inference_mode():
                 logits = self.model.logits(hidden[[p.output for p in gen]]) if gen else None
+            masks = masking.result() if masking is not None else {}
         except Exception as err:  # a failed forward ends its sequences, never the loop
             log.exception("forward pass failed")
             for p in parts:
@@ -216,7 +237,7 @@ class Engine:
             p.seq.slot.inputs.extend(p.seq.pending[: p.count])
             del p.seq.pending[: p.count], p.seq.groups[: p.count]
         if logits is not None:  # one batched sampling step over every row
-            gen_masks = [mask for p, mask in zip(parts, masks, strict=True) if p in gen]
+            gen_masks = [masks.get(id(p)) for p in gen]
             tokens = sample_rows([p.seq.sampler for p in gen], logits, gen_masks)
             for row, (p, token) in enumerate(zip(gen, tokens, strict=True)):
                 self._emit(p.seq, logits[row], token)
@@ -311,6 +332,15 @@ class Engine:
         if seq in self._active:
             self._active.remove(seq)
             self.inputs.release(seq.slot)
+
+
+def _masks(parts: list[Part]) -> dict[int, torch.Tensor]:
+    """The grammar mask of each part's row."""
+    masks = {}
+    for p in parts:
+        assert p.seq.grammar is not None
+        masks[id(p)] = p.seq.grammar.mask()
+    return masks
 
 
 def _now() -> int:

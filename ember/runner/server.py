@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ember.backend.threads import in_fresh_thread
 from ember.errors import EmberError
 from ember.gguf import GGUFFile
 from ember.model import load_model
@@ -108,7 +109,7 @@ class Runner:
                 gguf = GGUFFile.open(self.path)
                 self.tokenizer = Tokenizer.from_metadata(gguf.metadata)
                 self.progress = 0.1
-                model = load_model(gguf)
+                model = in_fresh_thread(lambda: load_model(gguf))  # see backend/threads.py
                 self.progress = 0.8
                 self.engine = Engine(
                     model,

@@ -11,6 +11,7 @@ import weakref
 from typing import Any, Protocol
 
 import llguidance
+import numpy as np
 import torch
 
 from ember.errors import EmberError
@@ -26,7 +27,6 @@ JSON_OPTIONS: dict[str, Any] = {
 # Ollama's format "json" is any JSON object (its grammar's root is an object).
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
-_BIT_WEIGHTS = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8)
 
 
 class GrammarError(EmberError, ValueError):
@@ -112,14 +112,14 @@ class Grammar:
     Overlapping the mask with the forward pass: llguidance releases the GIL while it computes,
     so a caller can run `future = pool.submit(grammar.mask)` on a thread right after
     `accept(token)`, run the model's forward pass, then apply `future.result()` to its logits.
-    The returned tensor is a view of a per-grammar buffer: use it before the next mask() call.
+    Each mask() returns a new tensor. The unpacking uses numpy, not torch: a side thread
+    that starts torch's parallel work would slow the model's own thread (backend/threads.py).
     """
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_id: int) -> None:
         self._matcher = matcher
         self.vocab_size, self.eos_id = vocab_size, eos_id
-        self._bits = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)  # packed mask
-        self._mask = torch.empty(self._bits.numel() * 32, dtype=torch.bool)  # unpacked
+        self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)  # packed mask
 
     @classmethod
     def from_format(cls, fmt: str | dict[str, Any], tokenizer: TokenSource) -> Grammar:
@@ -134,11 +134,10 @@ class Grammar:
     def mask(self) -> torch.Tensor:
         """(vocab_size,) bool: the tokens allowed next; EOS once the output is complete."""
         bits = self._bits
-        self._matcher.unsafe_compute_mask_ptr(bits.data_ptr(), bits.numel() * 4)
+        self._matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
         # little-endian int32 words: byte k of the buffer holds tokens 8k..8k+7, lowest bit first
-        packed = bits.view(torch.uint8).unsqueeze(1)  # (W*4, 1)
-        torch.ne(packed & _BIT_WEIGHTS, 0, out=self._mask.view(-1, 8))
-        return self._mask[: self.vocab_size]
+        allowed = np.unpackbits(bits.view(np.uint8), bitorder="little", count=self.vocab_size)
+        return torch.from_numpy(allowed.view(np.bool_))
 
     def accept(self, token: int) -> None:
         """Advances past token; raises GrammarError (and stays broken) when it is not allowed."""

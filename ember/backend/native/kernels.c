@@ -62,6 +62,19 @@ static int block_bytes(int type) {
 static inline void row_dot(int type, const uint8_t *row, const float *x, const float *sums,
                            float *y, int64_t M, int64_t N, int64_t K, int bytes) {
     int64_t nb = K / QK;
+    if (M == 1) { /* decode: the accumulators stay in registers */
+        float acc[QK] = {0}, off = 0.0f, c[QK], d, o;
+        for (int64_t b = 0; b < nb; b++) {
+            unpack(type, row + b * bytes, c, &d, &o);
+            const float *xb = x + b * QK;
+            for (int j = 0; j < QK; j++) acc[j] += d * (xb[j] * c[j]);
+            off += o * sums[b];
+        }
+        float s = 0.0f;
+        for (int j = 0; j < QK; j++) s += acc[j];
+        y[0] = s + off;
+        return;
+    }
     float acc[MAX_M][QK], off[MAX_M], c[QK], d, o;
     memset(acc, 0, sizeof(acc));
     memset(off, 0, sizeof(off));
@@ -136,6 +149,85 @@ static int q8_rows(const uint8_t *w, const float *x, float *y, int64_t M, int64_
 }
 #endif
 
+#ifdef __AVX512F__
+/* unpack for AVX-512: the block's codes as two vectors (positions 0-15 and 16-31), never
+ * written to memory. A stack array of codes made the speed depend on where the calling
+ * thread's stack lies (store/load aliasing): twice slower on some threads than on others. */
+static inline __attribute__((always_inline)) void unpack_v(int type, const uint8_t *b, __m512 *c0,
+                                                           __m512 *c1, float *d, float *m) {
+    __m512i lo, hi;
+    const __m512i nibble = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
+    switch (type) {
+    case 2:
+    case 3: {
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + (type == 2 ? 2 : 4))));
+        lo = _mm512_and_si512(v, nibble), hi = _mm512_srli_epi32(v, 4);
+        *d = f16(b), *m = type == 2 ? -8.0f * *d : f16(b + 2);
+        break;
+    }
+    case 6: {
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i bits = _mm512_set1_epi32((int)qh);
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 6)));
+        __m512i h0 = _mm512_and_si512(_mm512_srlv_epi32(bits, lanes), one);
+        __m512i h1 = _mm512_and_si512(_mm512_srlv_epi32(bits, _mm512_add_epi32(lanes, _mm512_set1_epi32(16))), one);
+        lo = _mm512_or_si512(_mm512_and_si512(v, nibble), _mm512_slli_epi32(h0, 4));
+        hi = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_slli_epi32(h1, 4));
+        *d = f16(b), *m = -16.0f * *d;
+        break;
+    }
+    default:
+        lo = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
+        hi = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)));
+        *d = f16(b), *m = 0.0f;
+    }
+    *c0 = _mm512_cvtepi32_ps(lo), *c1 = _mm512_cvtepi32_ps(hi);
+}
+
+/* row_dot with the codes in registers; type and M are constants at each call site, so the
+ * accumulators of all M rows stay in registers too. */
+static inline __attribute__((always_inline)) void row_dot_v(int type, const uint8_t *row,
+                                                            const float *x, const float *sums,
+                                                            float *y, const int M, int64_t N,
+                                                            int64_t K, int bytes) {
+    int64_t nb = K / QK;
+    __m512 acc[MAX_M][2];
+    float off[MAX_M];
+    for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps(), off[m] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        __m512 c0, c1;
+        float d, o;
+        unpack_v(type, row + b * bytes, &c0, &c1, &d, &o);
+        const __m512 vd = _mm512_set1_ps(d);
+        for (int m = 0; m < M; m++) {
+            const float *xb = x + m * K + b * QK;
+            acc[m][0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(xb), c0), vd, acc[m][0]);
+            acc[m][1] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), c1), vd, acc[m][1]);
+            off[m] += o * sums[m * nb + b];
+        }
+    }
+    for (int m = 0; m < M; m++)
+        y[m * N] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1])) + off[m];
+}
+
+#define ROWS_V(T, MM)                                                                         \
+    _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++)               \
+        row_dot_v(T, w + n * (K / QK) * bytes, x, sums, y + n, MM, N, K, bytes)
+#define BY_M(T)                                                                               \
+    switch (M) {                                                                              \
+    case 1: ROWS_V(T, 1); break;                                                              \
+    case 2: ROWS_V(T, 2); break;                                                              \
+    case 3: ROWS_V(T, 3); break;                                                              \
+    case 4: ROWS_V(T, 4); break;                                                              \
+    case 5: ROWS_V(T, 5); break;                                                              \
+    case 6: ROWS_V(T, 6); break;                                                              \
+    case 7: ROWS_V(T, 7); break;                                                              \
+    default: ROWS_V(T, 8);                                                                    \
+    }
+#endif
+
 #define ROWS(T)                                                                               \
     _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++)               \
         row_dot(T, w + n * (K / QK) * bytes, x, sums, y + n, M, N, K, bytes)
@@ -153,6 +245,15 @@ int ember_qmatmul(int type, const uint8_t *w, const float *x, float *y, float *s
         for (int j = 0; j < QK; j++) s += x[i * QK + j];
         sums[i] = s;
     }
+#ifdef __AVX512F__
+    switch (type) {
+    case 2: BY_M(2); break;
+    case 3: BY_M(3); break;
+    case 6: BY_M(6); break;
+    default: BY_M(8);
+    }
+    return 0;
+#endif
     switch (type) { /* constant type per loop, so each body is specialised */
     case 2: ROWS(2); break;
     case 3: ROWS(3); break;
