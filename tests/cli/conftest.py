@@ -3,18 +3,13 @@ runs it (a subprocess pointed at the server with EMBER_HOST, in a home of its ow
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_support import EMBER, Ember, cli_env
 from fake_server import FakeServer
-
-EMBER = [sys.executable, "-m", "ember"]
-
-Ember = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture(scope="session")
@@ -31,18 +26,6 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fake(tmp_path: Path, tiny_gguf: Path) -> Iterator[FakeServer]:
     with FakeServer(tmp_path / "server", gguf=tiny_gguf) as server:
         yield server
-
-
-def cli_env(home: Path, host: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBER_")}
-    env.update(
-        HOME=str(home),
-        EMBER_HOST=host,
-        EMBER_MODELS=str(home / ".ember" / "models"),
-        EMBER_NOHISTORY="1",
-        NO_COLOR="1",
-    )
-    return env
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ fake generation): outputs, one-line errors and exit codes."""
 
 from pathlib import Path
 
-from conftest import Ember
+from cli_support import Ember
 from fake_server import FakeServer
 
 
@@ -140,7 +140,7 @@ def test_no_server_is_a_clear_error(tmp_path: Path) -> None:
     import socket
     import subprocess
 
-    from conftest import EMBER, cli_env
+    from cli_support import EMBER, cli_env
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

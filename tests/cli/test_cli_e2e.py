@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EMBER, cli_env
+from cli_support import EMBER, cli_env
 
 from ember import envconfig
 
