@@ -15,26 +15,39 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+_COLUMNS = (
+    TextColumn("{task.description}"),
+    BarColumn(),
+    DownloadColumn(),
+    TransferSpeedColumn(),
+    TimeRemainingColumn(),
+)
+
 
 def show_progress(records: Iterable[dict[str, Any]], console: Console | None = None) -> None:
-    """Consumes `records` (CLIError from the client ends it) and draws them."""
+    """Consumes `records` (CLIError from the client ends it) and draws them in their order: the
+    bars in view are closed before a status line, so it never lands above them."""
     console = console or Console(stderr=True)
+    progress: Progress | None = None
     bars: dict[str, TaskID] = {}
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as progress:
+    try:
         for record in records:
             status = str(record.get("status", ""))
             digest, total = record.get("digest"), record.get("total")
             if digest and isinstance(total, int) and total > 0:
-                done = record.get("completed") or 0
+                if progress is None:
+                    progress = Progress(*_COLUMNS, console=console, transient=False)
+                    progress.start()
+                    bars = {}
                 if digest not in bars:
                     bars[digest] = progress.add_task(status, total=total)
+                done = record.get("completed") or 0
                 progress.update(bars[digest], completed=done, description=status)
             elif status:
-                progress.console.print(status, highlight=False)
+                if progress is not None:
+                    progress.stop()  # leaves the bars drawn where they are
+                    progress = None
+                console.print(status, highlight=False)
+    finally:
+        if progress is not None:
+            progress.stop()
