@@ -158,7 +158,7 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EMBER_MAX_QUEUE", '"16"')  # quotes are trimmed, as Ollama's Var
     monkeypatch.setenv("EMBER_API_KEY", "secret")
     monkeypatch.setenv("EMBER_FLASH_ATTENTION", "false")
-    monkeypatch.setenv("EMBER_KV_CACHE_TYPE", "Q8_0")
+    monkeypatch.setenv("EMBER_KV_CACHE_TYPE", "F16")
     monkeypatch.setenv("EMBER_NOPRUNE", "1")
     assert envconfig.keep_alive() == FOREVER
     assert envconfig.load_timeout() == FOREVER
@@ -166,7 +166,7 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert envconfig.max_queue() == 16
     assert envconfig.api_key() == "secret"
     assert envconfig.flash_attention() is False
-    assert envconfig.kv_cache_type() == "q8_0"
+    assert envconfig.kv_cache_type() == "f16"
     assert envconfig.no_prune() is True
 
 
@@ -186,6 +186,7 @@ def test_keep_alive_as_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
         ("EMBER_NUM_PARALLEL", "-1"),
         ("EMBER_MAX_QUEUE", "many"),
         ("EMBER_KV_CACHE_TYPE", "q5_1"),
+        ("EMBER_KV_CACHE_TYPE", "q8_0"),  # Ollama's, but no quantized cache is built
     ],
 )
 def test_bad_settings_are_errors_naming_the_variable(
