@@ -27,11 +27,12 @@ from ember.store.modelfile import (
 )
 from ember.store.models import MAX_TEXT_BLOB, read_config
 from ember.store.names import Digest, ModelName
-from ember.store.quantize import quantize_q8_0
+from ember.store.quantize import quantize
+from ember.store.quantmix import FILE_TYPES
 from ember.store.store import Store, as_name
 
 Progress = dict[str, Any]
-QUANTIZE_TYPES = ("Q8_0", "Q4_K_M", "Q4_K_S")
+QUANTIZE_TYPES = tuple(FILE_TYPES)
 _SEMVER = re.compile(r"v?(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?")
 _INHERITED = ("renderer", "parser", "requires", "model_format", "capabilities")
 
@@ -144,19 +145,17 @@ def _is_relative_path(text: str) -> bool:
     return bool(text) and "\\" not in text and all(p not in ("", ".", "..") for p in parts)
 
 
-def _check_quantize(quantize: str, info: GGUFInfo) -> str | None:
-    """The file type to quantize to, None when the model already has it."""
-    wanted = quantize.upper()
+def _check_quantize(requested: str, info: GGUFInfo) -> str:
+    """The file type to quantize to ("q4_K" means Q4_K_M, as in Ollama)."""
+    wanted = requested.upper()
     wanted = "Q4_K_M" if wanted == "Q4_K" else wanted
     if wanted not in QUANTIZE_TYPES:
         raise CreateError(
-            f"unsupported quantization type {quantize} - supported types are "
+            f"unsupported quantization type {requested} - supported types are "
             f"{', '.join(QUANTIZE_TYPES)}"
         )
     if info.file_type not in ("F32", "F16", "BF16"):
         raise CreateError("quantization is only supported for F16, BF16 and F32 models")
-    if wanted != "Q8_0":
-        raise CreateError(f"quantize {quantize} is not supported yet (only q8_0 is)")
     return wanted
 
 
@@ -168,7 +167,7 @@ def _quantize(
     status = f"quantizing {info.file_type} model to {wanted}"
     progress = {"status": status, "digest": "0" * 19, "total": model.size}  # as Ollama's
     with store.blob_writer() as writer:
-        for done, total in quantize_q8_0(store.blob_path(model.digest), writer):
+        for done, total in quantize(store.blob_path(model.digest), writer, wanted):
             yield progress | {"completed": model.size * done // max(total, 1)}
         yield {"status": "verifying conversion"}
         blob = writer.commit()

@@ -1,65 +1,62 @@
-"""Quantizing a GGUF model to Q8_0 from F32, F16 or BF16 tensors, with gguf-py's reference
-quantizer (the gguf package is needed only here, and imported only when asked).
+"""Quantizing a GGUF model from F32, F16 or BF16 tensors to a llama.cpp file type (Q8_0,
+Q4_K_M, Q4_K_S), each tensor to the type quantmix chooses, with Ember's K-quant encoders and
+gguf-py's Q8_0, Q5_0 and Q5_1 ones (all as llama.cpp's reference C).
 
 The metadata is copied byte for byte from the source (already validated by Ember's reader)
-except general.file_type; 2-D weights become Q8_0 as llama.cpp's Q8_0 file type makes them, the
-rest is copied. The output is streamed into a BlobWriter, never held whole in memory.
+except general.file_type; kept tensors are copied. The output is streamed into a BlobWriter,
+rows quantized a slice at a time, never the whole model in memory.
 """
 
 import math
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from gguf import GGMLQuantizationType, quants
 
 from ember.gguf import BLOCK_SIZES, GGMLType, GGUFFile, TensorInfo
 from ember.gguf.cursor import Cursor
 from ember.gguf.types import GGUFValueType
+from ember.store import kquants
 from ember.store.blobs import BlobWriter
 from ember.store.errors import CreateError
+from ember.store.quantmix import FILE_TYPES, tensor_types
 
-Q8_0_FILE_TYPE = 7  # llama_ftype MOSTLY_Q8_0
-_SOURCE_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-# Tensors llama.cpp never quantizes (routers, position and type embeddings, conv kernels).
-_KEEP = ("ffn_gate_inp", "pos_embd", "token_types", "ssm_conv1d", "rel_pos")
 _CHUNK_ELEMENTS = 1 << 22  # rows are quantized in slices of about 16 MB of float32
+_ENCODERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
+    GGMLType.Q4_K: kquants.quantize_q4_k,
+    GGMLType.Q5_K: kquants.quantize_q5_k,
+    GGMLType.Q6_K: kquants.quantize_q6_k,
+    GGMLType.F16: partial(np.asarray, dtype=np.float16),
+    **{
+        t: partial(quants.quantize, qtype=GGMLQuantizationType(t))
+        for t in (GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q5_1)
+    },
+}
 
 
-def quantize_q8_0(source: Path, writer: BlobWriter) -> Iterator[tuple[int, int]]:
-    """Writes `source` quantized to Q8_0 into `writer`; yields (tensor bytes done, total)."""
-    try:
-        from gguf import GGMLQuantizationType, quants
-    except ImportError:
-        raise CreateError("quantize needs the gguf package (pip install gguf)") from None
+def quantize(source: Path, writer: BlobWriter, file_type: str) -> Iterator[tuple[int, int]]:
+    """Writes `source` quantized to `file_type` (a FILE_TYPES name) into `writer`; yields
+    (source tensor bytes done, total) after each tensor."""
+    if file_type not in FILE_TYPES:
+        raise CreateError(f"cannot quantize to {file_type}: choose one of {', '.join(FILE_TYPES)}")
     with GGUFFile.open(source) as gguf:
-        plan = [(t, _target(t)) for t in gguf.tensors.values()]
-        writer.write(_header(gguf, plan))
+        types = tensor_types(gguf, file_type)
+        plan = [(t, types[t.name]) for t in gguf.tensors.values()]
+        writer.write(_header(gguf, plan, FILE_TYPES[file_type]))
         total, done = sum(t.nbytes for t, _ in plan), 0
         for info, target in plan:
             raw = gguf.raw(info.name)
             if target == info.ggml_type:
                 writer.write(raw.tobytes())
             else:
-                for part in _q8_0_rows(raw, info, quants, GGMLQuantizationType.Q8_0):
+                for part in _encoded_rows(raw, info, _ENCODERS[target]):
                     writer.write(part)
             writer.write(b"\0" * _pad(_nbytes(info, target), gguf.alignment))
             done += info.nbytes
             yield done, total
-
-
-def _target(info: TensorInfo) -> GGMLType:
-    """Q8_0 for a float weight matrix whose rows are whole Q8_0 blocks; else the same type."""
-    row = info.shape[-1]
-    eligible = (
-        len(info.shape) >= 2
-        and info.name.endswith("weight")
-        and info.ggml_type in _SOURCE_TYPES
-        and row % BLOCK_SIZES[GGMLType.Q8_0][0] == 0
-        and not any(k in info.name for k in _KEEP)
-    )
-    return GGMLType.Q8_0 if eligible else info.ggml_type
 
 
 def _nbytes(info: TensorInfo, ggml_type: GGMLType) -> int:
@@ -71,13 +68,15 @@ def _pad(n: int, alignment: int) -> int:
     return -n % alignment
 
 
-def _q8_0_rows(raw: np.ndarray, info: TensorInfo, quants: Any, q8_0: Any) -> Iterator[bytes]:
+def _encoded_rows(
+    raw: np.ndarray, info: TensorInfo, encode: Callable[[np.ndarray], np.ndarray]
+) -> Iterator[bytes]:
     cols = info.shape[-1]
     row_bytes = info.nbytes // (math.prod(info.shape) // cols)
     step = max(1, _CHUNK_ELEMENTS // cols) * row_bytes
     for start in range(0, raw.size, step):
         values = _to_f32(raw[start : start + step], info.ggml_type).reshape(-1, cols)
-        yield np.ascontiguousarray(quants.quantize(values, q8_0)).tobytes()
+        yield np.ascontiguousarray(encode(values)).tobytes()
 
 
 def _to_f32(raw: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
@@ -91,10 +90,10 @@ def _to_f32(raw: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
 # ---------------------------------------------------------------- header
 
 
-def _header(gguf: GGUFFile, plan: list[tuple[TensorInfo, GGMLType]]) -> bytes:
+def _header(gguf: GGUFFile, plan: list[tuple[TensorInfo, GGMLType]], file_type: int) -> bytes:
     kvs = [kv for key, kv in _raw_kvs(gguf) if key != "general.file_type"]
-    file_type = struct.pack("<II", GGUFValueType.UINT32, Q8_0_FILE_TYPE)
-    kvs.append(_string(b"general.file_type") + file_type)
+    file_type_kv = struct.pack("<II", GGUFValueType.UINT32, file_type)
+    kvs.append(_string(b"general.file_type") + file_type_kv)
     out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(plan), len(kvs)))
     out += b"".join(kvs)
     offset = 0

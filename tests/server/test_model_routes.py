@@ -387,6 +387,29 @@ def test_ollama_client_push_and_pull(
 
 
 @pytest.mark.e2e
+def test_ollama_client_creates_a_q4_k_m_model(served: ollama.Client, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    import tinymodels
+
+    source = tmp_path / "f16.gguf"  # rows of 256 and 512: whole K-quant blocks
+    tinymodels.write_tiny_gguf(
+        "llama", source, ggml_type="F16", hidden_size=256, intermediate_size=512, head_dim=64
+    )
+    served.create("tiny:f16", files={"tiny.gguf": served.create_blob(source)})
+    progress = list(served.create("tiny:q4", from_="tiny:f16", quantize="q4_K_M", stream=True))
+    statuses = [p.status for p in progress]
+    assert "quantizing F16 model to Q4_K_M" in statuses
+    assert statuses[-2:] == ["writing manifest", "success"]
+    quantizing = [p for p in progress if p.status == "quantizing F16 model to Q4_K_M"]
+    assert quantizing[-1].completed == quantizing[-1].total == source.stat().st_size
+    shown = served.show("tiny:q4")
+    assert shown.details is not None and shown.details.quantization_level == "Q4_K_M"
+    assert shown.modelinfo is not None and shown.modelinfo["general.file_type"] == 15
+    f16 = served.show("tiny:f16").details
+    assert f16 is not None and f16.quantization_level == "F16"
+
+
+@pytest.mark.e2e
 @pytest.mark.model
 def test_ollama_client_pulls_a_catalogue_model_offline(
     served: ollama.Client, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch

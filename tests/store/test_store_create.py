@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ember.errors import ModelNotFoundError
@@ -16,6 +17,7 @@ from ember.store import (
     Store,
     create_model,
     get_model,
+    kquants,
     list_models,
     parse_modelfile,
     render_modelfile,
@@ -190,17 +192,6 @@ def test_bad_requests_change_nothing(
     assert store.manifest_path("existing").read_bytes() == before
 
 
-def test_quantize_from_f16_is_refused_clearly(store: Store, tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
-    import tinymodels
-
-    path = tmp_path / "f16.gguf"
-    tinymodels.write_tiny_gguf("llama", path, ggml_type="F16")
-    digest = upload(store, path)
-    with pytest.raises(CreateError, match="quantize q4_K_M is not supported yet"):
-        create(store, "q", files={"f.gguf": digest}, quantize="q4_K_M")
-
-
 def test_config_blob_is_go_encoded_json(store: Store, tiny_gguf: Path) -> None:
     digest = upload(store, tiny_gguf)
     create(store, "m", files={"tiny.gguf": digest}, parameters={"stop": ["<|im_end|>"]})
@@ -261,3 +252,142 @@ def test_quantized_model_generates(store: Store, tmp_path: Path) -> None:
     reference = LLM(str(source)).generate("Hello world", raw=True, options=options)
     assert quantized.eval_count == 8
     assert quantized.tokens[:2] == reference.tokens[:2]  # Q8_0 is close to F32
+
+
+# ---------------------------------------------------------------- K-quant mixes
+
+
+def write_k_quantizable(path: Path, source_type: str, arch: str = "llama") -> None:
+    """A tiny model with rows of 256 and 512 values, whole K-quant blocks (the default tiny
+    configs have rows of 64, which would all fall back to Q5_0 / Q8_0), and 8 layers."""
+    import tinymodels
+
+    tinymodels.write_tiny_gguf(
+        arch,
+        path,
+        ggml_type=source_type,
+        hidden_size=256,
+        intermediate_size=512,
+        head_dim=64,
+        num_hidden_layers=8,
+    )
+
+
+def k_mix(name: str, file_type: str) -> str:
+    """The type llama.cpp gives each weight matrix of the 8-layer tiny llama."""
+    layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+    if name == "token_embd.weight":  # tied: it is the output matrix too
+        return "Q6_K"
+    if name.endswith(("attn_v.weight", "ffn_down.weight")):
+        if file_type == "Q4_K_M" and layer in (0, 3, 6, 7):  # llama.cpp's use_more_bits(i, 8)
+            return "Q6_K"
+        first = 4 if "attn_v" in name else 1  # Q4_K_S: attn_v of layers 0-3, ffn_down of 0
+        if file_type == "Q4_K_S" and layer < first:
+            return "Q5_K"
+    return "Q4_K"
+
+
+ENCODERS = {
+    "Q4_K": kquants.quantize_q4_k,
+    "Q5_K": kquants.quantize_q5_k,
+    "Q6_K": kquants.quantize_q6_k,
+}
+RMSE_BOUNDS = {"Q4_K": 0.075, "Q5_K": 0.038, "Q6_K": 0.0186}  # of N(0, 1): test_kquants.py
+
+
+@pytest.mark.parametrize(
+    ("source_type", "requested", "file_type", "number"),
+    [
+        ("F16", "q4_K_M", "Q4_K_M", 15),
+        ("F32", "q4_K_M", "Q4_K_M", 15),
+        ("BF16", "q4_K", "Q4_K_M", 15),
+        ("F16", "Q4_K_S", "Q4_K_S", 14),
+    ],
+)
+def test_quantize_to_a_k_mix(
+    store: Store, tmp_path: Path, source_type: str, requested: str, file_type: str, number: int
+) -> None:
+    pytest.importorskip("transformers")
+    from gguf import GGMLQuantizationType, quants
+
+    source = tmp_path / "source.gguf"
+    write_k_quantizable(source, source_type)
+    digest = upload(store, source)
+    progress = create(store, "q", files={"f.gguf": digest}, quantize=requested)
+    statuses = [p["status"] for p in progress]
+    assert f"quantizing {source_type} model to {file_type}" in statuses
+    assert "verifying conversion" in statuses and statuses[-1] == "success"
+    model = get_model(store, "q")
+    assert model.config["file_type"] == file_type and model.model_path is not None
+    with GGUFFile.open(source) as src, GGUFFile.open(model.model_path) as out:
+        assert out.metadata == {**src.metadata, "general.file_type": number}
+        assert list(out.tensors) == list(src.tensors)
+        for name, info in src.tensors.items():
+            raw = src.raw(name)
+            if len(info.shape) == 1:
+                assert out.tensors[name].ggml_type == info.ggml_type
+                assert out.raw(name).tobytes() == raw.tobytes()
+                continue
+            kind = k_mix(name, file_type)
+            assert out.tensors[name].ggml_type.name == kind, name
+            values = quants.dequantize(raw, GGMLQuantizationType[source_type]).reshape(info.shape)
+            values = values.astype("float32")
+            assert out.raw(name).tobytes() == ENCODERS[kind](values).tobytes()
+            decoded = quants.dequantize(out.raw(name), GGMLQuantizationType[kind])
+            error = decoded.reshape(info.shape) - values
+            assert np.sqrt(np.mean(error**2)) < RMSE_BOUNDS[kind] * np.sqrt(np.mean(values**2))
+
+
+@pytest.mark.parametrize(
+    ("file_type", "more_bits"),
+    [
+        # use_more_bits(i, 2) picks layer 1; Q6_K falls back to Q8_0
+        ("q4_K_M", {"blk.1.attn_v.weight": "Q8_0", "blk.1.ffn_down.weight": "Q8_0"}),
+        # attn_v of layers 0-3 get Q5_K, which falls back to Q5_1
+        ("q4_K_S", {"blk.0.attn_v.weight": "Q5_1", "blk.1.attn_v.weight": "Q5_1"}),
+    ],
+)
+def test_short_rows_fall_back_to_32_value_blocks(
+    store: Store, tmp_path: Path, file_type: str, more_bits: dict[str, str]
+) -> None:
+    """The default tiny llama has rows of 64 and 128, no whole K-quant block: Q4_K becomes Q5_0,
+    Q5_K Q5_1, and Q6_K (the tied embedding too) Q8_0, quantized by gguf-py."""
+    pytest.importorskip("transformers")
+    import tinymodels
+    from gguf import GGMLQuantizationType, quants
+
+    source = tmp_path / "f32.gguf"
+    tinymodels.write_tiny_gguf("llama", source, ggml_type="F32")
+    create(store, "q", files={"f.gguf": upload(store, source)}, quantize=file_type)
+    path = get_model(store, "q").model_path
+    assert path is not None
+    with GGUFFile.open(source) as src, GGUFFile.open(path) as out:
+        kinds = {n: t.ggml_type.name for n, t in out.tensors.items() if len(t.shape) == 2}
+        expected_kinds = {n: "Q5_0" for n in kinds} | more_bits | {"token_embd.weight": "Q8_0"}
+        assert kinds == expected_kinds
+        for name, kind in kinds.items():
+            values = src.raw(name).view(np.float32).reshape(src.tensors[name].shape)
+            expected = quants.quantize(values, GGMLQuantizationType[kind]).tobytes()
+            assert out.raw(name).tobytes() == expected
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_k_mix_model_generates(store: Store, tmp_path: Path, arch: str) -> None:
+    pytest.importorskip("transformers")
+    from ember import LLM
+
+    source = tmp_path / "f32.gguf"
+    write_k_quantizable(source, "F32", arch=arch)
+    digest = upload(store, source)
+    create(store, "q", files={"f.gguf": digest}, quantize="q4_K_M")
+    path = get_model(store, "q").model_path
+    assert path is not None
+    with GGUFFile.open(path) as gguf:
+        output = gguf.tensors.get("output.weight", gguf.tensors["token_embd.weight"])
+        assert output.ggml_type.name == "Q6_K"  # qwen2's own output, the others' tied embedding
+        assert gguf.tensors["blk.1.ffn_down.weight"].ggml_type.name == "Q4_K"
+    options = {"temperature": 0, "num_predict": 8}
+    quantized = LLM(str(path)).generate("Hello world", raw=True, options=options)
+    reference = LLM(str(source)).generate("Hello world", raw=True, options=options)
+    assert quantized.eval_count == 8
+    assert quantized.tokens[0] == reference.tokens[0]
