@@ -47,7 +47,7 @@ def show_progress(records: Iterable[dict[str, Any]], console: Console | None = N
                 if progress is not None:
                     progress.stop()  # leaves the bars drawn where they are
                     progress = None
-                console.print(status, highlight=False)
+                console.print(status, highlight=False, soft_wrap=True)
     finally:
         if progress is not None:
             progress.stop()

@@ -40,3 +40,10 @@ def test_bars_after_a_status_start_a_new_display() -> None:
         ["pulling", "b179c9523d0e"],
         ["success"],
     ]
+
+
+def test_a_long_status_is_one_line() -> None:
+    out = io.StringIO()
+    status = "creating new layer sha256:" + "6" * 64
+    show_progress([{"status": status}], Console(file=out, force_terminal=False, width=80))
+    assert out.getvalue() == status + "\n"
