@@ -13,6 +13,7 @@ from ember import __version__
 from ember.cli import commands
 from ember.cli.chat import Session, generate_once
 from ember.cli.client import Client, CLIError
+from ember.cli.images import has_vision
 from ember.cli.serve import ensure_server
 from ember.errors import EmberError
 
@@ -111,7 +112,7 @@ def run(
     )
     with Client() as client:
         ensure_server(client)
-        commands.ensure_model(client, model, insecure=insecure)
+        session.vision = has_vision(commands.ensure_model(client, model, insecure=insecure))
         text = _prompt_text(prompt or [])
         if text is None:
             from ember.cli.repl import Repl

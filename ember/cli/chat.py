@@ -1,11 +1,13 @@
 """One answer from the server, printed as it streams: a chat turn (the REPL) or a single
-generate (`ember run MODEL PROMPT`, piped stdin), with the timings of --verbose."""
+generate (`ember run MODEL PROMPT`, piped stdin), with the timings of --verbose. For a model
+with vision, the image files a prompt names go with it (images.py)."""
 
 import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ember.cli.client import Client
+from ember.cli.images import attach_images
 
 
 @dataclass
@@ -21,6 +23,7 @@ class Session:
     think: bool | str | None = None
     hide_thinking: bool = False
     verbose: bool = False
+    vision: bool = False  # the model reads images: paths in a prompt attach them
 
     def common(self) -> dict[str, Any]:
         """The request fields every generation of this session sends."""
@@ -36,8 +39,10 @@ class Session:
 
 def chat_turn(client: Client, session: Session, text: str, out: TextIO = sys.stdout) -> None:
     """Sends `text` as the next user message and prints the answer; the answer joins the
-    history only when it ended (Ctrl-C drops it, as Ollama's, and propagates)."""
-    session.messages.append({"role": "user", "content": text})
+    history only when it ended (Ctrl-C drops it, as Ollama's, and propagates). An image that
+    cannot be sent is a CLIError before anything joins the history."""
+    prompt, images = _with_images(session, text)
+    session.messages.append({"role": "user", "content": prompt} | _images(images))
     system = [{"role": "system", "content": session.system}] if session.system else []
     body = session.common() | {"messages": system + session.messages, "stream": True}
     content, thinking, final = _print_stream(client, "/api/chat", body, session, out)
@@ -51,12 +56,22 @@ def chat_turn(client: Client, session: Session, text: str, out: TextIO = sys.std
 
 def generate_once(client: Client, session: Session, prompt: str, out: TextIO = sys.stdout) -> None:
     """Answers one prompt (the non-interactive `run`)."""
-    body = session.common() | {"prompt": prompt, "stream": True}
+    prompt, images = _with_images(session, prompt)
+    body = session.common() | {"prompt": prompt, "stream": True} | _images(images)
     if session.system:
         body["system"] = session.system
     _, _, final = _print_stream(client, "/api/generate", body, session, out)
     if session.verbose and final is not None:
         print_timings(final)
+
+
+def _with_images(session: Session, text: str) -> tuple[str, list[str]]:
+    """The text to send and the images it names (none for a model without vision)."""
+    return attach_images(text) if session.vision else (text, [])
+
+
+def _images(images: list[str]) -> dict[str, list[str]]:
+    return {"images": images} if images else {}
 
 
 def _print_stream(

@@ -195,11 +195,13 @@ def show_part(client: Client, model: str, part: str | None, *, verbose: bool = F
     return str(shown.get(part, ""))
 
 
-def ensure_model(client: Client, model: str, *, insecure: bool = False) -> None:
-    """Pulls `model` when the server does not have it (as `ollama run`)."""
+def ensure_model(client: Client, model: str, *, insecure: bool = False) -> dict[str, Any]:
+    """Pulls `model` when the server does not have it (as `ollama run`); returns its /api/show
+    answer (its capabilities decide, for one, whether a prompt may name images)."""
     try:
-        client.request("POST", "/api/show", {"model": model})
+        return client.request("POST", "/api/show", {"model": model})
     except CLIError as e:
         if "not found" not in str(e):
             raise
-        pull(client, model, insecure=insecure)
+    pull(client, model, insecure=insecure)
+    return client.request("POST", "/api/show", {"model": model})

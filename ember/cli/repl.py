@@ -1,6 +1,6 @@
 """The interactive `ember run` (Ollama's REPL): `>>> ` prompt with history, `\"\"\"` multi-line
 input, /set, /show, /load, /save, /clear, /bye. Ctrl-C stops an answer, not the REPL; Ctrl-D or
-/bye leaves."""
+/bye leaves. A model with vision takes image files by path, even a line that starts with one."""
 
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +12,8 @@ from ember import envconfig
 from ember.cli import commands
 from ember.cli.chat import Session, chat_turn
 from ember.cli.client import Client, CLIError
+from ember.cli.images import HELP as IMAGES_HELP
+from ember.cli.images import has_vision, starts_with_image_path
 from ember.errors import EmberError
 
 HELP = """Available Commands:
@@ -52,7 +54,7 @@ class Repl:
                 continue
             except EOFError:
                 return
-            if text.startswith("/"):
+            if text.startswith("/") and not self._names_image(text):
                 if self._command(text.strip()):
                     return
             elif text.strip():
@@ -67,6 +69,9 @@ class Repl:
             lines.append(self.prompt.prompt("... "))
         lines[-1] = lines[-1].rstrip()[: -len(MULTILINE)]
         return "\n".join(lines).strip("\n")
+
+    def _names_image(self, text: str) -> bool:
+        return self.session.vision and starts_with_image_path(text)
 
     def _answer(self, text: str) -> None:
         try:
@@ -101,7 +106,10 @@ class Repl:
         return False
 
     def _help(self, rest: str) -> None:
-        print(SET_HELP if rest == "set" else HELP)
+        if rest == "set":
+            print(SET_HELP)
+        else:
+            print(HELP + (IMAGES_HELP if self.session.vision else ""))
 
     def _set(self, rest: str) -> None:
         what, _, value = rest.partition(" ")
@@ -156,8 +164,10 @@ class Repl:
             print("Usage:\n  /load <modelname>")
             return
         print(f"Loading model '{rest}'")
+        shown = self.client.request("POST", "/api/show", {"model": rest})
         self.client.request("POST", "/api/chat", {"model": rest, "messages": [], "stream": False})
         self.session.model = rest
+        self.session.vision = has_vision(shown)
         self.session.messages.clear()
 
     def _save(self, rest: str) -> None:

@@ -24,3 +24,8 @@ def cli_env(home: Path, host: str) -> dict[str, str]:
         NO_COLOR="1",
     )
     return env
+
+
+def one_line_error(stderr: str) -> bool:
+    """What every failing command prints: `Error: ...` on one line, no traceback."""
+    return stderr.startswith("Error: ") and stderr.count("\n") == 1 and "Traceback" not in stderr

@@ -4,12 +4,16 @@ runs it (a subprocess pointed at the server with EMBER_HOST, in a home of its ow
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cli_support import EMBER, Ember, cli_env
 from fake_server import FakeServer
+
+# `ember serve` as a child process (serve_process.Server) is shared with the server's tests
+sys.path.append(str(Path(__file__).resolve().parents[1] / "server"))
 
 
 @pytest.fixture(scope="session")

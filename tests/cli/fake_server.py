@@ -2,8 +2,9 @@
 a temporary folder, plus fake /api/chat, /api/generate, /api/ps and catalogue /api/pull that
 answer without a model. Runs under uvicorn on a free loopback port in a thread.
 
-The fake answer echoes the last user message and the temperature it was sent with; a message
-containing "story" streams 400 words slowly, so a test can interrupt it."""
+The fake answer echoes the last user message and the temperature it was sent with (and how many
+images came with it); a message containing "story" streams 400 words slowly, so a test can
+interrupt it. The models named in `vision` report the vision capability."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ember.server.model_routes import router
+from ember.server import model_routes
 from ember.store import CreateRequest, Store, create_model
 
 
@@ -30,6 +31,7 @@ class FakeServer:
         self.gguf = gguf  # what a pull of any name installs
         self.requests: list[tuple[str, dict[str, Any]]] = []  # (path, body)
         self.loaded: set[str] = set()
+        self.vision: set[str] = set()  # models whose /api/show lists "vision"
         self.url = ""
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -84,18 +86,29 @@ class FakeServer:
             if not messages:
                 self.loaded.add(body["model"])
                 return JSONResponse(self._final(body, "load"))
-            text = self._answer(messages[-1]["content"], body)
+            text = self._answer(messages[-1]["content"], body, messages[-1].get("images"))
             return self._stream(body, text, chat=True)
 
         @app.post("/api/generate")
         async def generate(request: Request) -> Response:
             body = await self._record(request, "/api/generate")
-            if not body.get("prompt"):
+            if not body.get("prompt") and not body.get("images"):
                 reason = "unload" if body.get("keep_alive") == 0 else "load"
                 (self.loaded.discard if reason == "unload" else self.loaded.add)(body["model"])
                 return JSONResponse(self._final(body, reason))
             self.loaded.add(body["model"])
-            return self._stream(body, self._answer(body["prompt"], body), chat=False)
+            text = self._answer(body["prompt"], body, body.get("images"))
+            return self._stream(body, text, chat=False)
+
+        @app.post("/api/show")
+        async def show(request: Request) -> Response:
+            body = await self._record(request, "/api/show")
+            answer = await model_routes.show(request)
+            name = body["model"].removesuffix(":latest")
+            if answer.status_code != 200 or name not in self.vision:
+                return answer
+            shown = json.loads(bytes(answer.body))
+            return JSONResponse(shown | {"capabilities": [*shown["capabilities"], "vision"]})
 
         @app.get("/api/ps")
         def ps() -> Response:
@@ -118,7 +131,7 @@ class FakeServer:
             body = await self._record(request, "/api/pull")
             return StreamingResponse(self._pull(body["model"]), media_type="application/x-ndjson")
 
-        app.include_router(router)  # after ours: the fake pull wins
+        app.include_router(model_routes.router)  # after ours: the fake pull and show win
         return app
 
     async def _record(self, request: Request, path: str) -> dict[str, Any]:
@@ -127,11 +140,12 @@ class FakeServer:
         return body
 
     @staticmethod
-    def _answer(prompt: str, body: dict[str, Any]) -> str:
+    def _answer(prompt: str, body: dict[str, Any], images: list[str] | None) -> str:
         if "story" in prompt:
             return " ".join(f"word{i}" for i in range(400))
         temperature = (body.get("options") or {}).get("temperature")
-        return f"You said: {prompt.strip()} (temperature {temperature})"
+        seen = f", {len(images)} images" if images else ""
+        return f"You said: {prompt.strip()} (temperature {temperature}{seen})"
 
     @staticmethod
     def _final(body: dict[str, Any], reason: str) -> dict[str, Any]:

@@ -3,12 +3,8 @@ fake generation): outputs, one-line errors and exit codes."""
 
 from pathlib import Path
 
-from cli_support import Ember
+from cli_support import Ember, one_line_error
 from fake_server import FakeServer
-
-
-def one_line_error(stderr: str) -> bool:
-    return stderr.startswith("Error: ") and stderr.count("\n") == 1 and "Traceback" not in stderr
 
 
 def write_modelfile(folder: Path, gguf: Path, extra: str = "") -> Path:

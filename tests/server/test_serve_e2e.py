@@ -5,13 +5,9 @@ the queue limit, a killed runner; plus the Host check, the API key and Open WebU
 
 import json
 import math
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,10 +15,10 @@ import ollama
 import openai
 import psutil
 import pytest
+from serve_process import Server
 
 from ember.catalog import ModelChecksumError, resolve_model
 from ember.errors import ModelNotFoundError
-from ember.runner.client import free_port
 from ember.server.errors import MAX_QUEUE_MESSAGE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.slow]
@@ -42,56 +38,6 @@ BLUE_SKY_WORDS = (
     "interact",
 )
 GREEDY = {"temperature": 0, "seed": 42}
-
-
-class Server:
-    """A `python -m ember serve` child process and its address."""
-
-    def __init__(self, tmp: Path, **env: str) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = (tmp / f"server-{port}.log").open("wb")
-        environ = {
-            **os.environ,
-            "EMBER_HOST": f"127.0.0.1:{port}",
-            "EMBER_MODELS": str(tmp / "models"),
-            "EMBER_CONTEXT_LENGTH": "2048",  # smaller KV caches: faster loads
-            **env,
-        }
-        if "EMBER_API_KEY" not in env:  # the developer's own key would lock the tests out
-            environ.pop("EMBER_API_KEY", None)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "ember", "serve"],
-            env=environ,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        self._wait(env.get("EMBER_API_KEY"))
-
-    def _wait(self, key: str | None) -> None:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, "ember serve exited at startup"
-            try:
-                if httpx.get(self.url, headers=headers, timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.2)
-        raise TimeoutError("ember serve did not answer within 60s")
-
-    def runner_pids(self) -> list[int]:
-        children = psutil.Process(self.process.pid).children()
-        return [c.pid for c in children if "runner" in c.cmdline()]
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
