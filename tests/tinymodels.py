@@ -13,7 +13,7 @@ import fnmatch
 import itertools
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +32,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from ember.store import kquants
+
 ARCHS = ("llama", "qwen2", "gemma3")
-QK_K = 256
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -323,79 +324,18 @@ def tensor_type(name: str, data: np.ndarray, ggml_type: QT, overrides: Mapping[s
 
 
 def quantize(data: np.ndarray, qtype: QT) -> np.ndarray:
-    """GGUF bytes of a float32 tensor: gguf-py's quantizers, and ours for Q4_K / Q6_K."""
+    """GGUF bytes of a float32 tensor: Ember's K-quant encoders (llama.cpp's, byte for byte),
+    gguf-py's quantizers for the rest."""
     if qtype == QT.Q4_K:
-        return _by_blocks(data, _q4_k_blocks, qtype)
+        return kquants.quantize_q4_k(data)
     if qtype == QT.Q6_K:
-        return _by_blocks(data, _q6_k_blocks, qtype)
+        return kquants.quantize_q6_k(data)
     return gguf.quants.quantize(data, qtype)
 
 
 def dequantize(data: np.ndarray, qtype: QT) -> np.ndarray:
     """The oracle: gguf-py's dequantization, as float32."""
     return np.asarray(gguf.quants.dequantize(data, qtype), dtype=np.float32)
-
-
-def _by_blocks(
-    data: np.ndarray, encode: Callable[[np.ndarray], np.ndarray], qtype: QT
-) -> np.ndarray:
-    blocks = data.astype(np.float32).reshape(-1, QK_K)
-    raw = encode(blocks)
-    return raw.reshape(*data.shape[:-1], data.shape[-1] // QK_K * gguf.GGML_QUANT_SIZES[qtype][1])
-
-
-def _f16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """fp16 bytes of a per-block scale, and the float32 value the decoder will see."""
-    half = x.astype(np.float16)
-    return half.reshape(-1, 1).view(np.uint8), half.astype(np.float32)
-
-
-def _safe_div(x: np.ndarray, d: np.ndarray) -> np.ndarray:
-    return np.divide(x, d, out=np.zeros(np.broadcast_shapes(x.shape, d.shape), np.float32),
-                     where=d != 0)
-
-
-def _q6_k_blocks(x: np.ndarray) -> np.ndarray:
-    """Q6_K: 16 groups of 16 with int8 scales; q in [-32, 31]; ql/qh bit layout of ggml."""
-    n = x.shape[0]
-    groups = x.reshape(n, 16, 16)
-    group_scale = np.abs(groups).max(axis=-1) / 31  # (n, 16)
-    d_bytes, d = _f16(group_scale.max(axis=-1) / 127)
-    scales = np.clip(np.rint(_safe_div(group_scale, d[:, None])), -128, 127).astype(np.int8)
-    step = d[:, None] * scales.astype(np.float32)  # (n, 16)
-    q = np.clip(np.rint(_safe_div(groups, step[..., None])), -32, 31).astype(np.int16) + 32
-    u = q.astype(np.uint8).reshape(n, 2, 2, 64)  # value h*128 + s*64 + i
-    ql = (u[:, :, 0] & 0xF) | ((u[:, :, 1] & 0xF) << 4)  # (n, 2, 64)
-    hi = (u.reshape(n, 2, 4, 32) >> 4) & 0x3  # value h*128 + s*32 + i
-    qh = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)
-    parts = [ql.reshape(n, 128), qh.reshape(n, 64), scales.view(np.uint8), d_bytes]
-    return np.concatenate(parts, axis=1)
-
-
-def _q4_k_blocks(x: np.ndarray) -> np.ndarray:
-    """Q4_K: 8 groups of 32, value = d*sc*q - dmin*m with 6-bit sc, m packed in 12 bytes."""
-    n = x.shape[0]
-    groups = x.reshape(n, 8, 32)
-    mins = np.maximum(-groups.min(axis=-1), 0)  # (n, 8), subtracted back
-    group_scale = (groups.max(axis=-1) + mins) / 15
-    d_bytes, d = _f16(group_scale.max(axis=-1) / 63)
-    dmin_bytes, dmin = _f16(mins.max(axis=-1) / 63)
-    sc = np.clip(np.rint(_safe_div(group_scale, d[:, None])), 0, 63).astype(np.uint8)
-    m = np.clip(np.rint(_safe_div(mins, dmin[:, None])), 0, 63).astype(np.uint8)
-    step = d[:, None] * sc.astype(np.float32)
-    offset = dmin[:, None] * m.astype(np.float32)
-    q = np.clip(np.rint(_safe_div(groups + offset[..., None], step[..., None])), 0, 15)
-    q = q.astype(np.uint8).reshape(n, 4, 2, 32)  # value c*64 + s*32 + i
-    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, 128)
-    packed = np.concatenate(
-        [
-            sc[:, :4] | ((sc[:, 4:] >> 4) << 6),
-            m[:, :4] | ((m[:, 4:] >> 4) << 6),
-            (sc[:, 4:] & 0xF) | ((m[:, 4:] & 0xF) << 4),
-        ],
-        axis=1,
-    )
-    return np.concatenate([d_bytes, dmin_bytes, packed, qs], axis=1)
 
 
 # ---------------------------------------------------------------- writing and reading back
