@@ -28,5 +28,11 @@ lint: setup
 	.venv/bin/ruff check ember tests benchmarks
 	.venv/bin/mypy
 
-bench: setup
+bench: setup .venv/.llama-cpp
 	$(PY) benchmarks/bench_generate.py --model $(MODEL)
+	$(PY) benchmarks/bench_parallel.py --model $(MODEL)
+
+# the peer the benchmarks run beside Ember: llama.cpp built from source for this CPU
+.venv/.llama-cpp: .venv/.done
+	CMAKE_ARGS="-DGGML_NATIVE=on" $(PY) -m pip install -q --no-binary llama-cpp-python llama-cpp-python==0.3.36
+	touch $@
