@@ -68,9 +68,11 @@ def qmatmul(
     ggml_type: int, weight: torch.Tensor, x: torch.Tensor, out_features: int
 ) -> torch.Tensor:
     """x (M, K) float32 contiguous @ W.T for W (out_features, K) as raw GGUF blocks (uint8)."""
+    m, k = x.shape
+    if m == 0:  # a prefill chunk with no output rows: legal, nothing to compute
+        return torch.empty(0, out_features)
     lib = _library()
     assert lib is not None
-    m, k = x.shape
     y = torch.empty(m, out_features)
     sums = torch.empty(m, k // 32)
     rc = lib.ember_qmatmul(
@@ -84,7 +86,9 @@ def qmatmul(
         k,
     )
     if rc != 0:
-        raise ValueError(f"the native kernels do not read ggml type {ggml_type}")
+        raise ValueError(
+            f"the native kernel rejected ggml type {ggml_type} with {m} rows of {k} inputs"
+        )
     return y
 
 
