@@ -3,7 +3,17 @@
 from ember.errors import EmberError, ModelNotFoundError, OptionsError
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "EmberError", "ModelNotFoundError", "OptionsError", "__version__"]
+# The Ollama release whose API (and engine) Ember implements: /api/version reports it, because
+# clients gate features on it; Ember's own version goes beside it.
+OLLAMA_API_VERSION = "0.24.0"
+__all__ = [
+    "LLM",
+    "OLLAMA_API_VERSION",
+    "EmberError",
+    "ModelNotFoundError",
+    "OptionsError",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> object:

@@ -99,11 +99,44 @@ def grammar_text(fmt: str | dict[str, Any]) -> str:
         return llguidance.LLMatcher.grammar_from_lark(fmt["lark"])
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps(fmt),
+            json.dumps(closed_objects(fmt)),
             defaults=JSON_OPTIONS,  # type: ignore[arg-type]
         )
     except (TypeError, ValueError) as err:
         raise GrammarError(f"invalid JSON schema: {err}") from err
+
+
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SCHEMA_VALUES = ("items", "additionalProperties", "additionalItems", "contains")
+
+
+def closed_objects(schema: Any, *, close: bool = True) -> Any:
+    """A copy of a JSON schema where every object with `properties` and no
+    `additionalProperties` gets `"additionalProperties": false`.
+
+    Ollama turns a schema into a grammar with llama.cpp's converter, which treats such an
+    object as closed; llguidance follows JSON Schema and leaves it open, so a model could add
+    keys Pydantic's `model_json_schema()` (which omits the key) never declared. `true` or a
+    schema in `additionalProperties` still allows extra keys. The members of `allOf` stay
+    open: closing each would forbid the keys the others declare.
+    """
+    if isinstance(schema, list):
+        return [closed_objects(s, close=close) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if close and isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(s) for name, s in out[key].items()}
+    for key in (*_SCHEMA_LISTS, *_SCHEMA_VALUES):
+        if key in out:
+            out[key] = closed_objects(out[key])
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [closed_objects(s, close=False) for s in out["allOf"]]
+    return out
 
 
 class Grammar:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ember.gguf import GGUFError, GGUFFile
+from ember.server.prompt import fill_in_middle
 from ember.server.thinking import can_think
 from ember.server.tools import can_use_tools
 from ember.store import StoredModel, format_parameters, render_modelfile
@@ -65,12 +66,16 @@ def capabilities(metadata: dict[str, Any], model: StoredModel) -> list[str]:
     if f"{arch}.pooling_type" in metadata:
         return ["embedding"]
     found = ["completion"]
-    if can_use_tools(model.template):
+    # a GGUF imported without TEMPLATE is served with the file's own chat template
+    source = model.template or metadata.get("tokenizer.chat_template")
+    if can_use_tools(source):
         found.append("tools")
-    if can_think(model.template):
-        found.append("thinking")
+    if fill_in_middle(metadata.get("tokenizer.ggml.tokens") or ()) is not None:
+        found.append("insert")  # suffix works: the vocabulary has fill-in-the-middle tokens
     if model.projector_paths or f"{arch}.vision.block_count" in metadata:
         found.append("vision")
+    if can_think(source):
+        found.append("thinking")  # Ollama's order: completion, tools, insert, vision, thinking
     return found
 
 
@@ -89,7 +94,7 @@ def show_response(
         "license": "\n".join(model.license),
         "modelfile": render_modelfile(model),
         "parameters": format_parameters(model.parameters),
-        "template": template or model.template or "",
+        "template": template or model.template or metadata.get("tokenizer.chat_template") or "",
         "system": system or model.system or "",
         "details": model.details.to_json(),
         "messages": list(model.messages),

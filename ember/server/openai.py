@@ -2,13 +2,14 @@
 fields), runs through the same flows as /api/chat and /api/generate, and its chunks are turned
 into OpenAI's objects; streams are server-sent events. Errors use OpenAI's error object."""
 
+import asyncio
 import base64
 import contextlib
 import json
 import secrets
 import struct
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -55,11 +56,18 @@ class ChatCompletion(ChatCompletionRequest):
 @router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
     req = await body_of(request, ChatCompletion)
+    _check_choices(req)
     native = _native_chat(req)
-    chunks = generation.chat(state_of(request), native)
+    state = state_of(request)
     reply = _Reply("chatcmpl", req.model, include_usage=_usage_wanted(req))
     if not req.stream:
-        return JSONResponse(reply.chat(generation.merge_chat(await collect(request, chunks))))
+
+        def one(i: int) -> AsyncGenerator[Chunk, None]:
+            return generation.chat(state, _with_seed(native, i))
+
+        merged = [generation.merge_chat(c) for c in await _each_choice(request, req.n, one)]
+        return JSONResponse(reply.chat(merged))
+    chunks = generation.chat(state, native)
     first = await first_chunk(request, chunks)
     return sse_response(reply.chat_stream(prepend(first, chunks)), _stream_error)
 
@@ -110,6 +118,27 @@ def _chosen_tools(tools: list[Tool], choice: str | dict[str, Any] | None) -> lis
     return tools
 
 
+def _check_choices(req: ChatCompletionRequest | CompletionRequest) -> None:
+    if req.n > 1 and req.stream:
+        raise APIError(400, "n > 1 is not supported with stream; send stream: false")
+
+
+def _with_seed(native: Any, i: int) -> Any:
+    """The i-th choice's request: a given seed becomes seed + i, so choices differ."""
+    seed = native.options.seed if native.options is not None else None
+    if i == 0 or seed is None:
+        return native
+    options = native.options.model_copy(update={"seed": seed + i})
+    return native.model_copy(update={"options": options})
+
+
+async def _each_choice(
+    request: Request, n: int, start: Callable[[int], AsyncGenerator[Chunk, None]]
+) -> list[list[Chunk]]:
+    """The chunks of n generations run at once (they share the runner's batch)."""
+    return list(await asyncio.gather(*(collect(request, start(i)) for i in range(n))))
+
+
 def _usage_wanted(req: ChatCompletionRequest | CompletionRequest) -> bool:
     return req.stream_options is not None and req.stream_options.include_usage
 
@@ -133,15 +162,17 @@ class _Reply:
             "choices": choices,
         }
 
-    def chat(self, native: Chunk) -> Chunk:
-        message = _message(native["message"])
-        choice = {
-            "index": 0,
-            "message": message,
-            "finish_reason": _finish_reason(native, bool(message.get("tool_calls"))),
-            "logprobs": _chat_logprobs(native),
-        }
-        return {**self._object("chat.completion", [choice]), "usage": usage(native)}
+    def chat(self, natives: list[Chunk]) -> Chunk:
+        choices = []
+        for index, native in enumerate(natives):
+            message = _message(native["message"])
+            choices.append({
+                "index": index,
+                "message": message,
+                "finish_reason": _finish_reason(native, bool(message.get("tool_calls"))),
+                "logprobs": _chat_logprobs(native),
+            })
+        return {**self._object("chat.completion", choices), "usage": usage(*natives)}
 
     async def chat_stream(self, chunks: AsyncGenerator[Chunk, None]) -> AsyncGenerator[Chunk, None]:
         has_calls = False
@@ -157,14 +188,17 @@ class _Reply:
                 if native.get("done") and self.include_usage:
                     yield {**self._object("chat.completion.chunk", []), "usage": usage(native)}
 
-    def completion(self, native: Chunk, *, echo: str = "") -> Chunk:
-        choice = {
-            "text": echo + native.get("response", ""),
-            "index": 0,
-            "logprobs": _completion_logprobs(native),
-            "finish_reason": _finish_reason(native, False),
-        }
-        return {**self._object("text_completion", [choice]), "usage": usage(native)}
+    def completion(self, natives: list[Chunk], *, echo: str = "") -> Chunk:
+        choices = [
+            {
+                "text": echo + native.get("response", ""),
+                "index": index,
+                "logprobs": _completion_logprobs(native),
+                "finish_reason": _finish_reason(native, False),
+            }
+            for index, native in enumerate(natives)
+        ]
+        return {**self._object("text_completion", choices), "usage": usage(*natives)}
 
     async def completion_stream(
         self, chunks: AsyncGenerator[Chunk, None], *, echo: str = ""
@@ -211,8 +245,10 @@ def _finish_reason(native: Chunk, has_calls: bool) -> str:
     return "length" if native.get("done_reason") == "length" else "stop"
 
 
-def usage(native: Chunk) -> dict[str, int]:
-    prompt, completion = native.get("prompt_eval_count", 0), native.get("eval_count", 0)
+def usage(*natives: Chunk) -> dict[str, int]:
+    """OpenAI's usage of one or more choices of the same prompt: its tokens counted once."""
+    prompt = natives[0].get("prompt_eval_count", 0)
+    completion = sum(native.get("eval_count", 0) for native in natives)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -257,6 +293,7 @@ def _completion_logprobs(native: Chunk) -> dict[str, Any] | None:
 @router.post("/completions")
 async def completions(request: Request) -> Response:
     req = await body_of(request, CompletionRequest)
+    _check_choices(req)
     native = GenerateRequest.model_construct(
         model=req.model,
         prompt=req.prompt,
@@ -266,12 +303,17 @@ async def completions(request: Request) -> Response:
         logprobs=req.logprobs is not None,
         top_logprobs=req.logprobs or 0,
     )
-    chunks = generation.generate(state_of(request), native)
+    state = state_of(request)
     reply = _Reply("cmpl", req.model, include_usage=_usage_wanted(req))
     echo = req.prompt if req.echo else ""
     if not req.stream:
-        merged = generation.merge_generate(await collect(request, chunks))
+
+        def one(i: int) -> AsyncGenerator[Chunk, None]:
+            return generation.generate(state, _with_seed(native, i))
+
+        merged = [generation.merge_generate(c) for c in await _each_choice(request, req.n, one)]
         return JSONResponse(reply.completion(merged, echo=echo))
+    chunks = generation.generate(state, native)
     first = await first_chunk(request, chunks)
     return sse_response(reply.completion_stream(prepend(first, chunks), echo=echo), _stream_error)
 

@@ -74,6 +74,9 @@ class Reasoning(Body):
     effort: Literal["high", "medium", "low", "max", "none"] | None = None
 
 
+MAX_CHOICES = 8
+
+
 class Sampling(Body):
     """Sampling fields /v1/chat/completions and /v1/completions share."""
 
@@ -87,6 +90,7 @@ class Sampling(Body):
     top_p: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    n: Int = Field(1, ge=1, le=MAX_CHOICES)  # choices: sequences that share the batch
 
     def ollama_options(self) -> dict[str, Any]:
         """Ollama's options for these fields; OpenAI's defaults where absent (temperature and

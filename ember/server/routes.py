@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 
-from ember import __version__
+from ember import OLLAMA_API_VERSION, __version__
 from ember.runner.client import RunnerError
 from ember.server import embedding, generation
 from ember.server.api import (
@@ -42,12 +42,13 @@ async def body_of(request: Request, kind: type[B]) -> B:
 
 @router.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
 async def root() -> str:
-    return "Ember is running"
+    return "Ollama is running"  # verbatim: health checks and clients grep for it
 
 
 @router.api_route("/api/version", methods=["GET", "HEAD"])
 async def version() -> dict[str, str]:
-    return {"version": __version__}
+    # clients gate features on the Ollama version whose API we implement; ours is beside it
+    return {"version": OLLAMA_API_VERSION, "ember_version": __version__}
 
 
 @router.post("/api/generate")

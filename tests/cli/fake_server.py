@@ -77,7 +77,7 @@ class FakeServer:
 
         @app.get("/")
         def root() -> Response:
-            return Response("Ember is running")
+            return Response("Ollama is running")
 
         @app.post("/api/chat")
         async def chat(request: Request) -> Response:

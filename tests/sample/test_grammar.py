@@ -223,3 +223,55 @@ def test_real_model_constrained_generation_satisfies_schema(real_llm: Any) -> No
         result = llm.generate(prompt, format=SCHEMA, options=options)
         assert result.done_reason == "stop", result.text  # the grammar was done within 120
         assert violations(json.loads(result.text), SCHEMA) == []
+
+
+def accepts(fmt: dict[str, Any], text: str, tokenizer: Tokenizer) -> bool:
+    """Whether the grammar of fmt lets the model write text (then stop)."""
+    grammar = Grammar.from_format(fmt, tokenizer)
+    try:
+        for token in tokenizer.encode(text, add_special=False):
+            grammar.accept(token)
+    except GrammarError:
+        return False
+    return grammar.is_accepting()
+
+
+# the shape of Pydantic's model_json_schema(): no additionalProperties
+NESTED_WITHOUT_ADDITIONAL = {
+    "$defs": {
+        "Address": {
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "type": "object",
+        }
+    },
+    "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/Address"}},
+    "required": ["name", "address"],
+    "type": "object",
+}
+
+
+def test_objects_without_additional_properties_are_closed_as_ollama(tokenizer) -> None:
+    fmt = NESTED_WITHOUT_ADDITIONAL
+    assert accepts(fmt, '{"name": "a", "address": {"city": "b"}}', tokenizer)
+    assert not accepts(fmt, '{"name": "a", "address": {"city": "b"}, "x": 1}', tokenizer)
+    assert not accepts(fmt, '{"name": "a", "address": {"city": "b", "x": 1}}', tokenizer)
+
+
+def test_additional_properties_true_or_a_schema_still_allows_extra_keys(tokenizer) -> None:
+    open_top = {**NESTED_WITHOUT_ADDITIONAL, "additionalProperties": True}
+    assert accepts(open_top, '{"name": "a", "address": {"city": "b"}, "x": 1}', tokenizer)
+    numbers = {**NESTED_WITHOUT_ADDITIONAL, "additionalProperties": {"type": "integer"}}
+    assert accepts(numbers, '{"name": "a", "address": {"city": "b"}, "x": 1}', tokenizer)
+    assert not accepts(numbers, '{"name": "a", "address": {"city": "b"}, "x": "y"}', tokenizer)
+
+
+def test_closing_leaves_the_input_and_all_of_members_alone() -> None:
+    from ember.sample.grammar import closed_objects
+
+    merged = {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}
+    assert closed_objects(merged) == merged
+    assert "additionalProperties" not in NESTED_WITHOUT_ADDITIONAL  # a copy was closed
+    closed = closed_objects({"type": "array", "items": {"properties": {"a": {}}}})
+    assert closed["items"]["additionalProperties"] is False
+    assert closed_objects({"type": "object"}) == {"type": "object"}  # "json": any object

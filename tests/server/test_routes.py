@@ -35,7 +35,7 @@ def chat(client: TestClient, **body: Any) -> Any:
 
 
 def test_root_and_version(client):
-    assert client.get("/").text == "Ember is running"
+    assert client.get("/").text == "Ollama is running"
     assert client.head("/").status_code == 200
     assert client.get("/api/version").json()["version"].count(".") == 2
 
