@@ -1,0 +1,222 @@
+"""What real clients found (issue 10), through `ember serve` with the three bundled models and the
+`ollama` and `openai` clients, and through `ember.LLM`: prompts longer than num_batch, long
+embeddings, a chat growing past 512 tokens, Pydantic schemas as formats, `n` choices, and the
+server's answers that health checks and feature gates read."""
+
+import json
+import threading
+from collections.abc import Iterator
+
+import httpx
+import ollama
+import openai
+import pytest
+from packaging.version import Version
+from pydantic import BaseModel
+from serve_process import Server
+
+from ember import OLLAMA_API_VERSION
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.slow]
+
+MODELS = ["smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b"]
+GREEDY = {"temperature": 0, "seed": 1, "num_ctx": 4096, "num_predict": 8}
+# ~2,000 tokens on each model's tokenizer (checked below): far past one 512-token batch
+LONG_TEXT = " ".join(
+    f"Record {i}: the parcel for {name} left depot {i % 7} on day {i % 30 + 1}."
+    for i, name in enumerate(["Ada", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal"] * 14)
+)
+LONG_PROMPT = f"{LONG_TEXT}\n\nWhich depot did the parcel for Gus leave from first?"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, real_llm) -> Iterator[Server]:
+    for name in MODELS:
+        real_llm(name)  # skips when a bundled model is missing (and loads it for the LLM test)
+    s = Server(
+        tmp_path_factory.mktemp("real_clients"),
+        EMBER_NUM_PARALLEL="4",
+        EMBER_CONTEXT_LENGTH="4096",
+        EMBER_MAX_LOADED_MODELS="1",
+    )
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> ollama.Client:
+    return ollama.Client(host=server.url, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def oai(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", timeout=600)
+
+
+def generate(client: ollama.Client, model: str, num_batch: int) -> ollama.GenerateResponse:
+    # a new num_batch reloads the runner, so no request reuses another's cached prompt
+    return client.generate(model, LONG_PROMPT, options={**GREEDY, "num_batch": num_batch})
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_long_prompt_in_any_batch_size_gives_the_tokens_of_one_big_batch(
+    client, oai, real_llm, model
+):
+    one_batch = generate(client, model, 2048)
+    assert one_batch.prompt_eval_count is not None and one_batch.prompt_eval_count >= 2000
+    assert one_batch.eval_count == GREEDY["num_predict"]
+    for num_batch in (512, 128, 7):
+        assert generate(client, model, num_batch).response == one_batch.response, num_batch
+
+    messages = [{"role": "user", "content": LONG_PROMPT}]
+    chat_one_batch = client.chat(model, messages, options={**GREEDY, "num_batch": 2048})
+    # the OpenAI API cannot set num_batch: the default (512) must work
+    reply = oai.chat.completions.create(
+        model=model, messages=messages, temperature=0, seed=1, max_tokens=8  # type: ignore
+    )
+    assert reply.choices[0].message.content == chat_one_batch.message.content
+
+    llm = real_llm(model)
+    tokens = {
+        n: llm.generate(LONG_PROMPT, options={**GREEDY, "num_batch": n}).tokens  # type: ignore
+        for n in (2048, 7)
+    }
+    assert tokens[7] == tokens[2048]
+    assert llm.detokenize(tokens[2048]) == one_batch.response
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_embed_of_a_long_input(client, model):
+    default = client.embed(model, LONG_TEXT, options={"num_ctx": 4096})
+    big = client.embed(model, LONG_TEXT, options={"num_ctx": 4096, "num_batch": 2048})
+    assert default.prompt_eval_count is not None and default.prompt_eval_count >= 1900
+    (a,), (b,) = default.embeddings, big.embeddings
+    assert len(a) == len(b) > 0
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-3
+
+
+def test_a_chat_growing_past_512_tokens_over_turns(client):
+    messages: list[dict[str, str]] = []
+    counts = []
+    for turn in range(6):
+        records = LONG_TEXT[turn * 700 : (turn + 1) * 700]
+        messages.append({"role": "user", "content": f"Remember these records: {records}"})
+        r = client.chat("smollm2:135m", messages, options={**GREEDY, "num_predict": 16})
+        assert r.message.content
+        messages.append({"role": "assistant", "content": r.message.content})
+        counts.append(r.prompt_eval_count)
+    total = sum(len(m["content"]) for m in messages)
+    assert total > 3000  # characters: well past 512 tokens by the last turn
+    assert all(c is not None and c > 0 for c in counts)
+
+
+class Address(BaseModel):
+    street: str
+    city: str
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+    address: Address
+
+
+def exact_keys(text: str) -> None:
+    value = json.loads(text)  # every output parses
+    assert set(value) == {"name", "age", "address"}, value
+    assert set(value["address"]) == {"street", "city"}, value
+
+
+SCHEMA = Person.model_json_schema()  # nested, and no additionalProperties anywhere
+HOT = {"temperature": 1.0, "num_predict": 200}
+
+
+def test_pydantic_schema_as_format_on_api_chat_keeps_exactly_its_keys(client):
+    assert "additionalProperties" not in json.dumps(SCHEMA)
+    messages = [{"role": "user", "content": "Invent a person, with extra details."}]
+    outputs: list[str] = []
+
+    def one(seed: int) -> None:
+        r = client.chat("smollm2:135m", messages, format=SCHEMA, options={**HOT, "seed": seed})
+        outputs.append(r.message.content or "")
+
+    threads = [threading.Thread(target=one, args=(seed,)) for seed in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(outputs) == 20
+    for text in outputs:
+        exact_keys(text)
+
+
+def test_pydantic_schema_as_response_format_on_v1_with_n_choices(oai):
+    outputs = []
+    for seed in range(5):
+        reply = oai.chat.completions.create(
+            model="smollm2:135m",
+            messages=[{"role": "user", "content": "Invent a person, with extra details."}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": SCHEMA},
+            },
+            temperature=1.0,
+            max_tokens=200,
+            seed=seed,
+            n=4,
+        )
+        assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+        assert reply.usage is not None
+        assert reply.usage.completion_tokens > reply.usage.prompt_tokens // 100
+        outputs += [c.message.content or "" for c in reply.choices]
+    assert len(outputs) == 20
+    for text in outputs:
+        exact_keys(text)
+    assert len(set(outputs)) > 1  # the choices of a request differ (seed + i)
+
+
+def test_n_choices_on_completions_and_stream_with_n_is_400(oai):
+    reply = oai.completions.create(
+        model="smollm2:135m", prompt="The sky is", max_tokens=5, n=3, seed=7
+    )
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    with pytest.raises(openai.BadRequestError):
+        oai.chat.completions.create(
+            model="smollm2:135m",
+            messages=[{"role": "user", "content": "hi"}],
+            n=2,
+            stream=True,
+        )
+    with pytest.raises(openai.BadRequestError):
+        oai.chat.completions.create(
+            model="smollm2:135m", messages=[{"role": "user", "content": "hi"}], n=9
+        )
+
+
+def test_root_and_version_as_health_checks_and_clients_read_them(server):
+    assert httpx.get(server.url).text == "Ollama is running"
+    body = httpx.get(f"{server.url}/api/version").json()
+    assert body["version"] == OLLAMA_API_VERSION
+    assert Version(body["version"]) >= Version("0.5.0")  # Open WebUI's minimum for its features
+    assert body["ember_version"]
+
+
+def test_show_lists_insert_for_the_coder_model(client):
+    shown = client.show("qwen2.5-coder:0.5b")
+    assert shown.capabilities is not None and "insert" in shown.capabilities
+    r = client.generate(
+        "qwen2.5-coder:0.5b",
+        "def add(a, b):\n    ",
+        suffix="\n\nprint(add(1, 2))",
+        options={**GREEDY, "num_ctx": 2048},
+    )
+    assert r.response
+
+
+def test_show_of_a_gguf_import_shows_the_files_template(client, real_llm):
+    path = real_llm("smollm2:135m").path
+    client.create("imported:latest", files={"smollm2.gguf": client.create_blob(path)})
+    shown = client.show("imported:latest")
+    assert shown.template and "<|im_start|>" in shown.template
+    assert shown.capabilities is not None and "completion" in shown.capabilities
+    client.delete("imported:latest")
