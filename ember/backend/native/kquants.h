@@ -21,9 +21,8 @@
  *   Q6_K 210: ql[128], qh[64], scales[16] int8, d f16
  *   IQ4_XS 136: d f16, scales_h u16, scales_l[4], qs[128] (indices into the IQ4_NL table)
  *
- * Compile without -ffast-math / -fassociative-math if the dequantization must stay bit-exact;
- * the dequant and q8_K functions turn FMA contraction off for themselves (GCC/Clang pragmas)
- * because gguf.quants rounds d*q and then subtracts the min.
+ * Any -ffp-contract is fine (see the q8_K section); do not build with -ffast-math, under
+ * which rintf and the float order are no longer guaranteed.
  *
  * Bench (benchmarks/bench_kquants.py, one thread, one row of x, 4096 x 4096 weights, GB/s of
  * weight bytes read): see the table at the end of this comment.
@@ -154,19 +153,13 @@ static inline int kq_scale_iq4xs(const uint8_t *blk, int ib) {
     return (((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xf) | (((sh >> (2 * ib)) & 3) << 4)) - 32;
 }
 
-/* ============================================================ exact float parts (no FMA) */
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-#endif
-
+/* ============================================================ q8_K and dequantization
+ * No FMA contraction can change these results: every product in the dequantization is exact in
+ * float32 (an fp16 d has 11 significant bits, a scale at most 8, a code at most 8: d*sc*q needs
+ * at most 24), so d*sc*q - dmin*m rounds once however it is computed; and q8_K rounds with
+ * rintf (no add that could fuse with the multiply). */
 static inline int kq_nearest_int(float f) {
-    float v = f + 12582912.f; /* round half to even, |f| < 2^22 */
-    int32_t i;
-    memcpy(&i, &v, 4);
-    return (i & 0x007fffff) - 0x00400000;
+    return (int)rintf(f); /* round half to even, as llama.cpp's 1.5*2^23 trick */
 }
 
 /* As llama.cpp quantize_row_q8_K_ref: iscale = -127/max (max = the element of largest
@@ -190,8 +183,7 @@ static inline void kq_quantize_row_q8_K(const float *x, kq_block_q8_K *y, int64_
         }
         const float iscale = -127.f / max;
         for (int j = 0; j < KQ_QK; j++) {
-            float p = iscale * x[j];
-            int v = kq_nearest_int(p);
+            int v = kq_nearest_int(iscale * x[j]);
             y[i].qs[j] = (int8_t)(v < 127 ? v : 127);
         }
         for (int g = 0; g < 16; g++) {
@@ -317,12 +309,6 @@ static inline void kq_dequant_row_iq4_xs(const void *w, float *y, int64_t k) {
         }
     }
 }
-
-#if defined(__clang__)
-#pragma clang fp contract(on)
-#elif defined(__GNUC__)
-#pragma GCC pop_options
-#endif
 
 /* ============================================================ portable dot products
  * Per super-block: exact int32 sums of scale * code * q8, then one float step. */
