@@ -462,6 +462,30 @@ static inline float kq_hsum256(__m256 v) {
     return _mm_cvtss_f32(r);
 }
 
+/* kq_scales_k4 / kq_scales_q3 built in registers (a memcpy to the stack and a 16-byte reload
+ * would stall on store forwarding) */
+static inline __m128i kq_scales_k4_x86(const uint8_t *s) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
+    return _mm_set_epi32((int)(((u2 >> 4) & k2) | (((u1 >> 6) & k3) << 4)), (int)(u1 & k1),
+                         (int)((u2 & k2) | (((u0 >> 6) & k3) << 4)), (int)(u0 & k1));
+}
+
+static inline __m128i kq_scales_q3_x86(const uint8_t *s) {
+    uint32_t a0, a1, t;
+    memcpy(&a0, s, 4);
+    memcpy(&a1, s + 4, 4);
+    memcpy(&t, s + 8, 4);
+    const uint32_t k1 = 0x03030303u, k2 = 0x0f0f0f0fu;
+    const __m128i v = _mm_set_epi32((int)(((a1 >> 4) & k2) | (((t >> 6) & k1) << 4)),
+                                    (int)(((a0 >> 4) & k2) | (((t >> 4) & k1) << 4)),
+                                    (int)((a1 & k2) | (((t >> 2) & k1) << 4)), (int)((a0 & k2) | ((t & k1) << 4)));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
 /* byte shuffles: for 32 values g (sub-blocks 2g, 2g+1 of 16), scale 2g in bytes 0-7 and 2g+1 in 8-15 */
 static inline __m256i kq_scales16_x86(__m128i sc8, int g) {
     const __m128i idx = _mm_add_epi8(_mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
@@ -510,9 +534,7 @@ static inline float kq_dot_q3_K_x86(const void *w, const kq_block_q8_K *x, int64
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, b += 110) {
         const int8_t *q8 = x[i].qs;
-        int8_t scs[16];
-        kq_scales_q3(b + 96, scs);
-        const __m128i sc8 = _mm_loadu_si128((const __m128i *)scs);
+        const __m128i sc8 = kq_scales_q3_x86(b + 96);
         /* codes are u - 4 with u = low two bits | high bit << 2 in 0..7: sum sc*u*q8 - 4*sum sc*bsum */
         const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
                                                _mm256_loadu_si256((const __m256i *)x[i].bsums));
@@ -543,9 +565,7 @@ static inline float kq_dot_q4_K_x86(const void *w, const kq_block_q8_K *x, int64
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++, b += 144) {
         const int8_t *q8 = x[i].qs;
-        uint8_t sm[16];
-        kq_scales_k4(b + 4, sm);
-        const __m256i ms = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+        const __m256i ms = _mm256_cvtepu8_epi16(kq_scales_k4_x86(b + 4));
         const __m256i bs = _mm256_loadu_si256((const __m256i *)x[i].bsums);
         const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
         const __m128i prodm = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), bs32);
@@ -577,9 +597,7 @@ static inline float kq_dot_q5_K_x86(const void *w, const kq_block_q8_K *x, int64
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; i++, b += 176) {
         const int8_t *q8 = x[i].qs;
-        uint8_t sm[16];
-        kq_scales_k4(b + 4, sm);
-        const __m256i ms = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sm));
+        const __m256i ms = _mm256_cvtepu8_epi16(kq_scales_k4_x86(b + 4));
         const __m256i bs = _mm256_loadu_si256((const __m256i *)x[i].bsums);
         const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
         const __m128i prodm = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), bs32);
@@ -645,7 +663,7 @@ static inline float kq_dot_q6_K_x86(const void *w, const kq_block_q8_K *x, int64
 
 static inline float kq_dot_iq4_xs_x86(const void *w, const kq_block_q8_K *x, int64_t nb) {
     const uint8_t *b = (const uint8_t *)w;
-    const __m256i m4 = _mm256_set1_epi8(0xf);
+    const __m128i m4 = _mm_set1_epi8(0xf);
     const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kq_iq4nl_values));
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, b += 136) {
@@ -657,10 +675,12 @@ static inline float kq_dot_iq4_xs_x86(const void *w, const kq_block_q8_K *x, int
             const int ls1 = ((b[4 + p] & 0xf) | ((sh << 4) & 0x30)) - 32;
             const int ls2 = ((b[4 + p] >> 4) | ((sh << 2) & 0x30)) - 32;
             sh >>= 4;
-            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(b + 8 + 32 * p));
-            const __m256i lo = _mm256_and_si256(q4, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
-            const __m256i k1 = _mm256_shuffle_epi8(values, _mm256_permute2x128_si256(lo, hi, 0x20));
-            const __m256i k2 = _mm256_shuffle_epi8(values, _mm256_permute2x128_si256(lo, hi, 0x31));
+            const __m128i qa = _mm_loadu_si128((const __m128i *)(b + 8 + 32 * p));
+            const __m128i qb = _mm_loadu_si128((const __m128i *)(b + 24 + 32 * p));
+            const __m256i k1 = _mm256_shuffle_epi8(
+                values, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qa, 4), m4), _mm_and_si128(qa, m4)));
+            const __m256i k2 = _mm256_shuffle_epi8(
+                values, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qb, 4), m4), _mm_and_si128(qb, m4)));
             const __m256i a1 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * p));
             const __m256i a2 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * p + 32));
             const __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(k1, k1), _mm256_sign_epi8(a1, k1));
