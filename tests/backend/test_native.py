@@ -16,6 +16,7 @@ from ember.errors import OptionsError
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native library was not built")
 
 SIMPLE = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.IQ4_NL]
+K_TYPES = [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS]
 FLOAT = [QT.F16, QT.BF16]
 AFFINE = {QT.Q4_1, QT.Q5_1}
 ISAS = [
@@ -32,7 +33,10 @@ ROWS = [0, 1, 2, 7, 9, 16]
 
 def weight(qtype: QT, shape: tuple[int, int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Bytes of a (out, in) weight and its gguf-py dequantization."""
-    raw = random_blocks(qtype, shape, seed) if qtype == QT.IQ4_NL else quantized(qtype, shape, seed)
+    if qtype == QT.IQ4_NL or qtype in K_TYPES:
+        raw = random_blocks(qtype, shape, seed)
+    else:
+        raw = quantized(qtype, shape, seed)
     return torch.from_numpy(raw.copy()), gguf_reference(raw, qtype, shape)
 
 
@@ -44,20 +48,32 @@ def q8(x: torch.Tensor) -> torch.Tensor:
     return (codes.double() * d.double()).reshape(x.shape)
 
 
+def q8_k(x: torch.Tensor) -> torch.Tensor:
+    """x as the K-type kernels see it (llama.cpp's q8_K): per 256 values iscale = -127 / the
+    value of largest magnitude, codes round(iscale * x) (at most 127), d = 1 / iscale."""
+    blocks = x.reshape(x.shape[0], -1, 256)
+    top = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
+    iscale = torch.where(top != 0, -127 / top, torch.zeros_like(top))
+    codes = torch.round(iscale * blocks).clamp(max=127)
+    d = torch.where(iscale != 0, 1 / iscale, torch.zeros_like(iscale))
+    return (codes.double() * d.double()).reshape(x.shape)
+
+
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", SIMPLE + FLOAT, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", SIMPLE + K_TYPES + FLOAT, ids=lambda t: t.name)
 def test_dequant_is_bit_exact(isa: str, qtype: QT) -> None:
-    shape = (37, 32 * 7)
+    shape = (37, 256 * 3)
     raw, exact = weight(qtype, shape)
     got = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa)).dequantize()
     assert torch.equal(got.view(torch.int32), exact.view(torch.int32))
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", SIMPLE, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", SIMPLE + K_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", ROWS)
 def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
-    shape = (77, 32 * 13)  # N not a multiple of the 16-row chunks, K an odd number of blocks
+    # N not a multiple of the 16-row chunks, K an odd number of blocks
+    shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
     raw, w = weight(qtype, shape, seed=rows)
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
     lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa))
@@ -67,7 +83,7 @@ def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
     if not rows:
         return
     # tightly: the same quantized activations in float64, up to float32 accumulation
-    xq = q8(x)
+    xq = q8_k(x) if qtype in K_TYPES else q8(x)
     want = xq @ w.double().t()
     scale = xq.abs() @ w.double().abs().t()
     assert ((y.double() - want).abs() <= 2e-6 * scale + 1e-30).all()
@@ -91,11 +107,11 @@ def test_float_matmul(isa: str, qtype: QT, rows: int) -> None:
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q8_0, QT.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q8_0, QT.F16, QT.Q4_K], ids=lambda t: t.name)
 def test_a_row_does_not_depend_on_its_batch(isa: str, qtype: QT) -> None:
-    raw, _ = weight(qtype, (300, 160))  # big enough for the parallel loop
-    lin = NativeLinear(raw, qtype, 300, 160, kernels=native.kernels(isa))
-    x = torch.randn(9, 160)
+    raw, _ = weight(qtype, (300, 256))  # big enough for the parallel loop
+    lin = NativeLinear(raw, qtype, 300, 256, kernels=native.kernels(isa))
+    x = torch.randn(9, 256)
     alone = torch.cat([lin(x[i : i + 1]) for i in range(9)])
     assert torch.equal(lin(x), alone)
 
@@ -157,6 +173,7 @@ def test_f32_stays_dense_and_others_stay_blocks() -> None:
 def test_an_unknown_type_is_named() -> None:
     kern = native.kernels()
     assert kern is not None and not kern.supports(16)  # IQ2_XXS
+    assert all(kern.supports(t) for t in SIMPLE + K_TYPES + FLOAT)
     assert kern.matmul(16, 0, 0, 0, 1, 1, 256) == -1
     with pytest.raises(UnsupportedTypeError, match="IQ2_XXS"):
         NativeLinear(torch.zeros(66, dtype=torch.uint8), 16, 1, 256)

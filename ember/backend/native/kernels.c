@@ -4,8 +4,9 @@
  * every exported name ends in the ISA (ember_matmul_avx2 ...); dispatch.c picks one at run time.
  *
  *   ember_matmul_<isa>(type, W, x, y, M, N, K): W (N, K) in ggml type `type` (its file bytes),
- *       x (M, K) float32, y (M, N) float32. The M rows of x are quantized once (int8 blocks;
- *       F16/BF16 use them as they are); OpenMP splits W in chunks of rows, and each W row is
+ *       x (M, K) float32, y (M, N) float32. The M rows of x are quantized once (int8 blocks:
+ *       simple.h's q8 for the 32-element types, kquants.h's q8_K for the K types; F16/BF16
+ *       use them as they are); OpenMP splits W in chunks of rows, and each W row is
  *       used by all M rows of x while it sits in L1. Returns 0, or -1 for a type it lacks, -2
  *       for a K that is not whole blocks, -3 when out of memory.
  *   ember_dequant_<isa>(type, W, out, rows, K): out (rows, K) float32, bit-equal to gguf-py.
@@ -13,6 +14,7 @@
  */
 #include <stdlib.h>
 
+#include "kquants.h"
 #include "simple.h"
 
 #ifndef EMBER_ISA
@@ -32,6 +34,8 @@ enum { EM_F16 = 1, EM_Q4_0 = 2, EM_Q4_1 = 3, EM_Q5_0 = 6, EM_Q5_1 = 7, EM_Q8_0 =
 
 typedef float (*em_dot_q8)(const uint8_t *, const em_block_q8 *, int64_t);
 typedef float (*em_dot_f32)(const uint8_t *, const float *, int64_t);
+typedef float (*em_dot_q8_K)(const void *, const kq_block_q8_K *, int64_t);
+typedef void (*em_dequant_row)(const void *, float *, int64_t);
 
 /* type -> (block elements, block bytes); 0 elements: not a type this library reads */
 static void em_block_size(int type, int *elems, int *bytes) {
@@ -45,7 +49,9 @@ static void em_block_size(int type, int *elems, int *bytes) {
     case EM_IQ4_NL: *bytes = 18; break;
     case EM_F16:
     case EM_BF16: *elems = 1, *bytes = 2; break;
-    default: *elems = 0, *bytes = 0;
+    default: /* the K types (kquants.h), or none */
+        *bytes = kq_block_bytes(type);
+        *elems = *bytes > 0 ? KQ_QK : 0;
     }
 }
 
@@ -57,6 +63,30 @@ static em_dot_q8 em_q8_dot_of(int type) {
     case EM_Q5_1: return em_dot_q5_1;
     case EM_Q8_0: return em_dot_q8_0;
     case EM_IQ4_NL: return em_dot_iq4_nl;
+    default: return 0;
+    }
+}
+
+static em_dot_q8_K em_q8_K_dot_of(int type) {
+    switch (type) {
+    case KQ_TYPE_Q2_K: return kq_dot_q2_K;
+    case KQ_TYPE_Q3_K: return kq_dot_q3_K;
+    case KQ_TYPE_Q4_K: return kq_dot_q4_K;
+    case KQ_TYPE_Q5_K: return kq_dot_q5_K;
+    case KQ_TYPE_Q6_K: return kq_dot_q6_K;
+    case KQ_TYPE_IQ4_XS: return kq_dot_iq4_xs;
+    default: return 0;
+    }
+}
+
+static em_dequant_row em_k_dequant_of(int type) {
+    switch (type) {
+    case KQ_TYPE_Q2_K: return kq_dequant_row_q2_K;
+    case KQ_TYPE_Q3_K: return kq_dequant_row_q3_K;
+    case KQ_TYPE_Q4_K: return kq_dequant_row_q4_K;
+    case KQ_TYPE_Q5_K: return kq_dequant_row_q5_K;
+    case KQ_TYPE_Q6_K: return kq_dequant_row_q6_K;
+    case KQ_TYPE_IQ4_XS: return kq_dequant_row_iq4_xs;
     default: return 0;
     }
 }
@@ -98,6 +128,15 @@ int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, i
         EM_ROWS(dot(wrow, x + m * K, K));
         return 0;
     }
+    if (elems == KQ_QK) { /* K types: activations as q8_K, 256 values a block */
+        const em_dot_q8_K kdot = em_q8_K_dot_of(type);
+        kq_block_q8_K *xk = (kq_block_q8_K *)malloc((size_t)(M * nb) * sizeof(kq_block_q8_K));
+        if (!xk) return -3;
+        for (int64_t m = 0; m < M; m++) kq_quantize_row_q8_K(x + m * K, xk + m * nb, K);
+        EM_ROWS(kdot(wrow, xk + m * nb, nb));
+        free(xk);
+        return 0;
+    }
     const em_dot_q8 dot = em_q8_dot_of(type);
     em_block_q8 *xq = (em_block_q8 *)malloc((size_t)(M * nb) * sizeof(em_block_q8));
     if (!xq) return -3;
@@ -115,6 +154,7 @@ int EM_EXPORT(ember_dequant)(int type, const void *w, float *out, int64_t rows, 
     const uint8_t *W = (const uint8_t *)w;
     const int64_t nb = K / elems, row_bytes = nb * bytes;
     const int nth = em_threads(rows * row_bytes), omp_default = omp_get_max_threads();
+    const em_dequant_row krow = em_k_dequant_of(type);
     #pragma omp parallel for schedule(static) num_threads(nth ? nth : omp_default) if (nth != 1)
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *src = W + r * row_bytes;
@@ -123,6 +163,8 @@ int EM_EXPORT(ember_dequant)(int type, const void *w, float *out, int64_t rows, 
             for (int64_t i = 0; i < K; i++) dst[i] = em_f16(src + 2 * i);
         } else if (type == EM_BF16) {
             for (int64_t i = 0; i < K; i++) dst[i] = em_bf16(src + 2 * i);
+        } else if (krow) {
+            krow(src, dst, K);
         } else {
             for (int64_t b = 0; b < nb; b++) em_dequant_block(type, src + b * bytes, dst + b * EM_QK);
         }
