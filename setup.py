@@ -52,6 +52,11 @@ class BuildKernels(build_ext):
         try:
             self._build_kernels(ext)
         except Exception as err:  # no compiler, no OpenMP ...: install without the kernels
+            # nothing to copy or install for it (editable installs copy every extension built)
+            self.extensions = [e for e in self.extensions if e is not ext]
+            self.distribution.ext_modules = [
+                e for e in self.distribution.ext_modules or [] if e is not ext
+            ]
             self.warn(
                 f"Ember's native kernels were not built ({err}); Ember will run on its "
                 "pure-PyTorch path"
