@@ -4,8 +4,8 @@
  * every exported name ends in the ISA (ember_matmul_avx2 ...); dispatch.c picks one at run time.
  *
  *   ember_matmul_<isa>(type, W, x, y, M, N, K): W (N, K) in ggml type `type` (its file bytes),
- *       x (M, K) float32, y (M, N) float32. The M rows of x are quantized once (int8 blocks:
- *       simple.h's q8 for the 32-element types, kquants.h's q8_K for the K types; F16/BF16
+ *       x (M, K) float32, y (M, N) float32. The M rows of x are quantized once (blocks:
+ *       simple.h's int16 blocks for the 32-element types, kquants.h's q8_K for the K types; F16/BF16
  *       use them as they are); OpenMP splits W in chunks of rows, and each W row is
  *       used by all M rows of x while it sits in L1. Returns 0, or -1 for a type it lacks, -2
  *       for a K that is not whole blocks, -3 when out of memory.
@@ -32,7 +32,7 @@ extern int ember_num_threads; /* dispatch.c: 0 = OpenMP's default */
 enum { EM_F16 = 1, EM_Q4_0 = 2, EM_Q4_1 = 3, EM_Q5_0 = 6, EM_Q5_1 = 7, EM_Q8_0 = 8,
        EM_IQ4_NL = 20, EM_BF16 = 30 };
 
-typedef float (*em_dot_q8)(const uint8_t *, const em_block_q8 *, int64_t);
+typedef float (*em_dot_q16)(const uint8_t *, const em_block_q16 *, int64_t);
 typedef float (*em_dot_f32)(const uint8_t *, const float *, int64_t);
 typedef float (*em_dot_q8_K)(const void *, const kq_block_q8_K *, int64_t);
 typedef void (*em_dequant_row)(const void *, float *, int64_t);
@@ -55,7 +55,7 @@ static void em_block_size(int type, int *elems, int *bytes) {
     }
 }
 
-static em_dot_q8 em_q8_dot_of(int type) {
+static em_dot_q16 em_q16_dot_of(int type) {
     switch (type) {
     case EM_Q4_0: return em_dot_q4_0;
     case EM_Q4_1: return em_dot_q4_1;
@@ -137,10 +137,10 @@ int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, i
         free(xk);
         return 0;
     }
-    const em_dot_q8 dot = em_q8_dot_of(type);
-    em_block_q8 *xq = (em_block_q8 *)malloc((size_t)(M * nb) * sizeof(em_block_q8));
+    const em_dot_q16 dot = em_q16_dot_of(type);
+    em_block_q16 *xq = (em_block_q16 *)malloc((size_t)(M * nb) * sizeof(em_block_q16));
     if (!xq) return -3;
-    for (int64_t m = 0; m < M; m++) em_quantize_row_q8(x + m * K, xq + m * nb, nb);
+    for (int64_t m = 0; m < M; m++) em_quantize_row_q16(x + m * K, xq + m * nb, nb);
     EM_ROWS(dot(wrow, xq + m * nb, nb));
     free(xq);
     return 0;
