@@ -7,7 +7,8 @@ MODEL ?= smollm2:135m
 
 setup: .venv/.done
 
-.venv/.done: pyproject.toml requirements-models.txt
+# the native kernels are built by the package build: an edit of their sources rebuilds them
+.venv/.done: pyproject.toml setup.py requirements-models.txt $(wildcard ember/backend/native/*.c ember/backend/native/*.h)
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0  # first: the CPU wheel; any other spec pulls CUDA

@@ -1,6 +1,7 @@
 """Dequantize ggml tensor bytes to float32 with vectorised torch ops, bit-exact with gguf-py.
 
-Covers F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K, whole tensors or chosen rows.
+Covers F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL and IQ4_XS, whole
+tensors or chosen rows.
 Choosing a matmul kernel for a weight is weights.py's business.
 """
 
@@ -254,6 +255,27 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     return (d * q).view(n, 256)
 
 
+_IQ4_VALUES = torch.tensor(
+    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.float32
+)
+
+
+def _iq4_nl(blocks: torch.Tensor) -> torch.Tensor:
+    q = _unpack(blocks[:, 2:], _NIBBLE_SHIFTS, 0x0F, 16).long()
+    return _f16(blocks, 0) * _IQ4_VALUES[q]
+
+
+def _iq4_xs(blocks: torch.Tensor) -> torch.Tensor:
+    n = blocks.shape[0]
+    high = blocks[:, 2:4].contiguous().view(torch.int16).to(torch.int32)  # (n, 1): 8 crumbs
+    high = (high >> (2 * torch.arange(8, dtype=torch.int32))) & 0x03  # (n, 8)
+    low = _unpack(blocks[:, 4:8], _NIBBLE_SHIFTS, 0x0F, 1).to(torch.int32)  # (n, 8)
+    scales = ((low | (high << 4)) - 32).float()
+    dl = (_f16(blocks, 0) * scales).view(n, 8, 1)
+    q = _unpack(blocks[:, 8:], _NIBBLE_SHIFTS, 0x0F, 16).long().view(n, 8, 32)
+    return (dl * _IQ4_VALUES[q]).view(n, 256)
+
+
 Int4Split = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # codes, scales, zeros: (n, P, k)
 
 
@@ -329,4 +351,6 @@ _DECODERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
     GGMLType.Q4_K: _q4_k,
     GGMLType.Q5_K: _q5_k,
     GGMLType.Q6_K: _q6_k,
+    GGMLType.IQ4_NL: _iq4_nl,
+    GGMLType.IQ4_XS: _iq4_xs,
 }

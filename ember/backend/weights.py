@@ -1,101 +1,36 @@
-"""Weight objects models hold: linear layers (int4-packed where torch has a kernel, else fp32) and
-embedding tables kept quantized in memory and decoded by row. CPU kernels only.
+"""Weight objects models hold: linear layers kept as their GGUF blocks, run by the native kernels
+(ember/backend/native) or, without them, by torch; embedding tables decoded by row.
 
-Kernels (torch 2.13): Q4_0, Q4_1 and Q4_K run on `aten._weight_int4pack_mm_for_cpu` (groups of
-32). Only its bf16 entry point is vectorised on x86 (the fp32 one is a scalar loop, 20-100x
-slower than a dense fp32 matmul), so the int4 kinds round activations, scales/zeros and outputs
-to bf16: outputs differ from `dequantize(W) @ x` by ~3e-3 rms relative (bf16 rounding), not by
-fp32 rounding. `use_int4=False` gives the exact path. Every other type is expanded once to fp32
-(exact): Q8_0, Q5_x and Q6_K have no exact torch kernel (`_weight_int8pack_mm` has one scale per
-output channel, not per 32-block). Opt-in `use_int4_planes` runs Q5_0/Q5_1/Q8_0 as two int4
-planes: 1.25 bytes a weight, bf16 precision, faster than fp32 for big heads at one row.
-
-`.venv/bin/python tests/backend/bench_weights.py 2` (and `1`), quiet machine, median ms a call,
-2 threads / 1 thread:
-    out x in     rows   fp32         int4 (Q4_0)   int4x2 (Q8_0)
-    576 x 1536      1   0.067/0.074  0.033/0.049   0.052/0.086
-    1536 x 576      1   0.058/0.070  0.032/0.048   0.050/0.086
-    49152 x 576     1   4.9/5.9      1.2/1.6       2.0/2.8
-    576 x 1536    512   5.3/10.2     4.2/9.5       8.2/18.5
-    1536 x 576    512   5.6/10.5     5.3/9.5       9.5/18.7
-    49152 x 576   512   221/421      192/299       326/585
-With a neighbour busy on the other core, each 2-thread int4 call stalls to ~8 ms (OpenMP waits
-for its descheduled thread); fp32 calls slow down ~5x.
+Every quantized type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS) and F16/BF16
+stays in memory as the file's bytes (a view of the memory map where the caller passes one). A
+call with at most NATIVE_ROWS rows (decode, small batches) runs the native kernel of the ISA
+chosen at load (activations quantized to int8 per block for the quantized types, float32 for
+F16/BF16); more rows (prefill) expand the weight to float32 in chunks of CHUNK_ROWS output rows
+and use torch's matmul, so prefill keeps torch's speed and the memory stays bounded. F32
+weights stay a dense float32 tensor. Without the library (or for a type it lacks), every call
+takes the chunked dequantize-then-matmul path (ember/backend/quant.py, bit-equal to gguf-py).
 """
-
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ember.backend.quant import (
-    QuantError,
-    as_byte_tensor,
-    dequantize,
-    dequantize_rows,
-    int4_codes,
-    int4_planes,
-)
+from ember.backend import native
+from ember.backend.quant import QuantError, as_byte_tensor, dequantize, dequantize_rows, row_nbytes
 from ember.gguf import GGMLType
 
-GROUP_SIZE = 32  # int4 scales/zeros: one pair per 32 weights along `in`
-INT4_TYPES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K})
-PLANE_TYPES = frozenset({GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0})  # two int4 planes each
-# The packed layout works in blocks of up to 64 output rows (AVX-512); parts cut at multiples of
-# 64 can be packed apart and joined, and loading packs 4096 rows at a time to bound the int32 copy.
-_PACK_ROWS = 64
-_LOAD_CHUNK_ROWS = 4096
-_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
-_INT4_PACK = torch.ops.aten._convert_weight_to_int4pack_for_cpu.default
-
-
-@dataclass(frozen=True, slots=True)
-class Int4Pack:
-    """int4 codes in the CPU kernel's packed layout, with their per-32 scales and zeros."""
-
-    packed: torch.Tensor  # (out, P * in / 2) uint8, layout of _convert_weight_to_int4pack_for_cpu
-    scales_zeros: torch.Tensor  # (P * in / 32, out, 2) bf16: weight = (code - 8) * scale + zero
-    num_planes: int = 1  # P: planes side by side along `in`, summed (the input is repeated)
+NATIVE_ROWS = 16  # rows of x up to which the native kernel runs (it quantizes them once)
+CHUNK_ROWS = 4096  # output rows expanded at a time on the float32 path
 
 
 class LinearWeight:
-    """A linear layer's weight of shape (out, in): `w(x)` maps (..., in) float32 to (..., out)."""
+    """A dense float32 weight (out, in), for F32 tensors: `w(x)` maps (..., in) to (..., out)."""
 
     __slots__ = ("_w", "in_features", "kind", "out_features")
 
-    def __init__(self, w: torch.Tensor | Int4Pack) -> None:
-        """`w` is an fp32 (in, out) tensor (W transposed) or an Int4Pack; prefer the from_*."""
-        self._w = w
-        if isinstance(w, Int4Pack):
-            self.kind = "int4" if w.num_planes == 1 else f"int4x{w.num_planes}"
-            self.out_features = w.packed.shape[0]
-            self.in_features = w.packed.shape[1] * 2 // w.num_planes
-        else:
-            self.kind = "f32"
-            self.in_features, self.out_features = w.shape
-
-    @classmethod
-    def from_gguf(
-        cls,
-        raw: torch.Tensor | np.ndarray,
-        ggml_type: int,
-        shape: tuple[int, ...],
-        *,
-        use_int4: bool = True,
-        use_int4_planes: bool = False,
-    ) -> "LinearWeight":
-        """From a GGUF tensor's bytes, `shape` (out, in): int4 for Q4_0/Q4_1/Q4_K, else fp32.
-
-        `use_int4_planes` also runs Q5_0/Q5_1/Q8_0 on the int4 kernel, as two planes (low
-        nibble, high bits): 1.25 bytes a weight instead of 4, at bf16 precision.
-        """
-        if len(shape) != 2:
-            raise QuantError(f"a linear weight is 2-D (out, in), got shape {shape}")
-        out_features, in_features = shape
-        wanted = (INT4_TYPES if use_int4 else set()) | (PLANE_TYPES if use_int4_planes else set())
-        if ggml_type in wanted and out_features % 16 == 0:
-            return cls(_pack_int4(as_byte_tensor(raw), ggml_type, (out_features, in_features)))
-        return cls.from_dense(dequantize(raw, ggml_type, shape))
+    def __init__(self, w: torch.Tensor) -> None:
+        """`w` is the float32 (in, out) tensor, W transposed; prefer from_dense."""
+        self._w, self.kind = w, "f32"
+        self.in_features, self.out_features = w.shape
 
     @classmethod
     def from_dense(cls, weight: torch.Tensor) -> "LinearWeight":
@@ -103,76 +38,201 @@ class LinearWeight:
         return cls(weight.detach().float().t().contiguous())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., in) float32 -> (..., out) float32."""
-        w = self._w
-        if not isinstance(w, Int4Pack):
-            return x @ w
-        # Small ops cost microseconds here: reshape only when needed, cat (not repeat) planes.
-        flat = x.to(torch.bfloat16) if x.dim() == 2 else x.reshape(-1, x.shape[-1]).bfloat16()
-        if w.num_planes > 1:
-            flat = torch.cat([flat] * w.num_planes, dim=-1)
-        y = _INT4_MM(flat, w.packed, GROUP_SIZE, w.scales_zeros).float()  # (T, out)
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+        return x @ self._w
 
     @property
     def nbytes(self) -> int:
-        """Bytes of weight data this object holds."""
-        w = self._w
-        return w.packed.nbytes + w.scales_zeros.nbytes if isinstance(w, Int4Pack) else w.nbytes
+        return self._w.nbytes
 
     def dequantize(self) -> torch.Tensor:
-        """The weight as (out, in) float32, as the kernel sees it (bf16 scales for int4)."""
-        w = self._w
-        if not isinstance(w, Int4Pack):
-            return w.t()
-        codes = _int4_codes_of(w.packed)  # (out, P * in) values q - 8
-        scales_zeros = w.scales_zeros.float().repeat_interleave(GROUP_SIZE, dim=0)
-        planes = codes * scales_zeros[..., 0].t() + scales_zeros[..., 1].t()
-        return planes.view(self.out_features, w.num_planes, self.in_features).sum(1)
+        """The weight as (out, in) float32."""
+        return self._w.t()
 
     def __repr__(self) -> str:
-        return f"LinearWeight({self.kind}, out={self.out_features}, in={self.in_features})"
+        return f"LinearWeight(f32, out={self.out_features}, in={self.in_features})"
 
 
-def _pack_int4(data: torch.Tensor, ggml_type: int, shape: tuple[int, int]) -> Int4Pack:
-    num_rows, num_cols = shape
-    rows = data.view(num_rows, -1)  # (out, row bytes)
-    packed, scales_zeros = [], []
-    for start in range(0, num_rows, _LOAD_CHUNK_ROWS):
-        chunk = rows[start : start + _LOAD_CHUNK_ROWS]
-        codes, scales, zeros = int4_codes(chunk, ggml_type, (chunk.shape[0], num_cols))
-        packed.append(_INT4_PACK(codes.to(torch.int32), 1))  # (rows, in / 2)
-        # (in / 32, rows, 2): the kernel reads one (scale, zero) pair per group and row
-        scales_zeros.append(torch.stack([scales.t(), zeros.t()], dim=-1).to(torch.bfloat16))
-    return Int4Pack(torch.cat(packed), torch.cat(scales_zeros, dim=1), int4_planes(ggml_type))
+class NativeLinear:
+    """A weight (out, in) kept as its GGUF blocks: `w(x)` maps (..., in) float32 to (..., out)."""
+
+    __slots__ = (
+        "_kernels",
+        "_row_bytes",
+        "ggml_type",
+        "in_features",
+        "kind",
+        "out_features",
+        "raw",
+    )
+
+    def __init__(
+        self,
+        raw: torch.Tensor | np.ndarray,
+        ggml_type: int,
+        out_features: int,
+        in_features: int,
+        *,
+        kernels: "native.Kernels | bool | None" = True,
+    ) -> None:
+        """raw: the tensor's bytes (shared, not copied); kernels: True for the chosen ISA's,
+        a native.Kernels for that ISA's, False/None for the torch path."""
+        self.raw, self.ggml_type = as_byte_tensor(raw), int(ggml_type)
+        self.out_features, self.in_features = out_features, in_features
+        self._row_bytes = row_nbytes(self.ggml_type, in_features)
+        if self.raw.numel() != out_features * self._row_bytes:
+            name = GGMLType(self.ggml_type).name
+            raise QuantError(
+                f"a {name} weight of shape ({out_features}, {in_features}) has "
+                f"{out_features * self._row_bytes} bytes, got {self.raw.numel()}"
+            )
+        kern = native.kernels() if kernels is True else kernels or None
+        self._kernels = kern if kern is not None and kern.supports(self.ggml_type) else None
+        self.kind = GGMLType(self.ggml_type).name.lower()
+
+    @property
+    def isa(self) -> str | None:
+        """The ISA of the kernels this weight runs on; None on the torch path."""
+        return self._kernels.isa if self._kernels is not None else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        if flat.dtype != torch.float32:
+            flat = flat.float()
+        rows = flat.shape[0]
+        if rows == 0:
+            y = flat.new_empty(0, self.out_features)
+        elif rows <= NATIVE_ROWS and self._kernels is not None:
+            y = self._native(flat.contiguous())
+        else:
+            y = self._dense(flat)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+
+    def _native(self, x: torch.Tensor) -> torch.Tensor:
+        kern = self._kernels
+        assert kern is not None
+        native.set_threads(torch.get_num_threads())
+        y = torch.empty(x.shape[0], self.out_features)
+        rc = kern.matmul(
+            self.ggml_type,
+            self.raw.data_ptr(),
+            x.data_ptr(),
+            y.data_ptr(),
+            x.shape[0],
+            self.out_features,
+            self.in_features,
+        )
+        if rc:
+            raise native.NativeError(_failure(rc, self.ggml_type, kern.isa))
+        return y
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        if self.out_features <= CHUNK_ROWS:
+            return x @ self.dequantize().t()
+        y = x.new_empty(x.shape[0], self.out_features)
+        for start in range(0, self.out_features, CHUNK_ROWS):
+            stop = min(start + CHUNK_ROWS, self.out_features)
+            y[:, start:stop] = x @ self.dequantize(start, stop).t()
+        return y
+
+    def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows start..stop of the weight as (rows, in) float32, bit-equal to gguf-py."""
+        stop = self.out_features if stop is None else stop
+        raw = self.raw[start * self._row_bytes : stop * self._row_bytes]
+        kern = self._kernels
+        if kern is None:
+            return dequantize(raw, self.ggml_type, (stop - start, self.in_features))
+        out = torch.empty(stop - start, self.in_features)
+        native.set_threads(torch.get_num_threads())
+        rc = kern.dequant(
+            self.ggml_type, raw.data_ptr(), out.data_ptr(), stop - start, self.in_features
+        )
+        if rc:
+            raise native.NativeError(_failure(rc, self.ggml_type, kern.isa))
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.nbytes
+
+    @classmethod
+    def concat(cls, parts: list["NativeLinear"]) -> "NativeLinear":
+        """Weights of one type and input size stacked along out (their blocks simply follow)."""
+        if not parts or len({(p.ggml_type, p.in_features) for p in parts}) != 1:
+            raise QuantError("only weights of one type and input size can be stacked")
+        return cls(
+            torch.cat([p.raw for p in parts]),
+            parts[0].ggml_type,
+            sum(p.out_features for p in parts),
+            parts[0].in_features,
+            kernels=parts[0]._kernels,
+        )
+
+    def __repr__(self) -> str:
+        path = self.isa or "torch"
+        return f"NativeLinear({self.kind}, out={self.out_features}, in={self.in_features}, {path})"
 
 
-def _int4_codes_of(packed: torch.Tensor) -> torch.Tensor:
-    """Read packed codes back as (out, in) float32 values q - 8: the kernel with unit scales and
-    zero offsets on the identity gives them exactly (small integers survive bf16)."""
-    out_features, in_features = packed.shape[0], packed.shape[1] * 2
-    unit = torch.zeros(in_features // GROUP_SIZE, out_features, 2, dtype=torch.bfloat16)
-    unit[..., 0] = 1
-    eye = torch.eye(in_features, dtype=torch.bfloat16)
-    return _INT4_MM(eye, packed, GROUP_SIZE, unit).float().t()
+def _failure(rc: int, ggml_type: int, isa: str) -> str:
+    name = GGMLType(ggml_type).name if ggml_type in GGMLType._value2member_map_ else ggml_type
+    what = {
+        -1: f"do not read type {name}",
+        -2: "were given a shape that is not whole blocks",
+        -3: "ran out of memory",
+    }.get(rc, f"failed ({rc})")
+    return f"the native {isa} kernels {what}"
 
 
-def concat_linear(parts: list[LinearWeight]) -> LinearWeight:
-    """Fuse weights with the same `in` along `out` (q/k/v, gate/up): one matmul for all.
+class FusedLinear:
+    """Projections of one input whose parts cannot be stacked (different types): each part runs
+    on its own and the outputs are joined along out."""
 
-    int4 parts stay packed when all have the same number of planes and every part but the last
-    has a multiple of 64 rows (the packed layout's block); otherwise the result is fp32,
-    expanded from each part.
-    """
+    __slots__ = ("in_features", "kind", "out_features", "parts")
+
+    def __init__(self, parts: "list[LinearWeight | NativeLinear | FusedLinear]") -> None:
+        self.parts = parts
+        self.in_features: int = parts[0].in_features
+        self.out_features: int = sum(p.out_features for p in parts)
+        self.kind: str = "+".join(p.kind for p in parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+AnyLinear = LinearWeight | NativeLinear | FusedLinear
+
+
+def linear_from_gguf(
+    raw: torch.Tensor | np.ndarray, ggml_type: int, shape: tuple[int, ...]
+) -> AnyLinear:
+    """A projection from a GGUF tensor's bytes, `shape` (out, in): F32 as a dense tensor, every
+    other type kept as its blocks."""
+    if len(shape) != 2:
+        raise QuantError(f"a linear weight is 2-D (out, in), got shape {shape}")
+    if int(ggml_type) == GGMLType.F32:
+        return LinearWeight.from_dense(dequantize(raw, ggml_type, shape))
+    return NativeLinear(raw, ggml_type, shape[0], shape[1])
+
+
+def concat_linear(parts: list[AnyLinear]) -> AnyLinear:
+    """Fuse weights with the same `in` along `out` (q/k/v, gate/up): one call for all. Blocks
+    of one type are stacked; dense parts are joined; a mix stays separate parts."""
     if not parts or len({p.in_features for p in parts}) != 1:
         raise QuantError("concat_linear needs one or more weights with the same in_features")
-    packs = [p._w for p in parts if isinstance(p._w, Int4Pack)]
-    same_kernel = len(packs) == len(parts) and len({w.num_planes for w in packs}) == 1
-    if same_kernel and all(p.out_features % _PACK_ROWS == 0 for p in parts[:-1]):
-        packed = torch.cat([w.packed for w in packs])
-        scales_zeros = torch.cat([w.scales_zeros for w in packs], dim=1)
-        return LinearWeight(Int4Pack(packed, scales_zeros, packs[0].num_planes))
-    return LinearWeight.from_dense(torch.cat([p.dequantize() for p in parts]))
+    if len(parts) == 1:
+        return parts[0]
+    blocks = [p for p in parts if isinstance(p, NativeLinear)]
+    if len(blocks) == len(parts) and len({p.ggml_type for p in blocks}) == 1:
+        return NativeLinear.concat(blocks)
+    if all(isinstance(p, LinearWeight) for p in parts):
+        return LinearWeight.from_dense(torch.cat([p.dequantize() for p in parts]))
+    return FusedLinear(parts)
 
 
 class EmbeddingWeight:
@@ -201,11 +261,10 @@ class EmbeddingWeight:
         shape = (self.num_embeddings, self.embedding_dim)
         return dequantize_rows(self._table, self.ggml_type, shape, ids)
 
-    def as_linear(self, *, use_int4: bool = True, use_int4_planes: bool = False) -> LinearWeight:
-        """The table as an output head (tied embeddings), as LinearWeight.from_gguf makes it."""
-        shape = (self.num_embeddings, self.embedding_dim)
-        return LinearWeight.from_gguf(
-            self._table, self.ggml_type, shape, use_int4=use_int4, use_int4_planes=use_int4_planes
+    def as_linear(self) -> "AnyLinear":
+        """The table as an output head (tied embeddings), its blocks shared, not copied."""
+        return linear_from_gguf(
+            self._table, self.ggml_type, (self.num_embeddings, self.embedding_dim)
         )
 
     @property

@@ -3,9 +3,8 @@ loudly."""
 
 import torch
 
-from ember.backend import native
-from ember.backend.quant import as_byte_tensor, dequantize
-from ember.backend.weights import Embedding, Linear, concat_linear
+from ember.backend.quant import dequantize
+from ember.backend.weights import AnyLinear, Embedding, concat_linear, linear_from_gguf
 from ember.gguf import GGUFFile, TensorInfo
 from ember.model.config import ModelLoadError
 
@@ -44,31 +43,19 @@ class Weights:
     def optional(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
         return self.tensor(name, shape) if self.has(name) else None
 
-    def linear(
-        self, name: str, out_features: int, in_features: int
-    ) -> Linear | native.NativeLinear:
-        """A projection: kept in its GGUF blocks where the native kernel reads them, else the
-        backend's weight (float32, exact; never the bf16 int4 kernel, whose rounding makes a
-        token's result depend on its batch)."""
+    def linear(self, name: str, out_features: int, in_features: int) -> AnyLinear:
+        """A projection kept as its GGUF blocks (native kernels, or torch without them); F32
+        tensors as dense float32."""
         info = self._info(name, (out_features, in_features))
-        raw = self.gguf.raw(name)
-        if info.ggml_type in native.TYPES and native.available():
-            return native.NativeLinear(as_byte_tensor(raw), info.ggml_type, *info.shape)
-        return Linear.from_gguf(raw, info.ggml_type, info.shape, use_int4=False)
+        return linear_from_gguf(self.gguf.raw(name), info.ggml_type, info.shape)
 
-    def fused(
-        self, names: list[str], outs: list[int], in_features: int
-    ) -> Linear | native.NativeLinear:
-        """Several projections of the same input as one matmul (q/k/v, gate/up)."""
+    def fused(self, names: list[str], outs: list[int], in_features: int) -> AnyLinear:
+        """Several projections of the same input as one call (q/k/v, gate/up): stacked blocks
+        where all have one type, else the parts side by side (never expanded)."""
         parts = [self.linear(n, o, in_features) for n, o in zip(names, outs, strict=True)]
-        blocks = [p for p in parts if isinstance(p, native.NativeLinear)]
-        if len(blocks) == len(parts) and len({p.ggml_type for p in blocks}) == 1:
-            return native.NativeLinear.concat(blocks)
-        if all(isinstance(p, Linear) for p in parts):
-            return concat_linear(parts)  # type: ignore[arg-type]
-        return Linear.from_dense(torch.cat([p.dequantize() for p in parts]))
+        return concat_linear(parts)
 
-    def output_head(self, vocab_size: int, hidden: int) -> Linear | native.NativeLinear:
+    def output_head(self, vocab_size: int, hidden: int) -> AnyLinear:
         """`output.weight`, or the token embeddings where the model ties them."""
         head = "output.weight" if self.has("output.weight") else "token_embd.weight"
         return self.linear(head, vocab_size, hidden)

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 import psutil
 
 from ember import envconfig
+from ember.backend import native
 
 _LEVEL_NAMES = {
     envconfig.TRACE: "TRACE",
@@ -95,10 +96,13 @@ def system_info(device: str = "cpu") -> dict[str, str]:
 
 
 def log_startup(logger: logging.Logger, *, address: str, version: str, device: str = "cpu") -> None:
-    """Ollama's startup lines: the settings, the address listened on, the compute found."""
+    """Ollama's startup lines: the settings, the address listened on, the compute found, and
+    the CPU path (as llama.cpp's system info once its backend is up): the native kernels' ISA
+    (or why none), the CPU features seen, the threads."""
     logger.info("server config", extra={"env": _settings_text()})
     logger.info(f"Listening on {address} (version {version})")
     logger.info("inference compute", extra=system_info(device))
+    logger.info("system info", extra=native.system_info_fields())
 
 
 def _settings_text() -> str:

@@ -18,6 +18,8 @@ F16_FIELDS = {
     QT.Q4_K: (0, 2),
     QT.Q5_K: (0, 2),
     QT.Q6_K: (208,),
+    QT.IQ4_NL: (0,),
+    QT.IQ4_XS: (0,),
 }
 
 

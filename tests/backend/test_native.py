@@ -1,70 +1,228 @@
-"""The native block kernels against gguf-py's dequantization and a float64 matmul."""
+"""The native kernels, on every ISA this CPU runs: each type's matmul against dequantize-then-
+matmul (tightly with the activations quantized as the kernels do: int16 blocks of 32, q8_K for
+the K types; loosely with float32 ones),
+dequantization bit-equal to gguf-py, EMBER_CPU_ISA, and a real model's greedy tokens on the
+generic path."""
 
-import gguf
-import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType as QT
+from quant_data import gguf_reference, quantized, random_blocks
 
 from ember.backend import native
-from ember.backend.native import NativeLinear
+from ember.backend.quant import UnsupportedTypeError
+from ember.backend.weights import FusedLinear, NativeLinear, concat_linear, linear_from_gguf
+from ember.errors import OptionsError
 
-TYPES = {
-    2: gguf.GGMLQuantizationType.Q4_0,
-    3: gguf.GGMLQuantizationType.Q4_1,
-    6: gguf.GGMLQuantizationType.Q5_0,
-    8: gguf.GGMLQuantizationType.Q8_0,
-}
+pytestmark = pytest.mark.skipif(not native.available(), reason="the native library was not built")
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler here")
-
-
-def quantized(ggml_type: int, out_features: int, in_features: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((out_features, in_features), dtype=np.float32)
-    raw = gguf.quants.quantize(w, TYPES[ggml_type])
-    exact = gguf.quants.dequantize(raw, TYPES[ggml_type])
-    return torch.from_numpy(raw.reshape(-1).copy()), torch.from_numpy(exact.astype(np.float32))
-
-
-@pytest.mark.parametrize("ggml_type", sorted(TYPES))
-def test_dequant_is_bit_exact(ggml_type):
-    raw, exact = quantized(ggml_type, 40, 96)
-    assert torch.equal(native.dequant(ggml_type, raw, 40, 96), exact)
+SIMPLE = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.IQ4_NL]
+K_TYPES = [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS]
+FLOAT = [QT.F16, QT.BF16]
+AFFINE = {QT.Q4_1, QT.Q5_1}
+ISAS = [
+    pytest.param(
+        isa,
+        marks=pytest.mark.skipif(
+            isa not in native.runnable_isas(), reason=f"this CPU or build cannot run {isa}"
+        ),
+    )
+    for isa in native.ISAS
+]
+ROWS = [0, 1, 2, 7, 9, 16]
 
 
-@pytest.mark.parametrize("ggml_type", sorted(TYPES))
-@pytest.mark.parametrize("rows", [0, 1, 3, 8, 9, 20])
-def test_matmul_equals_float64_reference(ggml_type, rows):
-    raw, exact = quantized(ggml_type, 72, 128, seed=rows)
-    x = torch.randn(rows, 128)
-    ours = NativeLinear(raw, ggml_type, 72, 128)(x)
-    reference = (x.double() @ exact.double().t()).float()
-    assert ours.shape == (rows, 72)
-    if rows:
-        assert (ours - reference).abs().max() <= 1e-5 * reference.abs().max()
+def weight(qtype: QT, shape: tuple[int, int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bytes of a (out, in) weight and its gguf-py dequantization."""
+    if qtype == QT.IQ4_NL or qtype in K_TYPES:
+        raw = random_blocks(qtype, shape, seed)
+    else:
+        raw = quantized(qtype, shape, seed)
+    return torch.from_numpy(raw.copy()), gguf_reference(raw, qtype, shape)
 
 
-@pytest.mark.parametrize("ggml_type", sorted(TYPES))
-def test_a_row_does_not_depend_on_its_batch(ggml_type):
-    raw, _ = quantized(ggml_type, 64, 160)
-    x = torch.randn(6, 160)
-    batched = native.qmatmul(ggml_type, raw, x, 64)
-    alone = torch.cat([native.qmatmul(ggml_type, raw, x[i : i + 1], 64) for i in range(6)])
-    assert torch.equal(batched, alone)
+def q16(x: torch.Tensor) -> torch.Tensor:
+    """x as the 32-block kernels see it: per 32 values d = max|x| / 32767, codes rounded half
+    to even."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 32767
+    codes = torch.round(blocks * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
+    return (codes.double() * d.double()).reshape(x.shape)
 
 
-def test_concat_stacks_outputs():
-    (a, ea), (b, eb) = quantized(3, 32, 64, 1), quantized(3, 16, 64, 2)
-    fused = NativeLinear.concat([NativeLinear(a, 3, 32, 64), NativeLinear(b, 3, 16, 64)])
-    assert fused.out_features == 48
-    assert torch.equal(fused.dequantize(), torch.cat([ea, eb]))
+def q8_k(x: torch.Tensor) -> torch.Tensor:
+    """x as the K-type kernels see it (llama.cpp's q8_K): per 256 values iscale = -127 / the
+    value of largest magnitude, codes round(iscale * x) (at most 127), d = 1 / iscale."""
+    blocks = x.reshape(x.shape[0], -1, 256)
+    top = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
+    iscale = torch.where(top != 0, -127 / top, torch.zeros_like(top))
+    codes = torch.round(iscale * blocks).clamp(max=127)
+    d = torch.where(iscale != 0, 1 / iscale, torch.zeros_like(iscale))
+    return (codes.double() * d.double()).reshape(x.shape)
 
 
-def test_unknown_type_is_refused():
-    with pytest.raises(ValueError):
-        NativeLinear.concat(
-            [
-                NativeLinear(torch.zeros(18, dtype=torch.uint8), 2, 1, 32),
-                NativeLinear(torch.zeros(34, dtype=torch.uint8), 8, 1, 32),
-            ]
-        )
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", SIMPLE + K_TYPES + FLOAT, ids=lambda t: t.name)
+def test_dequant_is_bit_exact(isa: str, qtype: QT) -> None:
+    shape = (37, 256 * 3)
+    raw, exact = weight(qtype, shape)
+    got = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa)).dequantize()
+    assert torch.equal(got.view(torch.int32), exact.view(torch.int32))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", SIMPLE + K_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", ROWS)
+def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
+    # N not a multiple of the 16-row chunks, K an odd number of blocks
+    shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
+    raw, w = weight(qtype, shape, seed=rows)
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
+    lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa))
+    assert lin.isa == isa
+    y = lin(x)
+    assert y.shape == (rows, shape[0]) and y.dtype == torch.float32
+    if not rows:
+        return
+    # tightly: the same quantized activations in float64, up to float32 accumulation
+    xq = q8_k(x) if qtype in K_TYPES else q16(x)
+    want = xq @ w.double().t()
+    scale = xq.abs() @ w.double().abs().t()
+    assert ((y.double() - want).abs() <= 2e-6 * scale + 1e-30).all()
+    # loosely: the float32 activations (int8 rounding of x for the K types: ~0.5% of the
+    # largest output; int16 for the others: ~1e-5)
+    exact = x.double() @ w.double().t()
+    loose = 2e-2 if qtype in K_TYPES else 1e-4
+    assert float((y.double() - exact).abs().max() / exact.abs().max()) < loose
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", FLOAT, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", ROWS)
+def test_float_matmul(isa: str, qtype: QT, rows: int) -> None:
+    shape = (45, 203)  # no block structure: any K, tails of the vector loops
+    raw, w = weight(qtype, shape, seed=rows)
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
+    y = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa))(x)
+    assert y.shape == (rows, shape[0])
+    want = x.double() @ w.double().t()
+    scale = x.double().abs() @ w.double().abs().t()
+    assert ((y.double() - want).abs() <= 2e-6 * scale + 1e-30).all()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q8_0, QT.F16, QT.Q4_K], ids=lambda t: t.name)
+def test_a_row_does_not_depend_on_its_batch(isa: str, qtype: QT) -> None:
+    raw, _ = weight(qtype, (300, 256))  # big enough for the parallel loop
+    lin = NativeLinear(raw, qtype, 300, 256, kernels=native.kernels(isa))
+    x = torch.randn(9, 256)
+    alone = torch.cat([lin(x[i : i + 1]) for i in range(9)])
+    assert torch.equal(lin(x), alone)
+
+
+@pytest.mark.parametrize("qtype", SIMPLE + FLOAT, ids=lambda t: t.name)
+def test_every_isa_gives_the_same_bits(qtype: QT) -> None:
+    # every path takes the same float steps (int lanes of 4 products, no fused multiply-add)
+    shape = (64, 32 * 11) if qtype in SIMPLE else (64, 357)
+    raw, _ = weight(qtype, shape)
+    x = torch.randn(3, shape[1])
+    runnable = native.runnable_isas()
+    ys = [NativeLinear(raw, qtype, *shape, kernels=native.kernels(i))(x) for i in runnable]
+    for isa, y in zip(runnable[1:], ys[1:], strict=True):
+        assert torch.equal(y, ys[0]), isa
+
+
+def test_many_rows_take_the_float32_path_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ember.backend import weights
+
+    monkeypatch.setattr(weights, "CHUNK_ROWS", 32)  # 77 rows: three chunks
+    raw, w = weight(QT.Q4_1, (77, 64))
+    x = torch.randn(40, 64)
+    got = NativeLinear(raw, QT.Q4_1, 77, 64)(x)
+    torch.testing.assert_close(got, x @ w.t(), rtol=1e-5, atol=1e-5)
+    batched = NativeLinear(raw, QT.Q4_1, 77, 64)(x.view(4, 10, 64))  # any leading dims
+    assert batched.shape == (4, 10, 77)
+
+
+def test_the_torch_path_without_kernels() -> None:
+    raw, w = weight(QT.Q5_0, (50, 96))
+    lin = NativeLinear(raw, QT.Q5_0, 50, 96, kernels=False)
+    assert lin.isa is None
+    x = torch.randn(3, 96)
+    torch.testing.assert_close(lin(x), x @ w.t(), rtol=1e-5, atol=1e-5)
+    assert lin(torch.zeros(0, 96)).shape == (0, 50)
+
+
+def test_concat_stacks_blocks_of_one_type_and_keeps_mixed_parts_apart() -> None:
+    (a, wa), (b, wb) = weight(QT.Q4_1, (32, 64), 1), weight(QT.Q4_1, (16, 64), 2)
+    fused = concat_linear([NativeLinear(a, QT.Q4_1, 32, 64), NativeLinear(b, QT.Q4_1, 16, 64)])
+    assert isinstance(fused, NativeLinear) and fused.out_features == 48
+    assert torch.equal(fused.dequantize(), torch.cat([wa, wb]))
+    c, _ = weight(QT.Q8_0, (8, 64), 3)
+    mixed = concat_linear([NativeLinear(a, QT.Q4_1, 32, 64), NativeLinear(c, QT.Q8_0, 8, 64)])
+    assert isinstance(mixed, FusedLinear) and mixed.kind == "q4_1+q8_0"
+    x = torch.randn(2, 64)
+    assert mixed(x).shape == (2, 40)
+    assert mixed.nbytes == a.numel() + c.numel()  # still blocks, nothing expanded
+
+
+def test_f32_stays_dense_and_others_stay_blocks() -> None:
+    raw = quantized(QT.F32, (8, 32))
+    assert linear_from_gguf(raw, QT.F32, (8, 32)).kind == "f32"
+    raw16 = quantized(QT.F16, (8, 32))
+    lin = linear_from_gguf(raw16, QT.F16, (8, 32))
+    assert lin.kind == "f16" and lin.nbytes == 8 * 32 * 2
+
+
+def test_an_unknown_type_is_named() -> None:
+    kern = native.kernels()
+    assert kern is not None and not kern.supports(16)  # IQ2_XXS
+    assert all(kern.supports(t) for t in SIMPLE + K_TYPES + FLOAT)
+    assert kern.matmul(16, 0, 0, 0, 1, 1, 256) == -1
+    with pytest.raises(UnsupportedTypeError, match="IQ2_XXS"):
+        NativeLinear(torch.zeros(66, dtype=torch.uint8), 16, 1, 256)
+
+
+def test_cpu_isa_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_CPU_ISA", "generic")
+    kern = native.kernels()
+    assert kern is not None and kern.isa == "generic"
+    raw, _ = weight(QT.Q8_0, (16, 64))
+    assert NativeLinear(raw, QT.Q8_0, 16, 64).isa == "generic"
+    monkeypatch.setenv("EMBER_CPU_ISA", "sse9")
+    with pytest.raises(OptionsError, match="EMBER_CPU_ISA"):
+        native.kernels()
+    missing = next(i for i in ("neon", "avx512", "avx2") if i not in native.runnable_isas())
+    monkeypatch.setenv("EMBER_CPU_ISA", missing)
+    with pytest.raises(native.NativeError, match=f"EMBER_CPU_ISA={missing}"):
+        native.kernels()
+    assert "error" in native.system_info()
+    monkeypatch.delenv("EMBER_CPU_ISA")
+    best = native.runnable_isas()[0]
+    assert native.system_info().startswith(f"native kernels: {best} (cpu: ")
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_generic_path_gives_a_real_model_the_same_greedy_tokens(
+    monkeypatch: pytest.MonkeyPatch, smollm2_path
+) -> None:
+    from ember import LLM
+
+    options = {"temperature": 0, "num_predict": 24}
+    prompt = "Why is the sky blue?"
+    runs = {}
+    for isa in dict.fromkeys(["generic", native.runnable_isas()[0]]):
+        monkeypatch.setenv("EMBER_CPU_ISA", isa)
+        llm = LLM(str(smollm2_path))
+        assert {w.isa for w in _projections(llm.model)} == {isa}
+        runs[isa] = llm.generate(prompt, options=options).tokens
+    assert len(set(map(tuple, runs.values()))) == 1, runs
+
+
+def _projections(model: object) -> list[NativeLinear]:
+    found = []
+    for block in [model, *getattr(model, "blocks", [])]:
+        for v in vars(block).values():
+            found += [v] if isinstance(v, NativeLinear) else []
+    return found

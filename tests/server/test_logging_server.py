@@ -112,3 +112,5 @@ def test_startup_lines(output: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> 
     for key in ("cpus", "total_memory", "available_memory", "torch", "device"):
         assert f" {key}=" in text, key
     assert int(info["cpus"]) >= 1 and info["total_memory"].endswith("GiB")
+    (line,) = [ln for ln in text.splitlines() if "msg=\"system info\"" in ln]
+    assert " kernels=" in line and " cpu=" in line and " threads=" in line

@@ -1,143 +1,167 @@
-"""Native quantized matmul kernels (kernels.c), compiled with the system C compiler on first use
-and cached; `available()` is False where no compiler works, and callers fall back to torch."""
+"""Ember's native kernels: the shared library setup.py builds at install (kernels.c compiled once
+per ISA, dispatch.c), loaded with ctypes. torch is not imported here (the server process asks
+for `system_info()` and has no use for torch).
+
+`kernels()` gives the functions of one ISA copy: the best this CPU runs, or the one
+EMBER_CPU_ISA names (an ISA the CPU lacks is a NativeError). Without the library (a build with
+no compiler), `kernels()` is None and the weights run on the pure-PyTorch path.
+"""
 
 import ctypes
-import hashlib
 import os
-import subprocess
-import tempfile
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import torch
-
 from ember import envconfig
+from ember.errors import EmberError
 
-SOURCE = Path(__file__).with_name("kernels.c")
-TYPES = frozenset({2, 3, 6, 8})  # ggml Q4_0, Q4_1, Q5_0, Q8_0
-FLAGS = [
-    "-O3",
-    "-march=native",
-    "-fno-math-errno",
-    "-fassociative-math",
-    "-fno-signed-zeros",
-    "-fno-trapping-math",
-    "-fopenmp",
-    "-shared",
-    "-fPIC",
-]
-_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+ISAS = envconfig.CPU_ISAS  # numbered as dispatch.c: generic 0, avx2 1, avx512 2, neon 3
+_HERE = Path(__file__).parent
+_i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+
+
+class NativeError(EmberError, RuntimeError):
+    """The native kernels cannot do what was asked (an ISA this CPU lacks, a type they lack)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """One ISA copy's entry points (ctypes functions; pointers and sizes as ints).
+
+    matmul(type, W, x, y, M, N, K) -> 0 | -1 type | -2 shape | -3 memory: y (M, N) = x @ W^T
+    dequant(type, W, out, rows, K) -> same codes: out (rows, K) float32
+    """
+
+    isa: str
+    matmul: ctypes._CFuncPtr  # type: ignore[name-defined]
+    dequant: ctypes._CFuncPtr  # type: ignore[name-defined]
+    block_elems: ctypes._CFuncPtr  # type: ignore[name-defined]
+
+    def supports(self, ggml_type: int) -> bool:
+        return self.block_elems(int(ggml_type)) > 0
+
+
+def library_path() -> Path | None:
+    """The library the package build left beside this file, if any."""
+    found = sorted(_HERE.glob("_ember_kernels*.so")) + sorted(_HERE.glob("_ember_kernels*.dylib"))
+    return found[0] if found else None
 
 
 @cache
-def _library() -> ctypes.CDLL | None:
-    source = SOURCE.read_bytes()
-    # -march=native: the library is only good for this kind of CPU, so its name says which
-    tag = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_flags()).hexdigest()[:16]
-    path = envconfig.cache_dir() / f"ember-kernels-{tag}.so"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
-        os.close(fd)
-        cc = os.environ.get("CC", "cc")
-        try:
-            subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], check=True, capture_output=True)
-        except (OSError, subprocess.CalledProcessError):
-            os.unlink(tmp)
-            return None
-        os.replace(tmp, path)  # atomic: a concurrent process sees the whole library or none
-    lib = ctypes.CDLL(str(path))
-    lib.ember_qmatmul.argtypes = [ctypes.c_int, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64]
-    lib.ember_dequant.argtypes = [ctypes.c_int, _ptr, _ptr, _i64, _i64]
+def library() -> ctypes.CDLL | None:
+    path = library_path()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    lib.ember_cpu_features.restype = ctypes.c_char_p
+    lib.ember_set_threads.argtypes = [_int]
+    lib.ember_set_threads.restype = None
     return lib
 
 
-def _cpu_flags() -> bytes:
-    try:
-        lines = Path("/proc/cpuinfo").read_bytes().splitlines()
-    except OSError:
-        return b""
-    return next((line for line in lines if line.startswith(b"flags")), b"")
-
-
 def available() -> bool:
-    return _library() is not None
+    """Whether the native library was built and loads."""
+    return library() is not None
 
 
-def qmatmul(
-    ggml_type: int, weight: torch.Tensor, x: torch.Tensor, out_features: int
-) -> torch.Tensor:
-    """x (M, K) float32 contiguous @ W.T for W (out_features, K) as raw GGUF blocks (uint8)."""
-    m, k = x.shape
-    if m == 0:  # a prefill chunk with no output rows: legal, nothing to compute
-        return torch.empty(0, out_features)
-    lib = _library()
-    assert lib is not None
-    y = torch.empty(m, out_features)
-    sums = torch.empty(m, k // 32)
-    rc = lib.ember_qmatmul(
-        ggml_type,
-        weight.data_ptr(),
-        x.data_ptr(),
-        y.data_ptr(),
-        sums.data_ptr(),
-        m,
-        out_features,
-        k,
-    )
-    if rc != 0:
-        raise ValueError(
-            f"the native kernel rejected ggml type {ggml_type} with {m} rows of {k} inputs"
+def runnable_isas() -> list[str]:
+    """The ISA copies compiled in that this CPU runs, best first."""
+    lib = library()
+    if lib is None:
+        return []
+    ok = [i for i in range(len(ISAS)) if lib.ember_isa_compiled(i) and lib.ember_cpu_supports(i)]
+    return [ISAS[i] for i in sorted(ok, reverse=True)]
+
+
+def cpu_features() -> str:
+    """The CPU's SIMD features that matter to the kernels ("avx2 fma f16c"), as detected."""
+    lib = library()
+    return lib.ember_cpu_features().decode() if lib is not None else ""
+
+
+def chosen_isa() -> str | None:
+    """EMBER_CPU_ISA, else the best ISA this CPU runs; None without the library."""
+    runnable = runnable_isas()
+    wanted = envconfig.cpu_isa()
+    if not runnable:
+        if wanted:
+            raise NativeError(
+                f"EMBER_CPU_ISA={wanted}, but Ember's native kernels were not built (no C "
+                "compiler at install?)"
+            )
+        return None
+    if wanted and wanted not in runnable:
+        lib = library()
+        why = (
+            "this CPU lacks it"
+            if lib and lib.ember_isa_compiled(ISAS.index(wanted))
+            else ("the library was built without it")
         )
-    return y
-
-
-def dequant(
-    ggml_type: int, weight: torch.Tensor, out_features: int, in_features: int
-) -> torch.Tensor:
-    """The raw GGUF blocks of W expanded to float32 (out_features, in_features)."""
-    lib = _library()
-    assert lib is not None
-    out = torch.empty(out_features, in_features)
-    rc = lib.ember_dequant(ggml_type, weight.data_ptr(), out.data_ptr(), out_features, in_features)
-    if rc != 0:
-        raise ValueError(f"the native kernels do not read ggml type {ggml_type}")
-    return out
-
-
-class NativeLinear:
-    """A linear weight kept as its GGUF blocks (Q4_0, Q4_1, Q5_0, Q8_0): exact float32 results.
-
-    Few rows (decode) run the native kernel over the blocks; many rows (prefill) expand the
-    weight for the call and use torch's dense matmul, which is faster there.
-    """
-
-    __slots__ = ("ggml_type", "in_features", "kind", "out_features", "raw")
-    MAX_NATIVE_ROWS = 8
-
-    def __init__(self, raw: torch.Tensor, ggml_type: int, out_features: int, in_features: int):
-        self.raw, self.ggml_type = raw, int(ggml_type)
-        self.out_features, self.in_features, self.kind = out_features, in_features, "native"
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x (T, in) float32 -> (T, out) float32."""
-        if x.shape[0] <= self.MAX_NATIVE_ROWS:
-            return qmatmul(self.ggml_type, self.raw, x.contiguous(), self.out_features)
-        return x @ self.dequantize().t()
-
-    def dequantize(self) -> torch.Tensor:
-        return dequant(self.ggml_type, self.raw, self.out_features, self.in_features)
-
-    @property
-    def nbytes(self) -> int:
-        return self.raw.nbytes
-
-    @classmethod
-    def concat(cls, parts: list["NativeLinear"]) -> "NativeLinear":
-        """Weights of one type and input size stacked along out (their blocks simply follow)."""
-        if len({(p.ggml_type, p.in_features) for p in parts}) != 1:
-            raise ValueError("only weights of one type and input size can be stacked")
-        raw = torch.cat([p.raw for p in parts])
-        return cls(
-            raw, parts[0].ggml_type, sum(p.out_features for p in parts), parts[0].in_features
+        raise NativeError(
+            f"EMBER_CPU_ISA={wanted}: {why} (CPU features: {cpu_features() or 'none'}; "
+            f"available: {', '.join(runnable)})"
         )
+    return wanted or runnable[0]
+
+
+@cache
+def _kernels_of(isa: str) -> Kernels:
+    lib = library()
+    assert lib is not None
+    matmul = getattr(lib, f"ember_matmul_{isa}")
+    matmul.argtypes = [_int, _ptr, _ptr, _ptr, _i64, _i64, _i64]
+    dequant = getattr(lib, f"ember_dequant_{isa}")
+    dequant.argtypes = [_int, _ptr, _ptr, _i64, _i64]
+    block_elems = getattr(lib, f"ember_block_elems_{isa}")
+    block_elems.argtypes = [_int]
+    return Kernels(isa, matmul, dequant, block_elems)
+
+
+def kernels(isa: str | None = None) -> Kernels | None:
+    """The kernels of `isa` (it must be runnable here), or of `chosen_isa()`; None without the
+    library."""
+    if isa is None:
+        isa = chosen_isa()
+        if isa is None:
+            return None
+    elif isa not in runnable_isas():
+        raise NativeError(
+            f"the {isa} kernels cannot run here (available: {', '.join(runnable_isas()) or 'none'})"
+        )
+    return _kernels_of(isa)
+
+
+_threads = [-1]
+
+
+def set_threads(n: int) -> None:
+    """Threads for the kernels' parallel loops (callers pass torch's count, so both agree)."""
+    if n != _threads[0]:
+        lib = library()
+        if lib is not None:
+            lib.ember_set_threads(n)
+        _threads[0] = n
+
+
+def system_info_fields() -> dict[str, str]:
+    """The native path, for the server's startup line: kernels (ISA or why none), cpu, threads."""
+    threads = str(envconfig.num_threads() or os.cpu_count() or 1)
+    try:
+        isa = chosen_isa()
+    except (NativeError, EmberError) as err:
+        return {"kernels": f"error: {err}", "cpu": cpu_features(), "threads": threads}
+    if isa is None:
+        return {"kernels": "unavailable: pure PyTorch", "cpu": "", "threads": threads}
+    return {"kernels": isa, "cpu": cpu_features(), "threads": threads}
+
+
+def system_info() -> str:
+    """One line: "native kernels: avx2 (cpu: avx2 fma f16c), threads 2", or why there are none."""
+    f = system_info_fields()
+    if f["kernels"].startswith(("unavailable", "error")):
+        return f"native kernels {f['kernels']}"
+    return f"native kernels: {f['kernels']} (cpu: {f['cpu'] or 'none'}), threads {f['threads']}"

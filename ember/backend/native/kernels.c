@@ -1,278 +1,179 @@
-/* Matrix products straight from GGUF blocks, with float32 activations (no bf16 rounding).
+/* The driver: y = x @ W^T straight from a weight's GGUF blocks, and rows of W as float32.
  *
- * y[m, n] = sum_k x[m, k] * W[n, k], where row n of W is K/32 blocks of ggml type Q4_0, Q4_1,
- * Q5_0 or Q8_0 in the file's own layout. Each output is computed the same way whatever the
- * number of rows, so a token's result never depends on the other tokens of its batch.
- * OpenMP splits the rows of W. ember_dequant expands rows to float32 for large batches.
+ * setup.py compiles this file once per ISA with that ISA's flags and -DEMBER_ISA=<name>, so
+ * every exported name ends in the ISA (ember_matmul_avx2 ...); dispatch.c picks one at run time.
+ *
+ *   ember_matmul_<isa>(type, W, x, y, M, N, K): W (N, K) in ggml type `type` (its file bytes),
+ *       x (M, K) float32, y (M, N) float32. The M rows of x are quantized once (blocks:
+ *       simple.h's int16 blocks for the 32-element types, kquants.h's q8_K for the K types; F16/BF16
+ *       use them as they are); OpenMP splits W in chunks of rows, and each W row is
+ *       used by all M rows of x while it sits in L1. Returns 0, or -1 for a type it lacks, -2
+ *       for a K that is not whole blocks, -3 when out of memory.
+ *   ember_dequant_<isa>(type, W, out, rows, K): out (rows, K) float32, bit-equal to gguf-py.
+ *   ember_block_elems_<isa>(type): elements of a block, 0 for a type it lacks.
  */
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
+#include <stdlib.h>
 
-#define QK 32
+#include "kquants.h"
+#include "simple.h"
 
-static inline float f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-/* Codes of one block as 32 floats, and the block's scale and offset: w = d * c + m. */
-static inline void unpack(int type, const uint8_t *b, float *c, float *d, float *m) {
-    switch (type) {
-    case 2: /* Q4_0: d, 16 bytes of nibbles; w = d * (q - 8) */
-        *d = f16(b), *m = -8.0f * *d;
-        for (int j = 0; j < 16; j++) c[j] = (float)(b[2 + j] & 15), c[j + 16] = (float)(b[2 + j] >> 4);
-        break;
-    case 3: /* Q4_1: d, m, 16 bytes of nibbles; w = d * q + m */
-        *d = f16(b), *m = f16(b + 2);
-        for (int j = 0; j < 16; j++) c[j] = (float)(b[4 + j] & 15), c[j + 16] = (float)(b[4 + j] >> 4);
-        break;
-    case 6: { /* Q5_0: d, 32 high bits, 16 bytes of nibbles; w = d * (q - 16) */
-        uint32_t qh;
-        memcpy(&qh, b + 2, 4);
-        *d = f16(b), *m = -16.0f * *d;
-        for (int j = 0; j < 16; j++) {
-            c[j] = (float)((b[6 + j] & 15) | (((qh >> j) << 4) & 16));
-            c[j + 16] = (float)((b[6 + j] >> 4) | ((qh >> (j + 12)) & 16));
-        }
-        break;
-    }
-    default: /* Q8_0: d, 32 signed bytes; w = d * q */
-        *d = f16(b), *m = 0.0f;
-        for (int j = 0; j < QK; j++) c[j] = (float)(int8_t)b[2 + j];
-    }
-}
-
-static int block_bytes(int type) {
-    switch (type) {
-    case 2: return 18;
-    case 3: return 20;
-    case 6: return 22;
-    case 8: return 34;
-    default: return -1;
-    }
-}
-
-#define MAX_M 8 /* rows of x per call: the accumulators of all of them stay on the stack */
-
-/* One output row n of W against M rows of x; sums holds each x row's per-block sums. Each block
- * is unpacked once for all M rows (one read of W per step), and each (m, n) output adds the
- * same terms in the same order as it would alone. */
-static inline void row_dot(int type, const uint8_t *row, const float *x, const float *sums,
-                           float *y, int64_t M, int64_t N, int64_t K, int bytes) {
-    int64_t nb = K / QK;
-    if (M == 1) { /* decode: the accumulators stay in registers */
-        float acc[QK] = {0}, off = 0.0f, c[QK], d, o;
-        for (int64_t b = 0; b < nb; b++) {
-            unpack(type, row + b * bytes, c, &d, &o);
-            const float *xb = x + b * QK;
-            for (int j = 0; j < QK; j++) acc[j] += d * (xb[j] * c[j]);
-            off += o * sums[b];
-        }
-        float s = 0.0f;
-        for (int j = 0; j < QK; j++) s += acc[j];
-        y[0] = s + off;
-        return;
-    }
-    float acc[MAX_M][QK], off[MAX_M], c[QK], d, o;
-    memset(acc, 0, sizeof(acc));
-    memset(off, 0, sizeof(off));
-    for (int64_t b = 0; b < nb; b++) {
-        unpack(type, row + b * bytes, c, &d, &o);
-        for (int64_t m = 0; m < M; m++) {
-            const float *xb = x + m * K + b * QK;
-            for (int j = 0; j < QK; j++) acc[m][j] += d * (xb[j] * c[j]);
-            off[m] += o * sums[m * nb + b];
-        }
-    }
-    for (int64_t m = 0; m < M; m++) {
-        float s = 0.0f;
-        for (int j = 0; j < QK; j++) s += acc[m][j];
-        y[m * N] = s + off[m];
-    }
-}
-
-#ifdef __AVX512F__
-/* Q8_0 against one row of x, four rows of W at a time: the x block is loaded once for all
- * four, and each row keeps two vector accumulators (the int8 -> float conversion is the cost). */
-static void q8_rows4(const uint8_t *w, const float *x, float *y, int64_t nb) {
-    const int64_t stride = nb * 34;
-    __m512 acc[4][2];
-    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m512 x0 = _mm512_loadu_ps(x + b * QK), x1 = _mm512_loadu_ps(x + b * QK + 16);
-        for (int r = 0; r < 4; r++) {
-            const uint8_t *blk = w + r * stride + b * 34;
-            __m512 d = _mm512_set1_ps(f16(blk));
-            __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));
-            __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18))));
-            acc[r][0] = _mm512_fmadd_ps(_mm512_mul_ps(x0, c0), d, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(_mm512_mul_ps(x1, c1), d, acc[r][1]);
-        }
-    }
-    for (int r = 0; r < 4; r++) y[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
-}
-
-/* Q8_0, one row of W against M rows of x: the block is converted once for all of them, and
- * each (m, n) output takes the same steps as in q8_rows4, so it is bit-equal to alone. */
-static void q8_row_many(const uint8_t *w, const float *x, float *y, int64_t nb, int64_t M,
-                        int64_t K, int64_t N) {
-    __m512 acc[MAX_M][2];
-    for (int64_t m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * 34;
-        __m512 d = _mm512_set1_ps(f16(blk));
-        __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));
-        __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18))));
-        for (int64_t m = 0; m < M; m++) {
-            const float *xb = x + m * K + b * QK;
-            acc[m][0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(xb), c0), d, acc[m][0]);
-            acc[m][1] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), c1), d, acc[m][1]);
-        }
-    }
-    for (int64_t m = 0; m < M; m++)
-        y[m * N] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
-}
-
-static int q8_rows(const uint8_t *w, const float *x, float *y, int64_t M, int64_t N, int64_t K) {
-    int64_t nb = K / QK;
-    if (N % 4) return 0;
-    if (M == 1) {
-        #pragma omp parallel for schedule(static)
-        for (int64_t n = 0; n < N; n += 4) q8_rows4(w + n * nb * 34, x, y + n, nb);
-    } else {
-        #pragma omp parallel for schedule(static)
-        for (int64_t n = 0; n < N; n++) q8_row_many(w + n * nb * 34, x, y + n, nb, M, K, N);
-    }
-    return 1;
-}
+#ifndef EMBER_ISA
+#define EMBER_ISA generic
 #endif
+#define EM_JOIN2(a, b) a##_##b
+#define EM_JOIN(a, b) EM_JOIN2(a, b)
+#define EM_EXPORT(name) __attribute__((visibility("default"))) EM_JOIN(name, EMBER_ISA)
 
-#ifdef __AVX512F__
-/* unpack for AVX-512: the block's codes as two vectors (positions 0-15 and 16-31), never
- * written to memory. A stack array of codes made the speed depend on where the calling
- * thread's stack lies (store/load aliasing): twice slower on some threads than on others. */
-static inline __attribute__((always_inline)) void unpack_v(int type, const uint8_t *b, __m512 *c0,
-                                                           __m512 *c1, float *d, float *m) {
-    __m512i lo, hi;
-    const __m512i nibble = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
+extern int ember_num_threads; /* dispatch.c: 0 = OpenMP's default */
+
+#define EM_ROWS_PER_CHUNK 16
+#define EM_MIN_PARALLEL_BYTES (64 * 1024) /* smaller weights run on the calling thread */
+
+enum { EM_F16 = 1, EM_Q4_0 = 2, EM_Q4_1 = 3, EM_Q5_0 = 6, EM_Q5_1 = 7, EM_Q8_0 = 8,
+       EM_IQ4_NL = 20, EM_BF16 = 30 };
+
+typedef float (*em_dot_q16)(const uint8_t *, const em_block_q16 *, int64_t);
+typedef float (*em_dot_f32)(const uint8_t *, const float *, int64_t);
+typedef float (*em_dot_q8_K)(const void *, const kq_block_q8_K *, int64_t);
+typedef void (*em_dequant_row)(const void *, float *, int64_t);
+
+/* type -> (block elements, block bytes); 0 elements: not a type this library reads */
+static void em_block_size(int type, int *elems, int *bytes) {
+    *elems = EM_QK;
     switch (type) {
-    case 2:
-    case 3: {
-        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + (type == 2 ? 2 : 4))));
-        lo = _mm512_and_si512(v, nibble), hi = _mm512_srli_epi32(v, 4);
-        *d = f16(b), *m = type == 2 ? -8.0f * *d : f16(b + 2);
-        break;
+    case EM_Q4_0: *bytes = 18; break;
+    case EM_Q4_1: *bytes = 20; break;
+    case EM_Q5_0: *bytes = 22; break;
+    case EM_Q5_1: *bytes = 24; break;
+    case EM_Q8_0: *bytes = 34; break;
+    case EM_IQ4_NL: *bytes = 18; break;
+    case EM_F16:
+    case EM_BF16: *elems = 1, *bytes = 2; break;
+    default: /* the K types (kquants.h), or none */
+        *bytes = kq_block_bytes(type);
+        *elems = *bytes > 0 ? KQ_QK : 0;
     }
-    case 6: {
-        uint32_t qh;
-        memcpy(&qh, b + 2, 4);
-        const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        const __m512i bits = _mm512_set1_epi32((int)qh);
-        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 6)));
-        __m512i h0 = _mm512_and_si512(_mm512_srlv_epi32(bits, lanes), one);
-        __m512i h1 = _mm512_and_si512(_mm512_srlv_epi32(bits, _mm512_add_epi32(lanes, _mm512_set1_epi32(16))), one);
-        lo = _mm512_or_si512(_mm512_and_si512(v, nibble), _mm512_slli_epi32(h0, 4));
-        hi = _mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_slli_epi32(h1, 4));
-        *d = f16(b), *m = -16.0f * *d;
-        break;
-    }
-    default:
-        lo = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
-        hi = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)));
-        *d = f16(b), *m = 0.0f;
-    }
-    *c0 = _mm512_cvtepi32_ps(lo), *c1 = _mm512_cvtepi32_ps(hi);
 }
 
-/* row_dot with the codes in registers; type and M are constants at each call site, so the
- * accumulators of all M rows stay in registers too. */
-static inline __attribute__((always_inline)) void row_dot_v(int type, const uint8_t *row,
-                                                            const float *x, const float *sums,
-                                                            float *y, const int M, int64_t N,
-                                                            int64_t K, int bytes) {
-    int64_t nb = K / QK;
-    __m512 acc[MAX_M][2];
-    float off[MAX_M];
-    for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm512_setzero_ps(), off[m] = 0.0f;
-    for (int64_t b = 0; b < nb; b++) {
-        __m512 c0, c1;
-        float d, o;
-        unpack_v(type, row + b * bytes, &c0, &c1, &d, &o);
-        const __m512 vd = _mm512_set1_ps(d);
-        for (int m = 0; m < M; m++) {
-            const float *xb = x + m * K + b * QK;
-            acc[m][0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(xb), c0), vd, acc[m][0]);
-            acc[m][1] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), c1), vd, acc[m][1]);
-            off[m] += o * sums[m * nb + b];
-        }
+static em_dot_q16 em_q16_dot_of(int type) {
+    switch (type) {
+    case EM_Q4_0: return em_dot_q4_0;
+    case EM_Q4_1: return em_dot_q4_1;
+    case EM_Q5_0: return em_dot_q5_0;
+    case EM_Q5_1: return em_dot_q5_1;
+    case EM_Q8_0: return em_dot_q8_0;
+    case EM_IQ4_NL: return em_dot_iq4_nl;
+    default: return 0;
     }
-    for (int m = 0; m < M; m++)
-        y[m * N] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1])) + off[m];
 }
 
-#define ROWS_V(T, MM)                                                                         \
-    _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++)               \
-        row_dot_v(T, w + n * (K / QK) * bytes, x, sums, y + n, MM, N, K, bytes)
-#define BY_M(T)                                                                               \
-    switch (M) {                                                                              \
-    case 1: ROWS_V(T, 1); break;                                                              \
-    case 2: ROWS_V(T, 2); break;                                                              \
-    case 3: ROWS_V(T, 3); break;                                                              \
-    case 4: ROWS_V(T, 4); break;                                                              \
-    case 5: ROWS_V(T, 5); break;                                                              \
-    case 6: ROWS_V(T, 6); break;                                                              \
-    case 7: ROWS_V(T, 7); break;                                                              \
-    default: ROWS_V(T, 8);                                                                    \
-    }
-#endif
-
-#define ROWS(T)                                                                               \
-    _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++)               \
-        row_dot(T, w + n * (K / QK) * bytes, x, sums, y + n, M, N, K, bytes)
-
-/* type: ggml numbering (2 Q4_0, 3 Q4_1, 6 Q5_0, 8 Q8_0); sums: (M, K/32) float scratch. */
-int ember_qmatmul(int type, const uint8_t *w, const float *x, float *y, float *sums,
-                  int64_t M, int64_t N, int64_t K) {
-    int bytes = block_bytes(type);
-    if (bytes < 0 || K % QK || M < 1 || M > MAX_M) return -1;
-#ifdef __AVX512F__
-    if (type == 8 && q8_rows(w, x, y, M, N, K)) return 0;
-#endif
-    for (int64_t i = 0; i < M * (K / QK); i++) {
-        float s = 0.0f;
-        for (int j = 0; j < QK; j++) s += x[i * QK + j];
-        sums[i] = s;
-    }
-#ifdef __AVX512F__
+static em_dot_q8_K em_q8_K_dot_of(int type) {
     switch (type) {
-    case 2: BY_M(2); break;
-    case 3: BY_M(3); break;
-    case 6: BY_M(6); break;
-    default: BY_M(8);
+    case KQ_TYPE_Q2_K: return kq_dot_q2_K;
+    case KQ_TYPE_Q3_K: return kq_dot_q3_K;
+    case KQ_TYPE_Q4_K: return kq_dot_q4_K;
+    case KQ_TYPE_Q5_K: return kq_dot_q5_K;
+    case KQ_TYPE_Q6_K: return kq_dot_q6_K;
+    case KQ_TYPE_IQ4_XS: return kq_dot_iq4_xs;
+    default: return 0;
     }
+}
+
+static em_dequant_row em_k_dequant_of(int type) {
+    switch (type) {
+    case KQ_TYPE_Q2_K: return kq_dequant_row_q2_K;
+    case KQ_TYPE_Q3_K: return kq_dequant_row_q3_K;
+    case KQ_TYPE_Q4_K: return kq_dequant_row_q4_K;
+    case KQ_TYPE_Q5_K: return kq_dequant_row_q5_K;
+    case KQ_TYPE_Q6_K: return kq_dequant_row_q6_K;
+    case KQ_TYPE_IQ4_XS: return kq_dequant_row_iq4_xs;
+    default: return 0;
+    }
+}
+
+static int em_threads(int64_t weight_bytes) {
+    if (weight_bytes < EM_MIN_PARALLEL_BYTES) return 1;
+    return ember_num_threads > 0 ? ember_num_threads : 0;
+}
+
+/* The parallel loop over chunks of W rows; DOT(wrow, m) gives y[m, n]. */
+#define EM_ROWS(DOT)                                                                          \
+    do {                                                                                      \
+        const int64_t chunks = (N + EM_ROWS_PER_CHUNK - 1) / EM_ROWS_PER_CHUNK;               \
+        const int nth = em_threads(N * row_bytes);                                            \
+        _Pragma("omp parallel for schedule(static) num_threads(nth ? nth : omp_default) if (nth != 1)") \
+        for (int64_t c = 0; c < chunks; c++) {                                                \
+            const int64_t n1 = (c + 1) * EM_ROWS_PER_CHUNK < N ? (c + 1) * EM_ROWS_PER_CHUNK : N; \
+            for (int64_t n = c * EM_ROWS_PER_CHUNK; n < n1; n++) {                            \
+                const uint8_t *wrow = W + n * row_bytes;                                      \
+                for (int64_t m = 0; m < M; m++) y[m * N + n] = DOT;                           \
+            }                                                                                 \
+        }                                                                                     \
+    } while (0)
+
+int omp_get_max_threads(void);
+
+int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, int64_t M,
+                            int64_t N, int64_t K) {
+    int elems, bytes;
+    em_block_size(type, &elems, &bytes);
+    if (!elems) return -1;
+    if (K % elems || M < 0 || N < 0) return -2;
+    if (M == 0 || N == 0) return 0;
+    const uint8_t *W = (const uint8_t *)w;
+    const int64_t nb = K / elems, row_bytes = nb * bytes;
+    const int omp_default = omp_get_max_threads();
+    if (type == EM_F16 || type == EM_BF16) {
+        const em_dot_f32 dot = type == EM_F16 ? em_dot_f16 : em_dot_bf16;
+        EM_ROWS(dot(wrow, x + m * K, K));
+        return 0;
+    }
+    if (elems == KQ_QK) { /* K types: activations as q8_K, 256 values a block */
+        const em_dot_q8_K kdot = em_q8_K_dot_of(type);
+        kq_block_q8_K *xk = (kq_block_q8_K *)malloc((size_t)(M * nb) * sizeof(kq_block_q8_K));
+        if (!xk) return -3;
+        for (int64_t m = 0; m < M; m++) kq_quantize_row_q8_K(x + m * K, xk + m * nb, K);
+        EM_ROWS(kdot(wrow, xk + m * nb, nb));
+        free(xk);
+        return 0;
+    }
+    const em_dot_q16 dot = em_q16_dot_of(type);
+    em_block_q16 *xq = (em_block_q16 *)malloc((size_t)(M * nb) * sizeof(em_block_q16));
+    if (!xq) return -3;
+    for (int64_t m = 0; m < M; m++) em_quantize_row_q16(x + m * K, xq + m * nb, nb);
+    EM_ROWS(dot(wrow, xq + m * nb, nb));
+    free(xq);
     return 0;
-#endif
-    switch (type) { /* constant type per loop, so each body is specialised */
-    case 2: ROWS(2); break;
-    case 3: ROWS(3); break;
-    case 6: ROWS(6); break;
-    default: ROWS(8);
+}
+
+int EM_EXPORT(ember_dequant)(int type, const void *w, float *out, int64_t rows, int64_t K) {
+    int elems, bytes;
+    em_block_size(type, &elems, &bytes);
+    if (!elems) return -1;
+    if (K % elems || rows < 0) return -2;
+    const uint8_t *W = (const uint8_t *)w;
+    const int64_t nb = K / elems, row_bytes = nb * bytes;
+    const int nth = em_threads(rows * row_bytes), omp_default = omp_get_max_threads();
+    const em_dequant_row krow = em_k_dequant_of(type);
+    #pragma omp parallel for schedule(static) num_threads(nth ? nth : omp_default) if (nth != 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *src = W + r * row_bytes;
+        float *dst = out + r * K;
+        if (type == EM_F16) {
+            for (int64_t i = 0; i < K; i++) dst[i] = em_f16(src + 2 * i);
+        } else if (type == EM_BF16) {
+            for (int64_t i = 0; i < K; i++) dst[i] = em_bf16(src + 2 * i);
+        } else if (krow) {
+            krow(src, dst, K);
+        } else {
+            for (int64_t b = 0; b < nb; b++) em_dequant_block(type, src + b * bytes, dst + b * EM_QK);
+        }
     }
     return 0;
 }
 
-/* Rows of W expanded to float32: out (N, K). */
-int ember_dequant(int type, const uint8_t *w, float *out, int64_t N, int64_t K) {
-    int bytes = block_bytes(type);
-    if (bytes < 0 || K % QK) return -1;
-    int64_t nb = K / QK;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N * nb; i++) {
-        float c[QK], d, m;
-        unpack(type, w + i * bytes, c, &d, &m);
-        for (int j = 0; j < QK; j++) out[i * QK + j] = d * c[j] + m;
-    }
-    return 0;
+int EM_EXPORT(ember_block_elems)(int type) {
+    int elems, bytes;
+    em_block_size(type, &elems, &bytes);
+    return elems;
 }

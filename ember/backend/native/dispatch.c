@@ -1,0 +1,134 @@
+/* Which of the ISA copies of kernels.c this CPU can run, and a default entry point.
+ *
+ * ISAs by number: 0 generic, 1 avx2, 2 avx512, 3 neon. setup.py defines EMBER_HAS_<ISA> for
+ * each copy it compiled; a copy is usable where it was compiled and the CPU has its features
+ * (avx2: AVX2 + FMA + F16C; avx512: AVX-512 F/BW/VL/VNNI as well). */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define EM_API __attribute__((visibility("default")))
+
+EM_API int ember_num_threads = 0; /* threads of the kernels' parallel loops; 0 = OpenMP's default */
+
+EM_API void ember_set_threads(int n) { ember_num_threads = n > 0 ? n : 0; }
+
+typedef int (*em_matmul_fn)(int, const void *, const float *, float *, int64_t, int64_t, int64_t);
+typedef int (*em_dequant_fn)(int, const void *, float *, int64_t, int64_t);
+
+#define EM_DECLARE(isa)                                                                        \
+    int ember_matmul_##isa(int, const void *, const float *, float *, int64_t, int64_t, int64_t); \
+    int ember_dequant_##isa(int, const void *, float *, int64_t, int64_t);
+
+EM_DECLARE(generic)
+#ifdef EMBER_HAS_AVX2
+EM_DECLARE(avx2)
+#endif
+#ifdef EMBER_HAS_AVX512
+EM_DECLARE(avx512)
+#endif
+#ifdef EMBER_HAS_NEON
+EM_DECLARE(neon)
+#endif
+
+EM_API int ember_isa_compiled(int isa) {
+    switch (isa) {
+    case 0: return 1;
+#ifdef EMBER_HAS_AVX2
+    case 1: return 1;
+#endif
+#ifdef EMBER_HAS_AVX512
+    case 2: return 1;
+#endif
+#ifdef EMBER_HAS_NEON
+    case 3: return 1;
+#endif
+    default: return 0;
+    }
+}
+
+EM_API int ember_cpu_supports(int isa) {
+    if (isa == 0) return 1;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                     __builtin_cpu_supports("f16c");
+    if (isa == 1) return avx2;
+    if (isa == 2)
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#elif defined(__aarch64__)
+    if (isa == 3) return 1; /* Advanced SIMD is part of every AArch64 CPU */
+#endif
+    return 0;
+}
+
+/* The CPU's features that matter here, space-separated (for the system info line). */
+EM_API const char *ember_cpu_features(void) {
+    static char text[160];
+    text[0] = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    static const char *names[] = {"avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
+                                  "avx512vl", "avx512vnni"};
+    __builtin_cpu_init();
+    const int has[] = {__builtin_cpu_supports("avx"), __builtin_cpu_supports("avx2"),
+                       __builtin_cpu_supports("fma"), __builtin_cpu_supports("f16c"),
+                       __builtin_cpu_supports("avx512f"), __builtin_cpu_supports("avx512bw"),
+                       __builtin_cpu_supports("avx512vl"), __builtin_cpu_supports("avx512vnni")};
+    for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (has[i]) {
+            if (text[0]) strcat(text, " ");
+            strcat(text, names[i]);
+        }
+#elif defined(__aarch64__)
+    strcpy(text, "neon");
+#endif
+    return text;
+}
+
+/* The best ISA compiled in that this CPU runs. */
+EM_API int ember_best_isa(void) {
+    for (int isa = 3; isa > 0; isa--)
+        if (ember_isa_compiled(isa) && ember_cpu_supports(isa)) return isa;
+    return 0;
+}
+
+static em_matmul_fn em_matmul_of(int isa) {
+    switch (isa) {
+#ifdef EMBER_HAS_AVX2
+    case 1: return ember_matmul_avx2;
+#endif
+#ifdef EMBER_HAS_AVX512
+    case 2: return ember_matmul_avx512;
+#endif
+#ifdef EMBER_HAS_NEON
+    case 3: return ember_matmul_neon;
+#endif
+    default: return ember_matmul_generic;
+    }
+}
+
+static em_dequant_fn em_dequant_of(int isa) {
+    switch (isa) {
+#ifdef EMBER_HAS_AVX2
+    case 1: return ember_dequant_avx2;
+#endif
+#ifdef EMBER_HAS_AVX512
+    case 2: return ember_dequant_avx512;
+#endif
+#ifdef EMBER_HAS_NEON
+    case 3: return ember_dequant_neon;
+#endif
+    default: return ember_dequant_generic;
+    }
+}
+
+/* For C callers: the best ISA's kernels (Ember's Python side binds the suffixed names). */
+EM_API int ember_matmul(int type, const void *w, const float *x, float *y, int64_t M, int64_t N,
+                        int64_t K) {
+    return em_matmul_of(ember_best_isa())(type, w, x, y, M, N, K);
+}
+
+EM_API int ember_dequant(int type, const void *w, float *out, int64_t rows, int64_t K) {
+    return em_dequant_of(ember_best_isa())(type, w, out, rows, K);
+}

@@ -1,0 +1,720 @@
+/* kquants.h: dot products of K-quant weight rows (ggml Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)
+ * with activations quantized to int8 per 256 values (q8_K), the way llama.cpp does it, plus
+ * dequantization of the same rows to float32 (bit-exact against gguf-py's gguf.quants).
+ *
+ * Self-contained: include it from any C file. Every function is static (inline), prefix kq_.
+ * The implementation is chosen at compile time from the target's predefined macros:
+ *   AVX-512F+BW+VL  the x86 SIMD code below, 256-bit, with AVX512-VNNI vpdpwssd where
+ *                   __AVX512VNNI__ (fuses each vpmaddwd + vpaddd)
+ *   AVX2+FMA        the x86 SIMD code: vpmaddubsw/vpmaddwd on unsigned codes times int8
+ *                   activations, integer sums per super-block, one float FMA per block
+ *   NEON            (aarch64) vdotq_s32 where __ARM_FEATURE_DOTPROD, else vmull_s8/vpadalq
+ *   otherwise       portable scalar C (kq_*_generic, always compiled: it is the reference)
+ * Every path computes the same per-block integer sums exactly (they are exact in int32); only
+ * the float accumulation order differs, so all paths agree to ~1e-7 relative.
+ *
+ * Block layouts (bytes): exactly ggml's / GGUF's.
+ *   Q2_K  84: scales[16] (lo nibble scale, hi nibble min), qs[64], d f16, dmin f16
+ *   Q3_K 110: hmask[32], qs[64], scales[12] (16 x 6 bits, offset 32), d f16
+ *   Q4_K 144: d f16, dmin f16, scales[12] (8 scales + 8 mins, 6 bits), qs[128]
+ *   Q5_K 176: d f16, dmin f16, scales[12], qh[32], qs[128]
+ *   Q6_K 210: ql[128], qh[64], scales[16] int8, d f16
+ *   IQ4_XS 136: d f16, scales_h u16, scales_l[4], qs[128] (indices into the IQ4_NL table)
+ *
+ * Any -ffp-contract is fine (see the q8_K section); do not build with -ffast-math, under
+ * which rintf and the float order are no longer guaranteed.
+ *
+ * Bench (benchmarks/bench_kquants.py, one thread, one row of x, 4096 x 4096 weights, GB/s of
+ * weight bytes read): see the table at the end of this comment.
+ *   command: PYTHONPATH=. .venv/bin/python benchmarks/bench_kquants.py
+ *   CPU: AMD EPYC (2 cores, AVX2, no AVX-512), gcc 12.2 -O3
+ *   (figures filled in below by the bench commit)
+ */
+#ifndef EMBER_KQUANTS_H
+#define EMBER_KQUANTS_H
+
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define KQ_X86 1
+#if defined(__AVX512VNNI__)
+#define KQ_VNNI 1
+#endif
+#include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__)
+#define KQ_X86 1
+#include <immintrin.h>
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+#define KQ_NEON 1
+#include <arm_neon.h>
+#elif defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#if defined(__F16C__) && !defined(KQ_NEON)
+#define KQ_F16C 1
+#endif
+
+#define KQ_QK 256
+
+typedef struct {
+    float d;
+    int8_t qs[256];
+    int16_t bsums[16];
+} kq_block_q8_K; /* activations: value j = d * qs[j]; bsums[g] = sum of qs[16g .. 16g+15] */
+
+#define KQ_TYPE_Q2_K 10
+#define KQ_TYPE_Q3_K 11
+#define KQ_TYPE_Q4_K 12
+#define KQ_TYPE_Q5_K 13
+#define KQ_TYPE_Q6_K 14
+#define KQ_TYPE_IQ4_XS 23
+
+static inline int kq_block_bytes(int ggml_type) {
+    switch (ggml_type) {
+    case KQ_TYPE_Q2_K: return 84;
+    case KQ_TYPE_Q3_K: return 110;
+    case KQ_TYPE_Q4_K: return 144;
+    case KQ_TYPE_Q5_K: return 176;
+    case KQ_TYPE_Q6_K: return 210;
+    case KQ_TYPE_IQ4_XS: return 136;
+    default: return -1;
+    }
+}
+
+static const int8_t kq_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                           1,    13,   25,  38,  53,  69,  89,  113};
+
+/* ---------------------------------------------------------------- fp16 -> f32 */
+static inline float kq_fp16_to_f32(uint16_t h) {
+#if defined(KQ_F16C)
+    return _cvtsh_ss(h);
+#elif defined(KQ_NEON)
+    __fp16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, f;
+    float r;
+    if (exp == 0) {
+        r = (float)man * 5.9604644775390625e-8f; /* man * 2^-24, exact */
+        memcpy(&f, &r, 4);
+        f |= sign;
+    } else if (exp == 31) {
+        f = sign | 0x7f800000u | (man << 13);
+    } else {
+        f = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    memcpy(&r, &f, 4);
+    return r;
+#endif
+}
+
+static inline float kq_f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return kq_fp16_to_f32(h);
+}
+
+/* Q4_K / Q5_K: 12 bytes -> 8 six-bit scales sc[0..7] then 8 mins m[0..7] (16 bytes out). */
+static inline void kq_scales_k4(const uint8_t *s, uint8_t out[16]) {
+    uint32_t u[4];
+    memcpy(u, s, 12);
+    const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const uint32_t mins_lo = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = mins_lo;
+    u[0] &= k1;
+    memcpy(out, u, 16);
+}
+
+/* Q3_K: 12 bytes -> 16 signed scales (six bits minus 32). */
+static inline void kq_scales_q3(const uint8_t *s, int8_t out[16]) {
+    uint32_t a[4];
+    memcpy(a, s, 12);
+    const uint32_t k1 = 0x03030303u, k2 = 0x0f0f0f0fu, t = a[2];
+    a[2] = ((a[0] >> 4) & k2) | (((t >> 4) & k1) << 4);
+    a[3] = ((a[1] >> 4) & k2) | (((t >> 6) & k1) << 4);
+    a[0] = (a[0] & k2) | (((t >> 0) & k1) << 4);
+    a[1] = (a[1] & k2) | (((t >> 2) & k1) << 4);
+    uint8_t b[16];
+    memcpy(b, a, 16);
+    for (int i = 0; i < 16; i++) out[i] = (int8_t)(b[i] - 32);
+}
+
+/* IQ4_XS: scale of sub-block ib (0..7), minus 32. */
+static inline int kq_scale_iq4xs(const uint8_t *blk, int ib) {
+    uint16_t sh;
+    memcpy(&sh, blk + 2, 2);
+    return (((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xf) | (((sh >> (2 * ib)) & 3) << 4)) - 32;
+}
+
+/* ============================================================ q8_K and dequantization
+ * No FMA contraction can change these results: every product in the dequantization is exact in
+ * float32 (an fp16 d has 11 significant bits, a scale at most 8, a code at most 8: d*sc*q needs
+ * at most 24), so d*sc*q - dmin*m rounds once however it is computed; and q8_K rounds with
+ * rintf (no add that could fuse with the multiply). */
+static inline int kq_nearest_int(float f) {
+    return (int)rintf(f); /* round half to even, as llama.cpp's 1.5*2^23 trick */
+}
+
+/* As llama.cpp quantize_row_q8_K_ref: iscale = -127/max (max = the element of largest
+ * magnitude, signed), q = min(127, round(iscale * x)), d = 1/iscale. */
+static inline void kq_quantize_row_q8_K(const float *x, kq_block_q8_K *y, int64_t k) {
+    const int64_t nb = k / KQ_QK;
+    for (int64_t i = 0; i < nb; i++, x += KQ_QK) {
+        float max = 0, amax = 0;
+        for (int j = 0; j < KQ_QK; j++) {
+            float ax = fabsf(x[j]);
+            if (ax > amax) {
+                amax = ax;
+                max = x[j];
+            }
+        }
+        if (!amax) {
+            y[i].d = 0;
+            memset(y[i].qs, 0, sizeof y[i].qs);
+            memset(y[i].bsums, 0, sizeof y[i].bsums);
+            continue;
+        }
+        const float iscale = -127.f / max;
+        for (int j = 0; j < KQ_QK; j++) {
+            int v = kq_nearest_int(iscale * x[j]);
+            y[i].qs[j] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += y[i].qs[16 * g + j];
+            y[i].bsums[g] = (int16_t)s;
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+/* Dequantization: the float operations of gguf.quants in its order (d*scale, then *q, then
+ * minus dmin*min), so the results are bit-identical. */
+static inline void kq_dequant_row_q2_K(const void *w, float *y, int64_t k) {
+    const uint8_t *b = (const uint8_t *)w;
+    for (int64_t i = 0; i < k / KQ_QK; i++, b += 84, y += KQ_QK) {
+        const float d = kq_f16_at(b + 80), dmin = kq_f16_at(b + 82);
+        for (int n = 0; n < 2; n++)
+            for (int s = 0; s < 4; s++)
+                for (int h = 0; h < 2; h++) {
+                    const int is = n * 8 + s * 2 + h;
+                    const float dl = d * (float)(b[is] & 0xf), ml = dmin * (float)(b[is] >> 4);
+                    float *o = y + n * 128 + s * 32 + h * 16;
+                    const uint8_t *q = b + 16 + n * 32 + h * 16;
+                    for (int l = 0; l < 16; l++) {
+                        float t = dl * (float)((q[l] >> (2 * s)) & 3);
+                        o[l] = t - ml;
+                    }
+                }
+    }
+}
+
+static inline void kq_dequant_row_q3_K(const void *w, float *y, int64_t k) {
+    const uint8_t *b = (const uint8_t *)w;
+    for (int64_t i = 0; i < k / KQ_QK; i++, b += 110, y += KQ_QK) {
+        const float d = kq_f16_at(b + 108);
+        int8_t sc[16];
+        kq_scales_q3(b + 96, sc);
+        for (int n = 0; n < 2; n++)
+            for (int s = 0; s < 4; s++)
+                for (int h = 0; h < 2; h++) {
+                    const int is = n * 8 + s * 2 + h, g = n * 4 + s;
+                    const float dl = d * (float)sc[is];
+                    float *o = y + n * 128 + s * 32 + h * 16;
+                    const uint8_t *q = b + 32 + n * 32 + h * 16, *hm = b + h * 16;
+                    for (int l = 0; l < 16; l++) {
+                        int v = ((q[l] >> (2 * s)) & 3) - (((hm[l] >> g) & 1) ? 0 : 4);
+                        o[l] = dl * (float)v;
+                    }
+                }
+    }
+}
+
+static inline void kq_dequant_row_q4_K(const void *w, float *y, int64_t k) {
+    const uint8_t *b = (const uint8_t *)w;
+    for (int64_t i = 0; i < k / KQ_QK; i++, b += 144, y += KQ_QK) {
+        const float d = kq_f16_at(b), dmin = kq_f16_at(b + 2);
+        uint8_t sm[16];
+        kq_scales_k4(b + 4, sm);
+        for (int j = 0; j < 8; j++) {
+            const float dl = d * (float)sm[j], ml = dmin * (float)sm[8 + j];
+            const uint8_t *q = b + 16 + (j / 2) * 32;
+            const int sh = 4 * (j % 2);
+            for (int l = 0; l < 32; l++) {
+                float t = dl * (float)((q[l] >> sh) & 0xf);
+                y[j * 32 + l] = t - ml;
+            }
+        }
+    }
+}
+
+static inline void kq_dequant_row_q5_K(const void *w, float *y, int64_t k) {
+    const uint8_t *b = (const uint8_t *)w;
+    for (int64_t i = 0; i < k / KQ_QK; i++, b += 176, y += KQ_QK) {
+        const float d = kq_f16_at(b), dmin = kq_f16_at(b + 2);
+        uint8_t sm[16];
+        kq_scales_k4(b + 4, sm);
+        const uint8_t *qh = b + 16;
+        for (int j = 0; j < 8; j++) {
+            const float dl = d * (float)sm[j], ml = dmin * (float)sm[8 + j];
+            const uint8_t *q = b + 48 + (j / 2) * 32;
+            const int sh = 4 * (j % 2);
+            for (int l = 0; l < 32; l++) {
+                int v = ((q[l] >> sh) & 0xf) | (((qh[l] >> j) & 1) << 4);
+                float t = dl * (float)v;
+                y[j * 32 + l] = t - ml;
+            }
+        }
+    }
+}
+
+static inline void kq_dequant_row_q6_K(const void *w, float *y, int64_t k) {
+    const uint8_t *b = (const uint8_t *)w;
+    for (int64_t i = 0; i < k / KQ_QK; i++, b += 210, y += KQ_QK) {
+        const float d = kq_f16_at(b + 208);
+        const int8_t *sc = (const int8_t *)(b + 192);
+        for (int n = 0; n < 2; n++)
+            for (int s = 0; s < 4; s++)
+                for (int h = 0; h < 2; h++) {
+                    const float dl = d * (float)sc[n * 8 + s * 2 + h];
+                    const uint8_t *ql = b + n * 64 + (s & 1) * 32 + h * 16;
+                    const uint8_t *qh = b + 128 + n * 32 + h * 16;
+                    float *o = y + n * 128 + s * 32 + h * 16;
+                    for (int l = 0; l < 16; l++) {
+                        int v = ((ql[l] >> (4 * (s >> 1))) & 0xf) | (((qh[l] >> (2 * s)) & 3) << 4);
+                        o[l] = dl * (float)(v - 32);
+                    }
+                }
+    }
+}
+
+static inline void kq_dequant_row_iq4_xs(const void *w, float *y, int64_t k) {
+    const uint8_t *b = (const uint8_t *)w;
+    for (int64_t i = 0; i < k / KQ_QK; i++, b += 136, y += KQ_QK) {
+        const float d = kq_f16_at(b);
+        for (int ib = 0; ib < 8; ib++) {
+            const float dl = d * (float)kq_scale_iq4xs(b, ib);
+            const uint8_t *q = b + 8 + ib * 16;
+            for (int l = 0; l < 16; l++) {
+                y[ib * 32 + l] = dl * (float)kq_iq4nl_values[q[l] & 0xf];
+                y[ib * 32 + 16 + l] = dl * (float)kq_iq4nl_values[q[l] >> 4];
+            }
+        }
+    }
+}
+
+/* ============================================================ portable dot products
+ * Per super-block: exact int32 sums of scale * code * q8, then one float step. */
+static inline float kq_dot_q2_K_generic(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    float sumf = 0;
+    for (int64_t i = 0; i < nb; i++, b += 84) {
+        const int8_t *q8 = x[i].qs;
+        int32_t sumi = 0, summ = 0;
+        for (int g = 0; g < 16; g++) summ += (b[g] >> 4) * x[i].bsums[g];
+        for (int n = 0; n < 2; n++)
+            for (int s = 0; s < 4; s++)
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *q = b + 16 + n * 32 + h * 16;
+                    const int8_t *a = q8 + n * 128 + s * 32 + h * 16;
+                    int32_t t = 0;
+                    for (int l = 0; l < 16; l++) t += ((q[l] >> (2 * s)) & 3) * a[l];
+                    sumi += (b[n * 8 + s * 2 + h] & 0xf) * t;
+                }
+        sumf += x[i].d * kq_f16_at(b + 80) * (float)sumi - x[i].d * kq_f16_at(b + 82) * (float)summ;
+    }
+    return sumf;
+}
+
+static inline float kq_dot_q3_K_generic(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    float sumf = 0;
+    for (int64_t i = 0; i < nb; i++, b += 110) {
+        const int8_t *q8 = x[i].qs;
+        int8_t sc[16];
+        kq_scales_q3(b + 96, sc);
+        int32_t sumi = 0;
+        for (int n = 0; n < 2; n++)
+            for (int s = 0; s < 4; s++)
+                for (int h = 0; h < 2; h++) {
+                    const int g = n * 4 + s;
+                    const uint8_t *q = b + 32 + n * 32 + h * 16, *hm = b + h * 16;
+                    const int8_t *a = q8 + n * 128 + s * 32 + h * 16;
+                    int32_t t = 0;
+                    for (int l = 0; l < 16; l++)
+                        t += (((q[l] >> (2 * s)) & 3) - (((hm[l] >> g) & 1) ? 0 : 4)) * a[l];
+                    sumi += sc[n * 8 + s * 2 + h] * t;
+                }
+        sumf += x[i].d * kq_f16_at(b + 108) * (float)sumi;
+    }
+    return sumf;
+}
+
+static inline float kq_dot_q4_K_generic(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    float sumf = 0;
+    for (int64_t i = 0; i < nb; i++, b += 144) {
+        const int8_t *q8 = x[i].qs;
+        uint8_t sm[16];
+        kq_scales_k4(b + 4, sm);
+        int32_t sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) summ += sm[8 + j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *q = b + 16 + c * 32;
+            int32_t lo = 0, hi = 0;
+            for (int l = 0; l < 32; l++) {
+                lo += (q[l] & 0xf) * q8[c * 64 + l];
+                hi += (q[l] >> 4) * q8[c * 64 + 32 + l];
+            }
+            sumi += sm[2 * c] * lo + sm[2 * c + 1] * hi;
+        }
+        sumf += x[i].d * kq_f16_at(b) * (float)sumi - x[i].d * kq_f16_at(b + 2) * (float)summ;
+    }
+    return sumf;
+}
+
+static inline float kq_dot_q5_K_generic(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    float sumf = 0;
+    for (int64_t i = 0; i < nb; i++, b += 176) {
+        const int8_t *q8 = x[i].qs;
+        const uint8_t *qh = b + 16;
+        uint8_t sm[16];
+        kq_scales_k4(b + 4, sm);
+        int32_t sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) summ += sm[8 + j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *q = b + 48 + c * 32;
+            int32_t lo = 0, hi = 0;
+            for (int l = 0; l < 32; l++) {
+                lo += ((q[l] & 0xf) | (((qh[l] >> (2 * c)) & 1) << 4)) * q8[c * 64 + l];
+                hi += ((q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4)) * q8[c * 64 + 32 + l];
+            }
+            sumi += sm[2 * c] * lo + sm[2 * c + 1] * hi;
+        }
+        sumf += x[i].d * kq_f16_at(b) * (float)sumi - x[i].d * kq_f16_at(b + 2) * (float)summ;
+    }
+    return sumf;
+}
+
+static inline float kq_dot_q6_K_generic(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    float sumf = 0;
+    for (int64_t i = 0; i < nb; i++, b += 210) {
+        const int8_t *q8 = x[i].qs;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        int32_t sumi = 0;
+        for (int n = 0; n < 2; n++)
+            for (int s = 0; s < 4; s++)
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *ql = b + n * 64 + (s & 1) * 32 + h * 16;
+                    const uint8_t *qh = b + 128 + n * 32 + h * 16;
+                    const int8_t *a = q8 + n * 128 + s * 32 + h * 16;
+                    int32_t t = 0;
+                    for (int l = 0; l < 16; l++)
+                        t += ((((ql[l] >> (4 * (s >> 1))) & 0xf) | (((qh[l] >> (2 * s)) & 3) << 4)) - 32) * a[l];
+                    sumi += sc[n * 8 + s * 2 + h] * t;
+                }
+        sumf += x[i].d * kq_f16_at(b + 208) * (float)sumi;
+    }
+    return sumf;
+}
+
+static inline float kq_dot_iq4_xs_generic(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    float sumf = 0;
+    for (int64_t i = 0; i < nb; i++, b += 136) {
+        const int8_t *q8 = x[i].qs;
+        int32_t sumi = 0;
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *q = b + 8 + ib * 16;
+            int32_t t = 0;
+            for (int l = 0; l < 16; l++)
+                t += kq_iq4nl_values[q[l] & 0xf] * q8[ib * 32 + l] + kq_iq4nl_values[q[l] >> 4] * q8[ib * 32 + 16 + l];
+            sumi += kq_scale_iq4xs(b, ib) * t;
+        }
+        sumf += x[i].d * kq_f16_at(b) * (float)sumi;
+    }
+    return sumf;
+}
+
+/* ============================================================ x86: AVX2 (+ AVX-512 VNNI) */
+#if defined(KQ_X86)
+
+/* acc + pairwise int16 products summed into int32 lanes */
+#if defined(KQ_VNNI)
+#define KQ_MADD_ACC(acc, a, b) _mm256_dpwssd_epi32((acc), (a), (b))
+#else
+#define KQ_MADD_ACC(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
+#endif
+
+static inline float kq_hsum256(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+/* kq_scales_k4 / kq_scales_q3 built in registers (a memcpy to the stack and a 16-byte reload
+ * would stall on store forwarding) */
+static inline __m128i kq_scales_k4_x86(const uint8_t *s) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
+    return _mm_set_epi32((int)(((u2 >> 4) & k2) | (((u1 >> 6) & k3) << 4)), (int)(u1 & k1),
+                         (int)((u2 & k2) | (((u0 >> 6) & k3) << 4)), (int)(u0 & k1));
+}
+
+static inline __m128i kq_scales_q3_x86(const uint8_t *s) {
+    uint32_t a0, a1, t;
+    memcpy(&a0, s, 4);
+    memcpy(&a1, s + 4, 4);
+    memcpy(&t, s + 8, 4);
+    const uint32_t k1 = 0x03030303u, k2 = 0x0f0f0f0fu;
+    const __m128i v = _mm_set_epi32((int)(((a1 >> 4) & k2) | (((t >> 6) & k1) << 4)),
+                                    (int)(((a0 >> 4) & k2) | (((t >> 4) & k1) << 4)),
+                                    (int)((a1 & k2) | (((t >> 2) & k1) << 4)), (int)((a0 & k2) | ((t & k1) << 4)));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+/* byte shuffles: for 32 values g (sub-blocks 2g, 2g+1 of 16), scale 2g in bytes 0-7 and 2g+1 in 8-15 */
+static inline __m256i kq_scales16_x86(__m128i sc8, int g) {
+    const __m128i idx = _mm_add_epi8(_mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                     _mm_set1_epi8((char)(2 * g)));
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, idx));
+}
+
+static inline float kq_dot_q2_K_x86(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m128i m4 = _mm_set1_epi8(0xf);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 84) {
+        const int8_t *q8 = x[i].qs;
+        const __m128i mas = _mm_loadu_si128((const __m128i *)b);
+        const __m128i sc8 = _mm_and_si128(mas, m4);
+        const __m128i mn8 = _mm_and_si128(_mm_srli_epi16(mas, 4), m4);
+        const __m256i prodm = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mn8),
+                                                _mm256_loadu_si256((const __m256i *)x[i].bsums));
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b + 82)), _mm256_cvtepi32_ps(prodm), accm);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++) {
+            const __m256i q2 = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * n));
+            const __m256i c0 = _mm256_and_si256(q2, m3);
+            const __m256i c1 = _mm256_and_si256(_mm256_srli_epi16(q2, 2), m3);
+            const __m256i c2 = _mm256_and_si256(_mm256_srli_epi16(q2, 4), m3);
+            const __m256i c3 = _mm256_and_si256(_mm256_srli_epi16(q2, 6), m3);
+            const int8_t *a = q8 + 128 * n;
+            const __m256i p0 = _mm256_maddubs_epi16(c0, _mm256_loadu_si256((const __m256i *)(a + 0)));
+            const __m256i p1 = _mm256_maddubs_epi16(c1, _mm256_loadu_si256((const __m256i *)(a + 32)));
+            const __m256i p2 = _mm256_maddubs_epi16(c2, _mm256_loadu_si256((const __m256i *)(a + 64)));
+            const __m256i p3 = _mm256_maddubs_epi16(c3, _mm256_loadu_si256((const __m256i *)(a + 96)));
+            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 0), p0);
+            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 1), p1);
+            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 2), p2);
+            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 3), p3);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b + 80)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return kq_hsum256(acc) - kq_hsum256(accm);
+}
+
+static inline float kq_dot_q3_K_x86(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 110) {
+        const int8_t *q8 = x[i].qs;
+        const __m128i sc8 = kq_scales_q3_x86(b + 96);
+        /* codes are u - 4 with u = low two bits | high bit << 2 in 0..7: sum sc*u*q8 - 4*sum sc*bsum */
+        const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
+                                               _mm256_loadu_si256((const __m256i *)x[i].bsums));
+        __m256i hb = _mm256_loadu_si256((const __m256i *)b);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++) {
+            const __m256i q3 = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * n));
+            const int8_t *a = q8 + 128 * n;
+            for (int s = 0; s < 4; s++) {
+                const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q3, 2 * s), m3);
+                const __m256i hi = _mm256_and_si256(_mm256_slli_epi16(hb, 2), m4);
+                hb = _mm256_srli_epi16(hb, 1);
+                const __m256i p = _mm256_maddubs_epi16(_mm256_or_si256(lo, hi),
+                                                       _mm256_loadu_si256((const __m256i *)(a + 32 * s)));
+                sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + s), p);
+            }
+        }
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 2));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b + 108)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return kq_hsum256(acc);
+}
+
+static inline float kq_dot_q4_K_x86(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    const __m256i m4 = _mm256_set1_epi8(0xf);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 144) {
+        const int8_t *q8 = x[i].qs;
+        const __m256i ms = _mm256_cvtepu8_epi16(kq_scales_k4_x86(b + 4));
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)x[i].bsums);
+        const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        const __m128i prodm = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), bs32);
+        accm = _mm_fmadd_ps(_mm_set1_ps(x[i].d * kq_f16_at(b + 2)), _mm_cvtepi32_ps(prodm), accm);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(ms));
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 1) << 8 | (4 * c))));
+            const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+            const __m256i lo = _mm256_and_si256(q4, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c)));
+            const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32)));
+            sumi = KQ_MADD_ACC(sumi, sl, pl);
+            sumi = KQ_MADD_ACC(sumi, sh, ph);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return kq_hsum256(acc) - _mm_cvtss_f32(m);
+}
+
+static inline float kq_dot_q5_K_x86(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    const __m256i m4 = _mm256_set1_epi8(0xf), m16 = _mm256_set1_epi8(16);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 176) {
+        const int8_t *q8 = x[i].qs;
+        const __m256i ms = _mm256_cvtepu8_epi16(kq_scales_k4_x86(b + 4));
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)x[i].bsums);
+        const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        const __m128i prodm = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), bs32);
+        accm = _mm_fmadd_ps(_mm_set1_ps(x[i].d * kq_f16_at(b + 2)), _mm_cvtepi32_ps(prodm), accm);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(ms));
+        __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 16));
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 1) << 8 | (4 * c))));
+            const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * c));
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m16));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(hb, 3), m16));
+            hb = _mm256_srli_epi16(hb, 2);
+            const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c)));
+            const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32)));
+            sumi = KQ_MADD_ACC(sumi, sl, pl);
+            sumi = KQ_MADD_ACC(sumi, sh, ph);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return kq_hsum256(acc) - _mm_cvtss_f32(m);
+}
+
+static inline float kq_dot_q6_K_x86(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    const __m256i m4 = _mm256_set1_epi8(0xf), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 210) {
+        const int8_t *q8 = x[i].qs;
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
+        /* codes are u - 32 with u in 0..63: sum sc*u*q8 - 32*sum sc*bsum */
+        const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
+                                               _mm256_loadu_si256((const __m256i *)x[i].bsums));
+        __m256i sumi = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++) {
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * n));
+            const __m256i l2 = _mm256_loadu_si256((const __m256i *)(b + 64 * n + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n));
+            const __m256i c0 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+            const __m256i c1 = _mm256_or_si256(_mm256_and_si256(l2, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+            const __m256i c2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(h, m30));
+            const __m256i c3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+            const int8_t *a = q8 + 128 * n;
+            const __m256i p0 = _mm256_maddubs_epi16(c0, _mm256_loadu_si256((const __m256i *)(a + 0)));
+            const __m256i p1 = _mm256_maddubs_epi16(c1, _mm256_loadu_si256((const __m256i *)(a + 32)));
+            const __m256i p2 = _mm256_maddubs_epi16(c2, _mm256_loadu_si256((const __m256i *)(a + 64)));
+            const __m256i p3 = _mm256_maddubs_epi16(c3, _mm256_loadu_si256((const __m256i *)(a + 96)));
+            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 0), p0);
+            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 1), p1);
+            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 2), p2);
+            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 3), p3);
+        }
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b + 208)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return kq_hsum256(acc);
+}
+
+static inline float kq_dot_iq4_xs_x86(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    const __m128i m4 = _mm_set1_epi8(0xf);
+    const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kq_iq4nl_values));
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 136) {
+        const int8_t *q8 = x[i].qs;
+        uint16_t sh;
+        memcpy(&sh, b + 2, 2);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            const int ls1 = ((b[4 + p] & 0xf) | ((sh << 4) & 0x30)) - 32;
+            const int ls2 = ((b[4 + p] >> 4) | ((sh << 2) & 0x30)) - 32;
+            sh >>= 4;
+            const __m128i qa = _mm_loadu_si128((const __m128i *)(b + 8 + 32 * p));
+            const __m128i qb = _mm_loadu_si128((const __m128i *)(b + 24 + 32 * p));
+            const __m256i k1 = _mm256_shuffle_epi8(
+                values, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qa, 4), m4), _mm_and_si128(qa, m4)));
+            const __m256i k2 = _mm256_shuffle_epi8(
+                values, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qb, 4), m4), _mm_and_si128(qb, m4)));
+            const __m256i a1 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * p));
+            const __m256i a2 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * p + 32));
+            const __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(k1, k1), _mm256_sign_epi8(a1, k1));
+            const __m256i p2 = _mm256_maddubs_epi16(_mm256_sign_epi8(k2, k2), _mm256_sign_epi8(a2, k2));
+            sumi = KQ_MADD_ACC(sumi, _mm256_set1_epi16((short)ls1), p1);
+            sumi = KQ_MADD_ACC(sumi, _mm256_set1_epi16((short)ls2), p2);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return kq_hsum256(acc);
+}
+
+#define KQ_IMPL(name) kq_dot_##name##_x86
+#if defined(KQ_VNNI)
+#define KQ_IMPL_NAME "x86-avx512-vnni"
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define KQ_IMPL_NAME "x86-avx512"
+#else
+#define KQ_IMPL_NAME "x86-avx2"
+#endif
+
+#else /* portable */
+
+#define KQ_IMPL(name) kq_dot_##name##_generic
+#define KQ_IMPL_NAME "generic"
+
+#endif
+
+/* ============================================================ public dot products */
+static inline float kq_dot_q2_K(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(q2_K)(w, x, nb); }
+static inline float kq_dot_q3_K(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(q3_K)(w, x, nb); }
+static inline float kq_dot_q4_K(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(q4_K)(w, x, nb); }
+static inline float kq_dot_q5_K(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(q5_K)(w, x, nb); }
+static inline float kq_dot_q6_K(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(q6_K)(w, x, nb); }
+static inline float kq_dot_iq4_xs(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(iq4_xs)(w, x, nb); }
+
+#endif /* EMBER_KQUANTS_H */

@@ -1,0 +1,357 @@
+/* Dot products of one weight row in GGUF blocks against quantized activations, for the types
+ * with 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), and against float32 activations
+ * for F16 and BF16; and each type's rows expanded to float32 (bit-equal to gguf-py).
+ *
+ * Activations are quantized per 32 values as llama.cpp's q8_0/q8_1 blocks are, but to int16:
+ * one float scale d = max|x| / 32767, the codes round(x / d) in -32767..32767, and s = d *
+ * sum(codes) for the types with an offset (w = d_w * q + m_w gives sum w x = d_w d_x sum(q c) +
+ * m_w s). int16 codes cost the same instructions as int8 ones here (vpmaddwd on sign-extended
+ * weight codes instead of vpmaddubsw + vpmaddwd) and keep results within ~1e-5 of float32
+ * ones: with int8 codes (2^-8 steps) SmolLM2's greedy tokens left the reference's at a step
+ * whose top-2 gap was 0.22 logits, beyond the 0.2 the tests allow.
+ *
+ * This header is compiled once per ISA (kernels.c under each ISA's flags); the path is picked
+ * by the predefined macros: AVX-512 VNNI (vpdpwssd), AVX2 (vpmaddwd), NEON, or portable C.
+ * Every path takes the same steps: the same codes (round half to even), int32 lanes of four
+ * products each (exact), then the same float operations in the same order with no fused
+ * multiply-add, so every ISA gives the same bits. */
+#ifndef EMBER_SIMPLE_H
+#define EMBER_SIMPLE_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define EM_X86 1
+#include <immintrin.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define EM_VNNI 1
+#endif
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+#define EM_NEON 1
+#include <arm_neon.h>
+#endif
+
+#define EM_QK 32
+
+typedef struct {
+    float d;  /* scale */
+    float s;  /* d * sum(qs) */
+    int16_t qs[EM_QK];
+} em_block_q16;
+
+static const int8_t em_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
+/* ---- half and bfloat16 ---- */
+
+static inline float em_f16_bits(uint16_t h) {
+#if defined(EM_X86)
+    return _cvtsh_ss(h);
+#elif defined(EM_NEON)
+    __fp16 f;
+    memcpy(&f, &h, 2);
+    return (float)f;
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        float f = (float)man * (1.0f / 16777216.0f); /* zero or subnormal: man * 2^-24, exact */
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline float em_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return em_f16_bits(h);
+}
+
+static inline float em_bf16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* ---- activations ---- */
+
+static void em_quantize_row_q16(const float *x, em_block_q16 *y, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++, x += EM_QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < EM_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 32767.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+#if defined(EM_X86)
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) /* cvtps rounds half to even, as lrintf below */
+            q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), vid));
+        __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        sum = _mm_cvtsi128_si32(s4);
+        /* packs works within 128-bit lanes: put the 64-bit quarters back in order */
+        const __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xd8);
+        const __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xd8);
+        _mm256_storeu_si256((__m256i *)y[b].qs, p01);
+        _mm256_storeu_si256((__m256i *)(y[b].qs + 16), p23);
+#else
+        for (int j = 0; j < EM_QK; j++) {
+            const int q = (int)lrintf(x[j] * id);
+            y[b].qs[j] = (int16_t)q;
+            sum += q;
+        }
+#endif
+        y[b].d = d;
+        y[b].s = d * (float)sum;
+    }
+}
+
+/* ---- one block's codes as 32 int8 (portable and NEON paths) ---- */
+
+static inline void em_codes_q4_0(const uint8_t *b, int8_t *q) {
+    for (int j = 0; j < 16; j++) q[j] = (int8_t)((b[2 + j] & 15) - 8), q[j + 16] = (int8_t)((b[2 + j] >> 4) - 8);
+}
+static inline void em_codes_q4_1(const uint8_t *b, int8_t *q) {
+    for (int j = 0; j < 16; j++) q[j] = (int8_t)(b[4 + j] & 15), q[j + 16] = (int8_t)(b[4 + j] >> 4);
+}
+static inline void em_codes_q5(const uint8_t *qh4, const uint8_t *qs, int offset, int8_t *q) {
+    uint32_t qh;
+    memcpy(&qh, qh4, 4);
+    for (int j = 0; j < 16; j++) {
+        q[j] = (int8_t)(((qs[j] & 15) | (((qh >> j) & 1) << 4)) - offset);
+        q[j + 16] = (int8_t)(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - offset);
+    }
+}
+static inline void em_codes_q5_0(const uint8_t *b, int8_t *q) { em_codes_q5(b + 2, b + 6, 16, q); }
+static inline void em_codes_q5_1(const uint8_t *b, int8_t *q) { em_codes_q5(b + 4, b + 8, 0, q); }
+static inline void em_codes_q8_0(const uint8_t *b, int8_t *q) { memcpy(q, b + 2, 32); }
+static inline void em_codes_iq4_nl(const uint8_t *b, int8_t *q) {
+    for (int j = 0; j < 16; j++)
+        q[j] = em_kvalues_iq4nl[b[2 + j] & 15], q[j + 16] = em_kvalues_iq4nl[b[2 + j] >> 4];
+}
+
+/* ---- x86: one block's codes as a vector of 32 int8 (signed, or unsigned for affine types) ---- */
+#if defined(EM_X86)
+static inline float em_hsum8(__m256 x) {
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+static inline __m256i em_nibbles(const uint8_t *p) { /* 16 bytes -> low nibbles then high */
+    const __m128i t = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(15));
+}
+
+static inline __m256i em_bits32(const uint8_t *p) { /* byte j = 0xFF where bit j of p is set */
+    uint32_t x32;
+    memcpy(&x32, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+/* 32 int8 codes times 32 int16 activations: 8 int32 lanes, lane i holding the products of
+ * elements 2i, 2i+1, 16+2i and 17+2i (exact), as floats */
+static inline __m256 em_dot_i8i16(__m256i w, const int16_t *y) {
+    const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+    const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+    const __m256i y0 = _mm256_loadu_si256((const __m256i *)y);
+    const __m256i y1 = _mm256_loadu_si256((const __m256i *)(y + 16));
+#if defined(EM_VNNI)
+    const __m256i sum = _mm256_dpwssd_epi32(_mm256_madd_epi16(lo, y0), hi, y1);
+#else
+    const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(lo, y0), _mm256_madd_epi16(hi, y1));
+#endif
+    return _mm256_cvtepi32_ps(sum);
+}
+
+static inline __m256i em_v_q4_0(const uint8_t *b) { return _mm256_sub_epi8(em_nibbles(b + 2), _mm256_set1_epi8(8)); }
+static inline __m256i em_v_q4_1(const uint8_t *b) { return em_nibbles(b + 4); }
+static inline __m256i em_v_q5_0(const uint8_t *b) { /* nibble | 0xF0 where the bit is clear: q - 16 */
+    return _mm256_or_si256(em_nibbles(b + 6), _mm256_andnot_si256(em_bits32(b + 2), _mm256_set1_epi8((char)0xF0)));
+}
+static inline __m256i em_v_q5_1(const uint8_t *b) {
+    return _mm256_or_si256(em_nibbles(b + 8), _mm256_and_si256(em_bits32(b + 4), _mm256_set1_epi8(0x10)));
+}
+static inline __m256i em_v_q8_0(const uint8_t *b) { return _mm256_loadu_si256((const __m256i *)(b + 2)); }
+static inline __m256i em_v_iq4_nl(const uint8_t *b) {
+    const __m128i values = _mm_loadu_si128((const __m128i *)em_kvalues_iq4nl);
+    const __m128i t = _mm_loadu_si128((const __m128i *)(b + 2)), m4 = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(t, 4), m4)),
+                            _mm_shuffle_epi8(values, _mm_and_si128(t, m4)));
+}
+
+#define EM_DOT_SYM(T, BYTES)                                                                  \
+    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {           \
+        __m256 acc = _mm256_setzero_ps();                                                     \
+        for (int64_t b = 0; b < nb; b++, w += BYTES) {                                        \
+            const __m256 d = _mm256_set1_ps(em_f16(w) * x[b].d);                              \
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(d, em_dot_i8i16(em_v_##T(w), x[b].qs)));   \
+        }                                                                                     \
+        return em_hsum8(acc);                                                                 \
+    }
+#define EM_DOT_AFFINE(T, BYTES)                                                               \
+    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {           \
+        __m256 acc = _mm256_setzero_ps();                                                     \
+        float offsets = 0.0f;                                                                 \
+        for (int64_t b = 0; b < nb; b++, w += BYTES) {                                        \
+            const __m256 d = _mm256_set1_ps(em_f16(w) * x[b].d);                              \
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(d, em_dot_i8i16(em_v_##T(w), x[b].qs)));   \
+            offsets += em_f16(w + 2) * x[b].s;                                                \
+        }                                                                                     \
+        return em_hsum8(acc) + offsets;                                                       \
+    }
+
+#else /* portable and NEON: codes to int8, then the same lanes and float steps as on x86 */
+
+/* lane[i] = the products of elements 2i, 2i+1, 16+2i and 17+2i (em_dot_i8i16's lanes) */
+static inline void em_lanes8(const int8_t *q, const int16_t *y, float *lane) {
+#if defined(EM_NEON)
+    const int16x8_t w0 = vmovl_s8(vld1_s8(q)), w1 = vmovl_s8(vld1_s8(q + 8));
+    const int16x8_t w2 = vmovl_s8(vld1_s8(q + 16)), w3 = vmovl_s8(vld1_s8(q + 24));
+    const int16x8_t y0 = vld1q_s16(y), y1 = vld1q_s16(y + 8), y2 = vld1q_s16(y + 16), y3 = vld1q_s16(y + 24);
+#define EM_PAIRS(a, b) vpaddq_s32(vmull_s16(vget_low_s16(a), vget_low_s16(b)), vmull_high_s16(a, b))
+    const int32x4_t l0 = vaddq_s32(EM_PAIRS(w0, y0), EM_PAIRS(w2, y2));
+    const int32x4_t l1 = vaddq_s32(EM_PAIRS(w1, y1), EM_PAIRS(w3, y3));
+#undef EM_PAIRS
+    vst1q_f32(lane, vcvtq_f32_s32(l0));
+    vst1q_f32(lane + 4, vcvtq_f32_s32(l1));
+#else
+    for (int i = 0; i < 8; i++) {
+        const int32_t s = (int32_t)q[2 * i] * y[2 * i] + (int32_t)q[2 * i + 1] * y[2 * i + 1] +
+                          (int32_t)q[16 + 2 * i] * y[16 + 2 * i] + (int32_t)q[17 + 2 * i] * y[17 + 2 * i];
+        lane[i] = (float)s;
+    }
+#endif
+}
+
+/* acc[i] += d * lane[i], rounded twice as _mm256_add_ps(acc, _mm256_mul_ps(d, lane)) */
+static inline void em_acc8(float *acc, float d, const float *lane) {
+    for (int i = 0; i < 8; i++) acc[i] = acc[i] + d * lane[i];
+}
+
+/* em_hsum8's order: the halves, then pairs */
+static inline float em_hsum8s(const float *a) {
+    const float r0 = a[4] + a[0], r1 = a[5] + a[1], r2 = a[6] + a[2], r3 = a[7] + a[3];
+    return (r0 + r2) + (r1 + r3);
+}
+
+#define EM_DOT_SYM(T, BYTES)                                                                  \
+    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {           \
+        float acc[8] = {0}, lane[8];                                                          \
+        int8_t q[EM_QK];                                                                      \
+        for (int64_t b = 0; b < nb; b++, w += BYTES) {                                        \
+            em_codes_##T(w, q);                                                               \
+            em_lanes8(q, x[b].qs, lane);                                                      \
+            em_acc8(acc, em_f16(w) * x[b].d, lane);                                           \
+        }                                                                                     \
+        return em_hsum8s(acc);                                                                \
+    }
+#define EM_DOT_AFFINE(T, BYTES)                                                               \
+    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {           \
+        float acc[8] = {0}, lane[8], offsets = 0.0f;                                          \
+        int8_t q[EM_QK];                                                                      \
+        for (int64_t b = 0; b < nb; b++, w += BYTES) {                                        \
+            em_codes_##T(w, q);                                                               \
+            em_lanes8(q, x[b].qs, lane);                                                      \
+            em_acc8(acc, em_f16(w) * x[b].d, lane);                                           \
+            offsets += em_f16(w + 2) * x[b].s;                                                \
+        }                                                                                     \
+        return em_hsum8s(acc) + offsets;                                                      \
+    }
+#endif
+
+EM_DOT_SYM(q4_0, 18)
+EM_DOT_AFFINE(q4_1, 20)
+EM_DOT_SYM(q5_0, 22)
+EM_DOT_AFFINE(q5_1, 24)
+EM_DOT_SYM(q8_0, 34)
+EM_DOT_SYM(iq4_nl, 18)
+
+/* ---- F16 and BF16 weights against float32 activations ----
+ * Every path takes the same float steps: two 8-lane accumulators over 16 values at a time
+ * (multiply, then add: no fused ops), em_hsum8's order, then the tail in sequence. */
+
+#if defined(EM_X86)
+#define EM_FLOAT_DOT(NAME, LOAD8, ONE)                                                        \
+    static float NAME(const uint8_t *w, const float *x, int64_t k) {                          \
+        int64_t i = 0;                                                                        \
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                           \
+        for (; i + 16 <= k; i += 16) {                                                        \
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(LOAD8(w + 2 * i), _mm256_loadu_ps(x + i)));  \
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(LOAD8(w + 2 * i + 16), _mm256_loadu_ps(x + i + 8))); \
+        }                                                                                     \
+        float acc = em_hsum8(_mm256_add_ps(a0, a1));                                          \
+        for (; i < k; i++) acc += ONE(w + 2 * i) * x[i];                                      \
+        return acc;                                                                           \
+    }
+static inline __m256 em_load8_f16(const uint8_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static inline __m256 em_load8_bf16(const uint8_t *p) {
+    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+EM_FLOAT_DOT(em_dot_f16, em_load8_f16, em_f16)
+EM_FLOAT_DOT(em_dot_bf16, em_load8_bf16, em_bf16)
+#else
+#define EM_FLOAT_DOT(NAME, ONE)                                                               \
+    static float NAME(const uint8_t *w, const float *x, int64_t k) {                          \
+        int64_t i = 0;                                                                        \
+        float a0[8] = {0}, a1[8] = {0}, s[8];                                                 \
+        for (; i + 16 <= k; i += 16) {                                                        \
+            float w0[8], w1[8];                                                               \
+            for (int l = 0; l < 8; l++) w0[l] = ONE(w + 2 * (i + l)), w1[l] = ONE(w + 2 * (i + 8 + l)); \
+            for (int l = 0; l < 8; l++) a0[l] = a0[l] + w0[l] * x[i + l];                     \
+            for (int l = 0; l < 8; l++) a1[l] = a1[l] + w1[l] * x[i + 8 + l];                 \
+        }                                                                                     \
+        for (int l = 0; l < 8; l++) s[l] = a0[l] + a1[l];                                     \
+        float acc = em_hsum8s(s);                                                             \
+        for (; i < k; i++) acc += ONE(w + 2 * i) * x[i];                                      \
+        return acc;                                                                           \
+    }
+EM_FLOAT_DOT(em_dot_f16, em_f16)
+EM_FLOAT_DOT(em_dot_bf16, em_bf16)
+#endif
+
+/* ---- rows expanded to float32, as gguf-py computes them (float32 products, no fused ops) ---- */
+
+static void em_dequant_block(int type, const uint8_t *b, float *out) {
+    int8_t q[EM_QK];
+    const float d = em_f16(b);
+    switch (type) {
+    case 2: em_codes_q4_0(b, q); break;
+    case 3: em_codes_q4_1(b, q); break;
+    case 6: em_codes_q5_0(b, q); break;
+    case 7: em_codes_q5_1(b, q); break;
+    case 8: em_codes_q8_0(b, q); break;
+    default: em_codes_iq4_nl(b, q); break;
+    }
+    if (type == 3 || type == 7) {
+        const float m = em_f16(b + 2);
+        /* two roundings, as numpy: the build passes -ffp-contract=off, so never one fma */
+        for (int j = 0; j < EM_QK; j++) out[j] = d * (float)q[j] + m;
+    } else {
+        for (int j = 0; j < EM_QK; j++) out[j] = d * (float)q[j];
+    }
+}
+
+#endif
