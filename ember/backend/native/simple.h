@@ -22,7 +22,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(EMBER_PORTABLE) /* the generic copy: plain C even where SIMD is baseline (AArch64) */
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define EM_X86 1
 #include <immintrin.h>
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
