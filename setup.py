@@ -72,7 +72,8 @@ class BuildKernels(build_ext):
                 objects += self.compiler.compile(
                     [str(NATIVE / "kernels.c")],
                     output_dir=str(temp / isa),
-                    macros=[("EMBER_ISA", isa)],
+                    macros=[("EMBER_ISA", isa)]
+                    + ([("EMBER_PORTABLE", "1")] if isa == "generic" else []),
                     include_dirs=[str(NATIVE)],
                     extra_postargs=COMMON + flags,
                     depends=[str(p) for p in NATIVE.glob("*.h")],

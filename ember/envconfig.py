@@ -372,6 +372,7 @@ def server_settings() -> dict[str, str]:
         "EMBER_MAX_LOADED_MODELS": str(max_loaded_models()),
         "EMBER_MAX_QUEUE": str(max_queue()),
         "EMBER_KV_CACHE_TYPE": kv_cache_type(),
+        "EMBER_CPU_ISA": _get("EMBER_CPU_ISA"),  # as set: the system info line says what it does
         "EMBER_MULTIUSER_CACHE": str(multiuser_cache()).lower(),
         "EMBER_NOPRUNE": str(no_prune()).lower(),
         "EMBER_DEBUG": logging.getLevelName(log_level()),

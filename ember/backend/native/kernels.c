@@ -5,7 +5,8 @@
  *
  *   ember_matmul_<isa>(type, W, x, y, M, N, K): W (N, K) in ggml type `type` (its file bytes),
  *       x (M, K) float32, y (M, N) float32. The M rows of x are quantized once (blocks:
- *       simple.h's int16 blocks for the 32-element types, kquants.h's q8_K for the K types; F16/BF16
+ *       simple.h's int16 blocks for the 32-element types, kquants.h's q8_K for the K types
+ *       (two passes: x, then its rounding error); F16/BF16
  *       use them as they are); OpenMP splits W in chunks of rows, and each W row is
  *       used by all M rows of x while it sits in L1. Returns 0, or -1 for a type it lacks, -2
  *       for a K that is not whole blocks, -3 when out of memory.
@@ -128,13 +129,28 @@ int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, i
         EM_ROWS(dot(wrow, x + m * K, K));
         return 0;
     }
-    if (elems == KQ_QK) { /* K types: activations as q8_K, 256 values a block */
+    if (elems == KQ_QK) {
+        /* K types: activations as q8_K (int8 per 256 values), twice: x itself, then what that
+         * left out (x - q8_K(x)), whose step is ~1/254 of the first. One int8 pass alone put
+         * Gemma 3's ffn_down outputs (heavy-tailed inputs) 5% of their largest value off and
+         * its logits outside the reference's tolerance; two passes are as close as int16. */
         const em_dot_q8_K kdot = em_q8_K_dot_of(type);
-        kq_block_q8_K *xk = (kq_block_q8_K *)malloc((size_t)(M * nb) * sizeof(kq_block_q8_K));
-        if (!xk) return -3;
-        for (int64_t m = 0; m < M; m++) kq_quantize_row_q8_K(x + m * K, xk + m * nb, K);
-        EM_ROWS(kdot(wrow, xk + m * nb, nb));
-        free(xk);
+        kq_block_q8_K *xk = (kq_block_q8_K *)malloc((size_t)(2 * M * nb) * sizeof(kq_block_q8_K));
+        float *rest = (float *)malloc((size_t)K * sizeof(float));
+        if (!xk || !rest) {
+            free(xk), free(rest);
+            return -3;
+        }
+        kq_block_q8_K *xr = xk + M * nb;
+        for (int64_t m = 0; m < M; m++) {
+            kq_quantize_row_q8_K(x + m * K, xk + m * nb, K);
+            for (int64_t b = 0; b < nb; b++)
+                for (int j = 0; j < KQ_QK; j++)
+                    rest[b * KQ_QK + j] = x[m * K + b * KQ_QK + j] - xk[m * nb + b].d * (float)xk[m * nb + b].qs[j];
+            kq_quantize_row_q8_K(rest, xr + m * nb, K);
+        }
+        EM_ROWS(kdot(wrow, xk + m * nb, nb) + kdot(wrow, xr + m * nb, nb));
+        free(xk), free(rest);
         return 0;
     }
     const em_dot_q16 dot = em_q16_dot_of(type);

@@ -22,7 +22,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(EMBER_PORTABLE) /* the generic copy: plain C even where SIMD is baseline (AArch64) */
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define EM_X86 1
 #include <immintrin.h>
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -199,26 +200,32 @@ static inline __m256i em_v_iq4_nl(const uint8_t *b) {
                             _mm_shuffle_epi8(values, _mm_and_si128(t, m4)));
 }
 
-#define EM_DOT_SYM(T, BYTES)                                                                  \
+/* Two blocks a step into two accumulators (even and odd blocks), so the adds overlap. */
+#define EM_DOT_X86(T, BYTES, AFFINE)                                                          \
     static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {           \
-        __m256 acc = _mm256_setzero_ps();                                                     \
-        for (int64_t b = 0; b < nb; b++, w += BYTES) {                                        \
-            const __m256 d = _mm256_set1_ps(em_f16(w) * x[b].d);                              \
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(d, em_dot_i8i16(em_v_##T(w), x[b].qs)));   \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                        \
+        float off0 = 0.0f, off1 = 0.0f;                                                       \
+        int64_t b = 0;                                                                        \
+        for (; b + 1 < nb; b += 2, w += 2 * BYTES) {                                          \
+            const __m256 d0 = _mm256_set1_ps(em_f16(w) * x[b].d);                             \
+            const __m256 d1 = _mm256_set1_ps(em_f16(w + BYTES) * x[b + 1].d);                 \
+            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(d0, em_dot_i8i16(em_v_##T(w), x[b].qs)));  \
+            acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(d1, em_dot_i8i16(em_v_##T(w + BYTES), x[b + 1].qs))); \
+            if (AFFINE) {                                                                     \
+                off0 += em_f16(w + 2) * x[b].s;                                               \
+                off1 += em_f16(w + BYTES + 2) * x[b + 1].s;                                   \
+            }                                                                                 \
         }                                                                                     \
-        return em_hsum8(acc);                                                                 \
-    }
-#define EM_DOT_AFFINE(T, BYTES)                                                               \
-    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {           \
-        __m256 acc = _mm256_setzero_ps();                                                     \
-        float offsets = 0.0f;                                                                 \
-        for (int64_t b = 0; b < nb; b++, w += BYTES) {                                        \
-            const __m256 d = _mm256_set1_ps(em_f16(w) * x[b].d);                              \
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(d, em_dot_i8i16(em_v_##T(w), x[b].qs)));   \
-            offsets += em_f16(w + 2) * x[b].s;                                                \
+        if (b < nb) {                                                                         \
+            const __m256 d0 = _mm256_set1_ps(em_f16(w) * x[b].d);                             \
+            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(d0, em_dot_i8i16(em_v_##T(w), x[b].qs)));  \
+            if (AFFINE) off0 += em_f16(w + 2) * x[b].s;                                       \
         }                                                                                     \
-        return em_hsum8(acc) + offsets;                                                       \
+        const float sum = em_hsum8(_mm256_add_ps(acc0, acc1));                                \
+        return AFFINE ? sum + (off0 + off1) : sum;                                            \
     }
+#define EM_DOT_SYM(T, BYTES) EM_DOT_X86(T, BYTES, 0)
+#define EM_DOT_AFFINE(T, BYTES) EM_DOT_X86(T, BYTES, 1)
 
 #else /* portable and NEON: codes to int8, then the same lanes and float steps as on x86 */
 
@@ -254,29 +261,23 @@ static inline float em_hsum8s(const float *a) {
     return (r0 + r2) + (r1 + r3);
 }
 
-#define EM_DOT_SYM(T, BYTES)                                                                  \
+/* the x86 steps: even blocks into acc0, odd ones into acc1, offsets likewise */
+#define EM_DOT_PORTABLE(T, BYTES, AFFINE)                                                     \
     static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {           \
-        float acc[8] = {0}, lane[8];                                                          \
+        float acc[2][8] = {{0}}, lane[8], off[2] = {0.0f, 0.0f}, s[8];                        \
         int8_t q[EM_QK];                                                                      \
         for (int64_t b = 0; b < nb; b++, w += BYTES) {                                        \
             em_codes_##T(w, q);                                                               \
             em_lanes8(q, x[b].qs, lane);                                                      \
-            em_acc8(acc, em_f16(w) * x[b].d, lane);                                           \
+            em_acc8(acc[b & 1], em_f16(w) * x[b].d, lane);                                    \
+            if (AFFINE) off[b & 1] += em_f16(w + 2) * x[b].s;                                 \
         }                                                                                     \
-        return em_hsum8s(acc);                                                                \
+        for (int l = 0; l < 8; l++) s[l] = acc[0][l] + acc[1][l];                             \
+        const float sum = em_hsum8s(s);                                                       \
+        return AFFINE ? sum + (off[0] + off[1]) : sum;                                        \
     }
-#define EM_DOT_AFFINE(T, BYTES)                                                               \
-    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {           \
-        float acc[8] = {0}, lane[8], offsets = 0.0f;                                          \
-        int8_t q[EM_QK];                                                                      \
-        for (int64_t b = 0; b < nb; b++, w += BYTES) {                                        \
-            em_codes_##T(w, q);                                                               \
-            em_lanes8(q, x[b].qs, lane);                                                      \
-            em_acc8(acc, em_f16(w) * x[b].d, lane);                                           \
-            offsets += em_f16(w + 2) * x[b].s;                                                \
-        }                                                                                     \
-        return em_hsum8s(acc) + offsets;                                                      \
-    }
+#define EM_DOT_SYM(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 0)
+#define EM_DOT_AFFINE(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 1)
 #endif
 
 EM_DOT_SYM(q4_0, 18)
