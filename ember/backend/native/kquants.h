@@ -311,23 +311,32 @@ static inline void kq_dequant_row_iq4_xs(const void *w, float *y, int64_t k) {
 }
 
 /* ============================================================ portable dot products
- * Per super-block: exact int32 sums of scale * code * q8, then one float step. */
+ * Per super-block: the 256 codes are unpacked to int8 (simple loops a compiler vectorizes),
+ * then exact int32 sums of scale * code * q8 per sub-block, then one float step. */
+static inline int32_t kq_dot_i8(const int8_t *a, const int8_t *b, int n) {
+    int32_t s = 0;
+    for (int l = 0; l < n; l++) s += a[l] * b[l];
+    return s;
+}
+
 static inline float kq_dot_q2_K_generic(const void *w, const kq_block_q8_K *x, int64_t nb) {
     const uint8_t *b = (const uint8_t *)w;
     float sumf = 0;
     for (int64_t i = 0; i < nb; i++, b += 84) {
-        const int8_t *q8 = x[i].qs;
-        int32_t sumi = 0, summ = 0;
-        for (int g = 0; g < 16; g++) summ += (b[g] >> 4) * x[i].bsums[g];
+        int8_t q[256];
         for (int n = 0; n < 2; n++)
-            for (int s = 0; s < 4; s++)
-                for (int h = 0; h < 2; h++) {
-                    const uint8_t *q = b + 16 + n * 32 + h * 16;
-                    const int8_t *a = q8 + n * 128 + s * 32 + h * 16;
-                    int32_t t = 0;
-                    for (int l = 0; l < 16; l++) t += ((q[l] >> (2 * s)) & 3) * a[l];
-                    sumi += (b[n * 8 + s * 2 + h] & 0xf) * t;
-                }
+            for (int l = 0; l < 32; l++) {
+                const uint8_t v = b[16 + n * 32 + l];
+                q[n * 128 + l] = (int8_t)(v & 3);
+                q[n * 128 + 32 + l] = (int8_t)((v >> 2) & 3);
+                q[n * 128 + 64 + l] = (int8_t)((v >> 4) & 3);
+                q[n * 128 + 96 + l] = (int8_t)(v >> 6);
+            }
+        int32_t sumi = 0, summ = 0;
+        for (int g = 0; g < 16; g++) {
+            summ += (b[g] >> 4) * x[i].bsums[g];
+            sumi += (b[g] & 0xf) * kq_dot_i8(q + 16 * g, x[i].qs + 16 * g, 16);
+        }
         sumf += x[i].d * kq_f16_at(b + 80) * (float)sumi - x[i].d * kq_f16_at(b + 82) * (float)summ;
     }
     return sumf;
@@ -337,21 +346,18 @@ static inline float kq_dot_q3_K_generic(const void *w, const kq_block_q8_K *x, i
     const uint8_t *b = (const uint8_t *)w;
     float sumf = 0;
     for (int64_t i = 0; i < nb; i++, b += 110) {
-        const int8_t *q8 = x[i].qs;
-        int8_t sc[16];
+        int8_t sc[16], q[256];
         kq_scales_q3(b + 96, sc);
-        int32_t sumi = 0;
         for (int n = 0; n < 2; n++)
-            for (int s = 0; s < 4; s++)
-                for (int h = 0; h < 2; h++) {
-                    const int g = n * 4 + s;
-                    const uint8_t *q = b + 32 + n * 32 + h * 16, *hm = b + h * 16;
-                    const int8_t *a = q8 + n * 128 + s * 32 + h * 16;
-                    int32_t t = 0;
-                    for (int l = 0; l < 16; l++)
-                        t += (((q[l] >> (2 * s)) & 3) - (((hm[l] >> g) & 1) ? 0 : 4)) * a[l];
-                    sumi += sc[n * 8 + s * 2 + h] * t;
-                }
+            for (int l = 0; l < 32; l++) {
+                const uint8_t v = b[32 + n * 32 + l], h = (uint8_t)(b[l] >> (4 * n));
+                q[n * 128 + l] = (int8_t)((v & 3) | ((h & 1) << 2)) - 4;
+                q[n * 128 + 32 + l] = (int8_t)(((v >> 2) & 3) | ((h & 2) << 1)) - 4;
+                q[n * 128 + 64 + l] = (int8_t)(((v >> 4) & 3) | (h & 4)) - 4;
+                q[n * 128 + 96 + l] = (int8_t)((v >> 6) | ((h >> 1) & 4)) - 4;
+            }
+        int32_t sumi = 0;
+        for (int g = 0; g < 16; g++) sumi += sc[g] * kq_dot_i8(q + 16 * g, x[i].qs + 16 * g, 16);
         sumf += x[i].d * kq_f16_at(b + 108) * (float)sumi;
     }
     return sumf;
@@ -361,19 +367,18 @@ static inline float kq_dot_q4_K_generic(const void *w, const kq_block_q8_K *x, i
     const uint8_t *b = (const uint8_t *)w;
     float sumf = 0;
     for (int64_t i = 0; i < nb; i++, b += 144) {
-        const int8_t *q8 = x[i].qs;
         uint8_t sm[16];
+        int8_t q[256];
         kq_scales_k4(b + 4, sm);
-        int32_t sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j++) summ += sm[8 + j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
-        for (int c = 0; c < 4; c++) {
-            const uint8_t *q = b + 16 + c * 32;
-            int32_t lo = 0, hi = 0;
+        for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++) {
-                lo += (q[l] & 0xf) * q8[c * 64 + l];
-                hi += (q[l] >> 4) * q8[c * 64 + 32 + l];
+                q[c * 64 + l] = (int8_t)(b[16 + c * 32 + l] & 0xf);
+                q[c * 64 + 32 + l] = (int8_t)(b[16 + c * 32 + l] >> 4);
             }
-            sumi += sm[2 * c] * lo + sm[2 * c + 1] * hi;
+        int32_t sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            summ += sm[8 + j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+            sumi += sm[j] * kq_dot_i8(q + 32 * j, x[i].qs + 32 * j, 32);
         }
         sumf += x[i].d * kq_f16_at(b) * (float)sumi - x[i].d * kq_f16_at(b + 2) * (float)summ;
     }
@@ -384,20 +389,19 @@ static inline float kq_dot_q5_K_generic(const void *w, const kq_block_q8_K *x, i
     const uint8_t *b = (const uint8_t *)w;
     float sumf = 0;
     for (int64_t i = 0; i < nb; i++, b += 176) {
-        const int8_t *q8 = x[i].qs;
         const uint8_t *qh = b + 16;
         uint8_t sm[16];
+        int8_t q[256];
         kq_scales_k4(b + 4, sm);
-        int32_t sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j++) summ += sm[8 + j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
-        for (int c = 0; c < 4; c++) {
-            const uint8_t *q = b + 48 + c * 32;
-            int32_t lo = 0, hi = 0;
+        for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++) {
-                lo += ((q[l] & 0xf) | (((qh[l] >> (2 * c)) & 1) << 4)) * q8[c * 64 + l];
-                hi += ((q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4)) * q8[c * 64 + 32 + l];
+                q[c * 64 + l] = (int8_t)((b[48 + c * 32 + l] & 0xf) | (((qh[l] >> (2 * c)) & 1) << 4));
+                q[c * 64 + 32 + l] = (int8_t)((b[48 + c * 32 + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4));
             }
-            sumi += sm[2 * c] * lo + sm[2 * c + 1] * hi;
+        int32_t sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            summ += sm[8 + j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+            sumi += sm[j] * kq_dot_i8(q + 32 * j, x[i].qs + 32 * j, 32);
         }
         sumf += x[i].d * kq_f16_at(b) * (float)sumi - x[i].d * kq_f16_at(b + 2) * (float)summ;
     }
