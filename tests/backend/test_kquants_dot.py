@@ -42,6 +42,14 @@ ENCODERS = {
 ISAS = {
     "generic": ([], set()),
     "avx2": (["-mavx2", "-mfma", "-mf16c"], {"avx2", "fma", "f16c"}),
+    # the relaxed float flags kernels.c is built with: results must not change under them
+    "avx2-relaxed": (
+        [
+            *("-mavx2", "-mfma", "-mf16c", "-fno-math-errno", "-fassociative-math"),
+            *("-fno-signed-zeros", "-fno-trapping-math"),
+        ],
+        {"avx2", "fma", "f16c"},
+    ),
     "avx512": (
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"],
         {"avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"},
@@ -52,6 +60,7 @@ ISAS = {
     ),
 }
 IMPL_NAMES = {
+    "avx2-relaxed": "x86-avx2",
     "generic": "generic",
     "avx2": "x86-avx2",
     "avx512": "x86-avx512",
@@ -85,18 +94,9 @@ def _load(isa: str, out_dir: Path) -> ctypes.CDLL:
     so = out_dir / f"kq_{isa}.so"
     if not so.exists():
         # -ffp-contract=fast: dequantization must stay bit-exact even with FMA contraction on
-        cmd = [
-            cc,
-            "-O3",
-            "-ffp-contract=fast",
-            *flags,
-            "-shared",
-            "-fPIC",
-            str(SHIM),
-            "-o",
-            str(so),
-        ]
-        subprocess.run(cmd, check=True, capture_output=True)
+        cmd = [cc, "-O3", "-Wall", "-Wextra", "-Werror", "-ffp-contract=fast", *flags, "-shared"]
+        done = subprocess.run([*cmd, "-fPIC", str(SHIM), "-o", str(so)], capture_output=True)
+        assert done.returncode == 0, done.stderr.decode()
     lib = ctypes.CDLL(str(so))
     p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.shim_impl.restype = ctypes.c_char_p
@@ -170,16 +170,18 @@ def parse_q8(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i != "generic"])
 def test_x86_paths_compile(isa, shim_dir):
-    """Every x86 path compiles without a warning, whether or not this CPU can run it."""
+    """The x86 paths this CPU cannot run still compile, without a warning."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
+    if ISAS[isa][1] <= _cpu_flags():
+        pytest.skip(f"this CPU runs {isa}: the other tests build it with -Werror and run it")
     probe = subprocess.run([cc, "-dumpmachine"], capture_output=True, text=True)
     if not probe.stdout.startswith(("x86_64", "i686", "i386")):
         pytest.skip(f"the compiler targets {probe.stdout.strip()}, not x86")
     obj = shim_dir / f"compile_{isa}.o"
     done = subprocess.run(
-        [cc, "-O2", "-Wall", "-Wextra", "-Werror", *ISAS[isa][0], "-c", str(SHIM), "-o", str(obj)],
+        [cc, "-O1", "-Wall", "-Wextra", "-Werror", *ISAS[isa][0], "-c", str(SHIM), "-o", str(obj)],
         capture_output=True,
         text=True,
     )
