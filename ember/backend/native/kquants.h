@@ -490,11 +490,26 @@ static inline __m128i kq_scales_q3_x86(const uint8_t *s) {
     return _mm_sub_epi8(v, _mm_set1_epi8(32));
 }
 
-/* byte shuffles: for 32 values g (sub-blocks 2g, 2g+1 of 16), scale 2g in bytes 0-7 and 2g+1 in 8-15 */
-static inline __m256i kq_scales16_x86(__m128i sc8, int g) {
-    const __m128i idx = _mm_add_epi8(_mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-                                     _mm_set1_epi8((char)(2 * g)));
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, idx));
+/* 16 int8 scales (one per 16 values) -> the two halves of their int16 widening, each broadcast
+ * to both 128-bit lanes; kq_scale_pair(h, g) then gives, for the 32 values g (sub-blocks 2g and
+ * 2g+1), scale 2g in the low lane and 2g+1 in the high lane: one in-lane byte shuffle. */
+typedef struct {
+    __m256i lo, hi;
+} kq_scales16;
+
+static inline kq_scales16 kq_scales16_x86(__m128i sc8) {
+    const __m128i lo = _mm_cvtepi8_epi16(sc8), hi = _mm_cvtepi8_epi16(_mm_unpackhi_epi64(sc8, sc8));
+    kq_scales16 r;
+    r.lo = _mm256_set_m128i(lo, lo);
+    r.hi = _mm256_set_m128i(hi, hi);
+    return r;
+}
+
+static inline __m256i kq_scale_pair(const kq_scales16 *h, int g) {
+    const int e = (2 * g) & 7;
+    const __m256i idx = _mm256_set_m128i(_mm_set1_epi16((short)((2 * e + 3) << 8 | (2 * e + 2))),
+                                         _mm_set1_epi16((short)((2 * e + 1) << 8 | (2 * e))));
+    return _mm256_shuffle_epi8(g < 4 ? h->lo : h->hi, idx);
 }
 
 static inline float kq_dot_q2_K_x86(const void *w, const kq_block_q8_K *x, int64_t nb) {
@@ -509,6 +524,7 @@ static inline float kq_dot_q2_K_x86(const void *w, const kq_block_q8_K *x, int64
         const __m128i mn8 = _mm_and_si128(_mm_srli_epi16(mas, 4), m4);
         const __m256i prodm = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mn8),
                                                 _mm256_loadu_si256((const __m256i *)x[i].bsums));
+        const kq_scales16 scs = kq_scales16_x86(sc8);
         accm = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b + 82)), _mm256_cvtepi32_ps(prodm), accm);
         __m256i sumi = _mm256_setzero_si256();
         for (int n = 0; n < 2; n++) {
@@ -522,10 +538,10 @@ static inline float kq_dot_q2_K_x86(const void *w, const kq_block_q8_K *x, int64
             const __m256i p1 = _mm256_maddubs_epi16(c1, _mm256_loadu_si256((const __m256i *)(a + 32)));
             const __m256i p2 = _mm256_maddubs_epi16(c2, _mm256_loadu_si256((const __m256i *)(a + 64)));
             const __m256i p3 = _mm256_maddubs_epi16(c3, _mm256_loadu_si256((const __m256i *)(a + 96)));
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 0), p0);
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 1), p1);
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 2), p2);
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 3), p3);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 0), p0);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 1), p1);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 2), p2);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 3), p3);
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b + 80)), _mm256_cvtepi32_ps(sumi), acc);
     }
@@ -542,6 +558,7 @@ static inline float kq_dot_q3_K_x86(const void *w, const kq_block_q8_K *x, int64
         /* codes are u - 4 with u = low two bits | high bit << 2 in 0..7: sum sc*u*q8 - 4*sum sc*bsum */
         const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
                                                _mm256_loadu_si256((const __m256i *)x[i].bsums));
+        const kq_scales16 scs = kq_scales16_x86(sc8);
         __m256i hb = _mm256_loadu_si256((const __m256i *)b);
         __m256i sumi = _mm256_setzero_si256();
         for (int n = 0; n < 2; n++) {
@@ -553,7 +570,7 @@ static inline float kq_dot_q3_K_x86(const void *w, const kq_block_q8_K *x, int64
                 hb = _mm256_srli_epi16(hb, 1);
                 const __m256i p = _mm256_maddubs_epi16(_mm256_or_si256(lo, hi),
                                                        _mm256_loadu_si256((const __m256i *)(a + 32 * s)));
-                sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + s), p);
+                sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + s), p);
             }
         }
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 2));
@@ -639,6 +656,7 @@ static inline float kq_dot_q6_K_x86(const void *w, const kq_block_q8_K *x, int64
         /* codes are u - 32 with u in 0..63: sum sc*u*q8 - 32*sum sc*bsum */
         const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
                                                _mm256_loadu_si256((const __m256i *)x[i].bsums));
+        const kq_scales16 scs = kq_scales16_x86(sc8);
         __m256i sumi = _mm256_setzero_si256();
         for (int n = 0; n < 2; n++) {
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * n));
@@ -654,10 +672,10 @@ static inline float kq_dot_q6_K_x86(const void *w, const kq_block_q8_K *x, int64
             const __m256i p1 = _mm256_maddubs_epi16(c1, _mm256_loadu_si256((const __m256i *)(a + 32)));
             const __m256i p2 = _mm256_maddubs_epi16(c2, _mm256_loadu_si256((const __m256i *)(a + 64)));
             const __m256i p3 = _mm256_maddubs_epi16(c3, _mm256_loadu_si256((const __m256i *)(a + 96)));
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 0), p0);
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 1), p1);
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 2), p2);
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 3), p3);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 0), p0);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 1), p1);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 2), p2);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 3), p3);
         }
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b + 208)), _mm256_cvtepi32_ps(sumi), acc);
