@@ -103,6 +103,7 @@ def _load(isa: str, out_dir: Path) -> ctypes.CDLL:
     lib.shim_quantize_q8_K.argtypes = [p, p, i64]
     lib.shim_dot.argtypes = [c_int, p, p, i64, i64, p]
     lib.shim_dot_generic.argtypes = [c_int, p, p, i64, i64, p]
+    lib.shim_dot_table.argtypes = [c_int, p, p, i64, i64, p]
     lib.shim_dequant.argtypes = [c_int, p, p, i64]
     return lib
 
@@ -245,6 +246,9 @@ def test_dot_equals_float64_reference(lib, qtype, k, encoded):
 
     got = np.empty(rows, np.float32)
     assert so.shim_dot(int(qtype), _ptr(w), _ptr(xq), rows, k, _ptr(got)) == 0
+    table = np.empty(rows, np.float32)
+    assert so.shim_dot_table(int(qtype), _ptr(w), _ptr(xq), rows, k, _ptr(table)) == 0
+    np.testing.assert_array_equal(table, got)
     generic = np.empty(rows, np.float32)
     assert so.shim_dot_generic(int(qtype), _ptr(w), _ptr(xq), rows, k, _ptr(generic)) == 0
 

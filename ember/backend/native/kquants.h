@@ -739,4 +739,32 @@ static inline float kq_dot_q5_K(const void *w, const kq_block_q8_K *x, int64_t n
 static inline float kq_dot_q6_K(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(q6_K)(w, x, nb); }
 static inline float kq_dot_iq4_xs(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(iq4_xs)(w, x, nb); }
 
+/* by ggml type id; NULL for a type this header does not handle */
+typedef float (*kq_dot_fn)(const void *w, const kq_block_q8_K *x, int64_t nb);
+typedef void (*kq_dequant_fn)(const void *w, float *y, int64_t k);
+
+static inline kq_dot_fn kq_dot_for_type(int ggml_type) {
+    switch (ggml_type) {
+    case KQ_TYPE_Q2_K: return kq_dot_q2_K;
+    case KQ_TYPE_Q3_K: return kq_dot_q3_K;
+    case KQ_TYPE_Q4_K: return kq_dot_q4_K;
+    case KQ_TYPE_Q5_K: return kq_dot_q5_K;
+    case KQ_TYPE_Q6_K: return kq_dot_q6_K;
+    case KQ_TYPE_IQ4_XS: return kq_dot_iq4_xs;
+    default: return 0;
+    }
+}
+
+static inline kq_dequant_fn kq_dequant_for_type(int ggml_type) {
+    switch (ggml_type) {
+    case KQ_TYPE_Q2_K: return kq_dequant_row_q2_K;
+    case KQ_TYPE_Q3_K: return kq_dequant_row_q3_K;
+    case KQ_TYPE_Q4_K: return kq_dequant_row_q4_K;
+    case KQ_TYPE_Q5_K: return kq_dequant_row_q5_K;
+    case KQ_TYPE_Q6_K: return kq_dequant_row_q6_K;
+    case KQ_TYPE_IQ4_XS: return kq_dequant_row_iq4_xs;
+    default: return 0;
+    }
+}
+
 #endif /* EMBER_KQUANTS_H */
