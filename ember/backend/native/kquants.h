@@ -2,16 +2,21 @@
  * with activations quantized to int8 per 256 values (q8_K), the way llama.cpp does it, plus
  * dequantization of the same rows to float32 (bit-exact against gguf-py's gguf.quants).
  *
- * Self-contained: include it from any C file. Every function is static (inline), prefix kq_.
- * The implementation is chosen at compile time from the target's predefined macros:
- *   AVX-512F+BW+VL  the x86 SIMD code below, 256-bit, with AVX512-VNNI vpdpwssd where
- *                   __AVX512VNNI__ (fuses each vpmaddwd + vpaddd)
- *   AVX2+FMA        the x86 SIMD code: vpmaddubsw/vpmaddwd on unsigned codes times int8
- *                   activations, integer sums per super-block, one float FMA per block
- *   NEON            (aarch64) vdotq_s32 where __ARM_FEATURE_DOTPROD, else vmull_s8/vpadalq
- *   otherwise       portable scalar C (kq_*_generic, always compiled: it is the reference)
+ * Self-contained: include it from any C (or C++) file. Every function is static inline, prefix
+ * kq_. The implementation is chosen at compile time from the target's predefined macros:
+ *   AVX-512F+BW+VL  the x86 SIMD code below (256-bit vectors, EVEX-encoded by the compiler),
+ *                   with AVX512-VNNI vpdpwssd where __AVX512VNNI__ (one instruction for each
+ *                   vpmaddwd + vpaddd). Compiled and warning-free, NOT RUN: no AVX-512 CPU here.
+ *   AVX2+FMA        the x86 SIMD code: vpmaddubsw of unsigned codes times int8 activations,
+ *                   vpmaddwd by the sub-block scales, exact int32 sums per super-block, one
+ *                   float FMA per super-block; offsets (Q3_K's -4, Q6_K's -32, the mins of
+ *                   Q2_K/Q4_K/Q5_K) come from q8_K's bsums, not per value.
+ *   anything else   portable C (kq_dot_*_generic, always compiled: it is the reference), written
+ *                   so compilers vectorize it. NEON is not written yet: no aarch64 compiler or
+ *                   emulator on the development machine, so ARM builds get this path.
  * Every path computes the same per-block integer sums exactly (they are exact in int32); only
- * the float accumulation order differs, so all paths agree to ~1e-7 relative.
+ * the float accumulation order differs, so the paths agree to ~1e-7 relative.
+ * KQ_IMPL_NAME names the path compiled ("x86-avx512-vnni", "x86-avx512", "x86-avx2", "generic").
  *
  * Block layouts (bytes): exactly ggml's / GGUF's.
  *   Q2_K  84: scales[16] (lo nibble scale, hi nibble min), qs[64], d f16, dmin f16
@@ -20,15 +25,29 @@
  *   Q5_K 176: d f16, dmin f16, scales[12], qh[32], qs[128]
  *   Q6_K 210: ql[128], qh[64], scales[16] int8, d f16
  *   IQ4_XS 136: d f16, scales_h u16, scales_l[4], qs[128] (indices into the IQ4_NL table)
+ * No load reads past the last block of a row, and nothing needs alignment.
  *
- * Any -ffp-contract is fine (see the q8_K section); do not build with -ffast-math, under
- * which rintf and the float order are no longer guaranteed.
+ * Float flags: -ffp-contract=* and kernels.c's relaxed set (-fassociative-math -fno-signed-zeros
+ * -fno-trapping-math -fno-math-errno) leave every result unchanged (tested); not -ffast-math
+ * (-freciprocal-math may turn q8_K's iscale = -127/max into -127 * (1/max)).
  *
- * Bench (benchmarks/bench_kquants.py, one thread, one row of x, 4096 x 4096 weights, GB/s of
- * weight bytes read): see the table at the end of this comment.
- *   command: PYTHONPATH=. .venv/bin/python benchmarks/bench_kquants.py
- *   CPU: AMD EPYC (2 cores, AVX2, no AVX-512), gcc 12.2 -O3
- *   (figures filled in below by the bench commit)
+ * Bench: benchmarks/bench_kquants.py, GB/s of weight bytes read, one thread, one row of x,
+ * 4096 x 4096 weights (random valid blocks); gcc 12.2 -O3; AMD EPYC 7001 "Naples" (Zen 1,
+ * family 23 model 1: 256-bit ops run as two 128-bit halves), 2 vCPUs shared with other
+ * jobs (load average 5-7 while measuring, so these are low and noisy; in-cache figures from
+ * --rows 256 in brackets). Command: PYTHONPATH=. .venv/bin/python benchmarks/bench_kquants.py
+ *            generic          avx2
+ *   Q2_K     0.2 (0.4)     4.1 (3.9)
+ *   Q3_K     0.3 (0.5)     3.8 (3.7)
+ *   Q4_K     2.0 (2.0)     6.4 (6.4)
+ *   Q5_K     2.0 (2.0)     6.1 (6.4)
+ *   Q6_K     1.1 (1.7)     6.8 (8.5)
+ *   IQ4_XS   0.4 (0.6)     5.0 (5.0)
+ * The 15 GB/s aim is not reached on this CPU: the AVX2 loop is llama.cpp's instruction mix
+ * (per 32 weights one vpmaddubsw + one vpmaddwd, ~11 vector ops per 64 weights), and Zen 1
+ * issues each 256-bit op as two; a plain 256-bit read loop over the same 9.4 MB reaches only
+ * ~10.5 GB/s here. In L1/L2 (tests/backend/kquants_shim.c through a C timing loop) Q4_K takes
+ * ~37 TSC cycles per 256 weights, Q6_K ~42, Q2_K ~37, Q5_K ~48, IQ4_XS ~47, Q3_K ~52.
  */
 #ifndef EMBER_KQUANTS_H
 #define EMBER_KQUANTS_H
@@ -46,14 +65,11 @@
 #elif defined(__AVX2__) && defined(__FMA__)
 #define KQ_X86 1
 #include <immintrin.h>
-#elif defined(__ARM_NEON) && defined(__aarch64__)
-#define KQ_NEON 1
-#include <arm_neon.h>
 #elif defined(__F16C__)
 #include <immintrin.h>
 #endif
 
-#if defined(__F16C__) && !defined(KQ_NEON)
+#if defined(__F16C__)
 #define KQ_F16C 1
 #endif
 
@@ -91,10 +107,6 @@ static const int8_t kq_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, 
 static inline float kq_fp16_to_f32(uint16_t h) {
 #if defined(KQ_F16C)
     return _cvtsh_ss(h);
-#elif defined(KQ_NEON)
-    __fp16 v;
-    memcpy(&v, &h, 2);
-    return (float)v;
 #else
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, f;
