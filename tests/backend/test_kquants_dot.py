@@ -266,3 +266,31 @@ def test_dot_equals_float64_reference(lib, qtype, k, encoded):
     full = wf @ x.astype(np.float64)
     scale_x = np.sqrt(((wf * x.astype(np.float64)) ** 2).sum(axis=1))
     assert np.all(np.abs(got - full) <= 4e-2 * scale_x), (got, full)
+
+
+@pytest.mark.parametrize("qtype", list(TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("fill", [0x00, 0xFF, 0x55, 0xAA])
+def test_dot_extreme_blocks(lib, qtype, fill):
+    """Codes and scales at their extremes and |q8| = 127 everywhere: the int16 products of
+    vpmaddubsw and the int32 sums must not saturate or wrap on any path."""
+    _, so = lib
+    size, f16_fields = TYPES[qtype]
+    k, rows = 512, 2
+    w = np.full((rows * k // QK, size), fill, np.uint8)
+    for off in f16_fields:
+        w[:, off : off + 2] = np.array([1.0], np.float16).view(np.uint8)
+    w = w.reshape(rows, -1)
+    wf = gguf.quants.dequantize(w, qtype).astype(np.float64)
+    for x in (
+        np.ones(k, np.float32),
+        np.where(np.arange(k) % 3 == 0, -1.0, 1.0).astype(np.float32),
+    ):
+        xq = quantize_x(so, x)
+        qs, d, _ = parse_q8(xq)
+        assert np.abs(qs.astype(int)).max() == 127
+        xd = (qs.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(-1)
+        got = np.empty(rows, np.float32)
+        assert so.shim_dot(int(qtype), _ptr(w), _ptr(xq), rows, k, _ptr(got)) == 0
+        exact = wf @ xd
+        size_ = np.maximum(np.abs(exact), np.sqrt(((wf * xd) ** 2).sum(axis=1)))
+        assert np.all(np.abs(got - exact) <= 1e-5 * size_), (got, exact)
