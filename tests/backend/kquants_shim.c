@@ -65,3 +65,13 @@ KQ_EXPORT int shim_dot_table(int type, const void *w, const kq_block_q8_K *x, in
     for (int64_t r = 0; r < rows; r++) out[r] = f((const uint8_t *)w + r * nb * kq_block_bytes(type), x, nb);
     return 0;
 }
+
+/* out[r * nx + j] = row r of w against activation row j (x rows k/256 blocks apart), through
+ * kq_dot_rows_for_type */
+KQ_EXPORT int shim_dot_rows(int type, const void *w, const kq_block_q8_K *x, int nx, int64_t rows, int64_t k, float *out) {
+    kq_dot_rows_fn f = kq_dot_rows_for_type(type);
+    const int64_t nb = k / KQ_QK;
+    if (!f) return -1;
+    for (int64_t r = 0; r < rows; r++) f((const uint8_t *)w + r * nb * kq_block_bytes(type), x, nb, nx, nb, out + r * nx);
+    return 0;
+}

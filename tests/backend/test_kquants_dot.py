@@ -104,6 +104,7 @@ def _load(isa: str, out_dir: Path) -> ctypes.CDLL:
     lib.shim_dot.argtypes = [c_int, p, p, i64, i64, p]
     lib.shim_dot_generic.argtypes = [c_int, p, p, i64, i64, p]
     lib.shim_dot_table.argtypes = [c_int, p, p, i64, i64, p]
+    lib.shim_dot_rows.argtypes = [c_int, p, p, c_int, i64, i64, p]
     lib.shim_dequant.argtypes = [c_int, p, p, i64]
     return lib
 
@@ -294,3 +295,22 @@ def test_dot_extreme_blocks(lib, qtype, fill):
         exact = wf @ xd
         size_ = np.maximum(np.abs(exact), np.sqrt(((wf * xd) ** 2).sum(axis=1)))
         assert np.all(np.abs(got - exact) <= 1e-5 * size_), (got, exact)
+
+
+@pytest.mark.parametrize("qtype", list(TYPES), ids=lambda t: t.name)
+def test_dot_rows_bit_identical_to_single_rows(lib, qtype):
+    """kq_dot_rows_*: 1 to 7 rows of x at once, each output bit-identical to that row alone."""
+    _, so = lib
+    rng = np.random.default_rng(int(qtype) + 99)
+    k, rows = 2816, 3
+    w = weights(qtype, rows, k, rng, encoded=qtype in ENCODERS)
+    for nx in range(1, 8):
+        x = rng.standard_normal((nx, k)).astype(np.float32)
+        xq = np.concatenate([quantize_x(so, row) for row in x])
+        got = np.empty((rows, nx), np.float32)
+        assert so.shim_dot_rows(int(qtype), _ptr(w), _ptr(xq), nx, rows, k, _ptr(got)) == 0
+        for j in range(nx):
+            one = np.empty(rows, np.float32)
+            xj = np.ascontiguousarray(xq.reshape(nx, -1)[j])
+            assert so.shim_dot(int(qtype), _ptr(w), _ptr(xj), rows, k, _ptr(one)) == 0
+            np.testing.assert_array_equal(got[:, j].view(np.uint32), one.view(np.uint32))

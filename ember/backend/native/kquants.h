@@ -727,6 +727,119 @@ static inline float kq_dot_iq4_xs_x86(const void *w, const kq_block_q8_K *x, int
     return kq_hsum256(acc);
 }
 
+/* Several activation rows against one weight row: the weights are unpacked once per block for
+ * N rows of x (N = 2 or 4). Each row's result is bit-identical to kq_dot_*_x86 on that row
+ * alone (the same float operations in the same order), so a token's output never depends on
+ * the batch it is in. */
+#if defined(__GNUC__)
+#define KQ_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define KQ_ALWAYS_INLINE inline
+#endif
+
+static KQ_ALWAYS_INLINE void kq_dot_q4_K_n_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
+                                               float *out, const int N) {
+    const uint8_t *b = (const uint8_t *)w;
+    const __m256i m4 = _mm256_set1_epi8(0xf);
+    __m256 acc[4];
+    __m128 accm[4];
+    for (int r = 0; r < N; r++) acc[r] = _mm256_setzero_ps(), accm[r] = _mm_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 144) {
+        const __m256i ms = _mm256_cvtepu8_epi16(kq_scales_k4_x86(b + 4));
+        const __m128i mins = _mm256_extracti128_si256(ms, 1);
+        const float dw = kq_f16_at(b), dmw = kq_f16_at(b + 2);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(ms));
+        __m256i sumi[4];
+        for (int r = 0; r < N; r++) {
+            const kq_block_q8_K *xr = x + r * xs + i;
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)xr->bsums);
+            const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            accm[r] = _mm_fmadd_ps(_mm_set1_ps(xr->d * dmw), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs32)), accm[r]);
+            sumi[r] = _mm256_setzero_si256();
+        }
+        for (int c = 0; c < 4; c++) {
+            const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 1) << 8 | (4 * c))));
+            const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+            const __m256i lo = _mm256_and_si256(q4, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            for (int r = 0; r < N; r++) {
+                const int8_t *q8 = x[r * xs + i].qs;
+                const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c)));
+                const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32)));
+                sumi[r] = KQ_MADD_ACC(sumi[r], sl, pl);
+                sumi[r] = KQ_MADD_ACC(sumi[r], sh, ph);
+            }
+        }
+        for (int r = 0; r < N; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(x[r * xs + i].d * dw), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+    }
+    for (int r = 0; r < N; r++) {
+        __m128 m = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[r] = kq_hsum256(acc[r]) - _mm_cvtss_f32(m);
+    }
+}
+
+static KQ_ALWAYS_INLINE void kq_dot_q6_K_n_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
+                                               float *out, const int N) {
+    const uint8_t *b = (const uint8_t *)w;
+    const __m256i m4 = _mm256_set1_epi8(0xf), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[4];
+    for (int r = 0; r < N; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 210) {
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        const kq_scales16 scs = kq_scales16_x86(sc8);
+        const float dw = kq_f16_at(b + 208);
+        __m256i sumi[4];
+        for (int r = 0; r < N; r++) sumi[r] = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++) {
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * n));
+            const __m256i l2 = _mm256_loadu_si256((const __m256i *)(b + 64 * n + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n));
+            const __m256i c0 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+            const __m256i c1 = _mm256_or_si256(_mm256_and_si256(l2, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+            const __m256i c2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(h, m30));
+            const __m256i c3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+            const __m256i s0 = kq_scale_pair(&scs, 4 * n + 0), s1 = kq_scale_pair(&scs, 4 * n + 1);
+            const __m256i s2 = kq_scale_pair(&scs, 4 * n + 2), s3 = kq_scale_pair(&scs, 4 * n + 3);
+            for (int r = 0; r < N; r++) {
+                const int8_t *a = x[r * xs + i].qs + 128 * n;
+                const __m256i p0 = _mm256_maddubs_epi16(c0, _mm256_loadu_si256((const __m256i *)(a + 0)));
+                const __m256i p1 = _mm256_maddubs_epi16(c1, _mm256_loadu_si256((const __m256i *)(a + 32)));
+                const __m256i p2 = _mm256_maddubs_epi16(c2, _mm256_loadu_si256((const __m256i *)(a + 64)));
+                const __m256i p3 = _mm256_maddubs_epi16(c3, _mm256_loadu_si256((const __m256i *)(a + 96)));
+                sumi[r] = KQ_MADD_ACC(sumi[r], s0, p0);
+                sumi[r] = KQ_MADD_ACC(sumi[r], s1, p1);
+                sumi[r] = KQ_MADD_ACC(sumi[r], s2, p2);
+                sumi[r] = KQ_MADD_ACC(sumi[r], s3, p3);
+            }
+        }
+        for (int r = 0; r < N; r++) {
+            const kq_block_q8_K *xr = x + r * xs + i;
+            const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)xr->bsums));
+            const __m256i si = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(corr, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(xr->d * dw), _mm256_cvtepi32_ps(si), acc[r]);
+        }
+    }
+    for (int r = 0; r < N; r++) out[r] = kq_hsum256(acc[r]);
+}
+
+#define KQ_ROWS_X86(name)                                                                          \
+    static inline void kq_dot_rows_##name##_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, \
+                                                 int64_t nb, float *out) {                         \
+        int r = 0;                                                                                 \
+        for (; r + 4 <= nx; r += 4) kq_dot_##name##_n_x86(w, x + r * xs, xs, nb, out + r, 4);     \
+        for (; r + 2 <= nx; r += 2) kq_dot_##name##_n_x86(w, x + r * xs, xs, nb, out + r, 2);     \
+        if (r < nx) out[r] = kq_dot_##name##_x86(w, x + r * xs, nb);                             \
+    }
+KQ_ROWS_X86(q4_K)
+KQ_ROWS_X86(q6_K)
+#define KQ_HAVE_ROWS_Q4_K 1
+#define KQ_HAVE_ROWS_Q6_K 1
+
 #define KQ_IMPL(name) kq_dot_##name##_x86
 #if defined(KQ_VNNI)
 #define KQ_IMPL_NAME "x86-avx512-vnni"
@@ -750,6 +863,51 @@ static inline float kq_dot_q4_K(const void *w, const kq_block_q8_K *x, int64_t n
 static inline float kq_dot_q5_K(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(q5_K)(w, x, nb); }
 static inline float kq_dot_q6_K(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(q6_K)(w, x, nb); }
 static inline float kq_dot_iq4_xs(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(iq4_xs)(w, x, nb); }
+
+/* ============================================================ several rows of x
+ * out[r] = kq_dot_<type>(w, x + r * x_stride, nb) for r < nx, each bit-identical to that single
+ * call; faster where the weights are unpacked once for several rows (Q4_K, Q6_K on x86). */
+#define KQ_ROWS_LOOP(name)                                                                         \
+    static inline void kq_dot_rows_##name##_loop(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, \
+                                                  int64_t nb, float *out) {                        \
+        for (int r = 0; r < nx; r++) out[r] = kq_dot_##name(w, x + r * xs, nb);                  \
+    }
+KQ_ROWS_LOOP(q2_K)
+KQ_ROWS_LOOP(q3_K)
+KQ_ROWS_LOOP(q4_K)
+KQ_ROWS_LOOP(q5_K)
+KQ_ROWS_LOOP(q6_K)
+KQ_ROWS_LOOP(iq4_xs)
+
+#if defined(KQ_X86)
+#define KQ_ROWS_Q4_K kq_dot_rows_q4_K_x86
+#define KQ_ROWS_Q6_K kq_dot_rows_q6_K_x86
+#else
+#define KQ_ROWS_Q4_K kq_dot_rows_q4_K_loop
+#define KQ_ROWS_Q6_K kq_dot_rows_q6_K_loop
+#endif
+
+typedef void (*kq_dot_rows_fn)(const void *w, const kq_block_q8_K *x, int64_t x_stride, int nx, int64_t nb,
+                               float *out);
+
+static inline void kq_dot_rows_q2_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { kq_dot_rows_q2_K_loop(w, x, xs, nx, nb, out); }
+static inline void kq_dot_rows_q3_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { kq_dot_rows_q3_K_loop(w, x, xs, nx, nb, out); }
+static inline void kq_dot_rows_q4_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { KQ_ROWS_Q4_K(w, x, xs, nx, nb, out); }
+static inline void kq_dot_rows_q5_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { kq_dot_rows_q5_K_loop(w, x, xs, nx, nb, out); }
+static inline void kq_dot_rows_q6_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { KQ_ROWS_Q6_K(w, x, xs, nx, nb, out); }
+static inline void kq_dot_rows_iq4_xs(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { kq_dot_rows_iq4_xs_loop(w, x, xs, nx, nb, out); }
+
+static inline kq_dot_rows_fn kq_dot_rows_for_type(int ggml_type) {
+    switch (ggml_type) {
+    case KQ_TYPE_Q2_K: return kq_dot_rows_q2_K;
+    case KQ_TYPE_Q3_K: return kq_dot_rows_q3_K;
+    case KQ_TYPE_Q4_K: return kq_dot_rows_q4_K;
+    case KQ_TYPE_Q5_K: return kq_dot_rows_q5_K;
+    case KQ_TYPE_Q6_K: return kq_dot_rows_q6_K;
+    case KQ_TYPE_IQ4_XS: return kq_dot_rows_iq4_xs;
+    default: return 0;
+    }
+}
 
 /* by ggml type id; NULL for a type this header does not handle */
 typedef float (*kq_dot_fn)(const void *w, const kq_block_q8_K *x, int64_t nb);
