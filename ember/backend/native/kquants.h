@@ -37,12 +37,12 @@
  * jobs (load average 5-7 while measuring, so these are low and noisy; in-cache figures from
  * --rows 256 in brackets). Command: PYTHONPATH=. .venv/bin/python benchmarks/bench_kquants.py
  *            generic          avx2
- *   Q2_K     0.2 (0.4)     4.1 (3.9)
- *   Q3_K     0.3 (0.5)     3.8 (3.7)
- *   Q4_K     2.0 (2.0)     6.4 (6.4)
- *   Q5_K     2.0 (2.0)     6.1 (6.4)
- *   Q6_K     1.1 (1.7)     6.8 (8.5)
- *   IQ4_XS   0.4 (0.6)     5.0 (5.0)
+ *   Q2_K     0.3 (0.6)     3.9 (4.6)
+ *   Q3_K     0.3 (0.8)     3.7 (4.2)
+ *   Q4_K     1.1 (2.4)     6.0 (7.6)
+ *   Q5_K     1.2 (2.4)     6.2 (7.6)
+ *   Q6_K     0.8 (2.0)     7.1 (10.1)
+ *   IQ4_XS   0.3 (0.7)     4.9 (6.0)
  * The 15 GB/s aim is not reached on this CPU: the AVX2 loop is llama.cpp's instruction mix
  * (per 32 weights one vpmaddubsw + one vpmaddwd, ~11 vector ops per 64 weights), and Zen 1
  * issues each 256-bit op as two; a plain 256-bit read loop over the same 9.4 MB reaches only
