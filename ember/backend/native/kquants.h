@@ -46,8 +46,8 @@
  * The 15 GB/s aim is not reached on this CPU: the AVX2 loop is llama.cpp's instruction mix
  * (per 32 weights one vpmaddubsw + one vpmaddwd, ~11 vector ops per 64 weights), and Zen 1
  * issues each 256-bit op as two; a plain 256-bit read loop over the same 9.4 MB reaches only
- * ~10.5 GB/s here. In L1/L2 (tests/backend/kquants_shim.c through a C timing loop) Q4_K takes
- * ~37 TSC cycles per 256 weights, Q6_K ~42, Q2_K ~37, Q5_K ~48, IQ4_XS ~47, Q3_K ~52; the same
+ * ~10.5 GB/s here. In L1/L2 (a C timing loop over kq_dot_*, 64 rows of 4096; TSC 2.0 GHz)
+ * Q4_K takes ~37 TSC cycles per 256 weights, Q6_K ~42, Q2_K ~37, Q5_K ~48, IQ4_XS ~47, Q3_K ~52; the same
  * code built with -mtune=znver1 (scheduling only, same instructions) runs 15-20% faster here
  * (Q4_K ~31, Q6_K ~36, Q3_K ~46).
  * kq_dot_rows_* (several rows of x per weight row, bit-identical per row): Q4_K and Q6_K unpack
