@@ -47,9 +47,9 @@
  * (per 32 weights one vpmaddubsw + one vpmaddwd, ~11 vector ops per 64 weights), and Zen 1
  * issues each 256-bit op as two; a plain 256-bit read loop over the same 9.4 MB reaches only
  * ~10.5 GB/s here. In L1/L2 (a C timing loop over kq_dot_*, 64 rows of 4096; TSC 2.0 GHz)
- * Q4_K takes ~37 TSC cycles per 256 weights, Q6_K ~42, Q2_K ~37, Q5_K ~48, IQ4_XS ~47, Q3_K ~52; the same
- * code built with -mtune=znver1 (scheduling only, same instructions) runs 15-20% faster here
- * (Q4_K ~31, Q6_K ~36, Q3_K ~46).
+ * Q4_K takes ~37 TSC cycles per 256 weights, Q6_K ~42, Q2_K ~37, Q5_K ~48, IQ4_XS ~47, Q3_K ~52
+ * (the same within noise under -mtune=znver1/haswell/skylake or -falign-loops=32; one quieter
+ * moment gave 15-20% less across the board, so read all figures here as +-20%).
  * kq_dot_rows_* (several rows of x per weight row, bit-identical per row): Q4_K and Q6_K unpack
  * the weights once for 2 or 4 rows of x on x86: per x row, in cache, Q4_K 1.05x, Q6_K 1.2x.
  */
