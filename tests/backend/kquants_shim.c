@@ -51,13 +51,27 @@ KQ_EXPORT int shim_dot_generic(int type, const void *w, const kq_block_q8_K *x, 
 }
 
 KQ_EXPORT int shim_dequant(int type, const void *w, float *y, int64_t k) {
-    switch (type) {
-    case KQ_TYPE_Q2_K: kq_dequant_row_q2_K(w, y, k); return 0;
-    case KQ_TYPE_Q3_K: kq_dequant_row_q3_K(w, y, k); return 0;
-    case KQ_TYPE_Q4_K: kq_dequant_row_q4_K(w, y, k); return 0;
-    case KQ_TYPE_Q5_K: kq_dequant_row_q5_K(w, y, k); return 0;
-    case KQ_TYPE_Q6_K: kq_dequant_row_q6_K(w, y, k); return 0;
-    case KQ_TYPE_IQ4_XS: kq_dequant_row_iq4_xs(w, y, k); return 0;
-    default: return -1;
-    }
+    kq_dequant_fn f = kq_dequant_for_type(type);
+    if (!f) return -1;
+    f(w, y, k);
+    return 0;
+}
+
+/* through the by-type table: must equal shim_dot */
+KQ_EXPORT int shim_dot_table(int type, const void *w, const kq_block_q8_K *x, int64_t rows, int64_t k, float *out) {
+    kq_dot_fn f = kq_dot_for_type(type);
+    const int64_t nb = k / KQ_QK;
+    if (!f) return -1;
+    for (int64_t r = 0; r < rows; r++) out[r] = f((const uint8_t *)w + r * nb * kq_block_bytes(type), x, nb);
+    return 0;
+}
+
+/* out[r * nx + j] = row r of w against activation row j (x rows k/256 blocks apart), through
+ * kq_dot_rows_for_type */
+KQ_EXPORT int shim_dot_rows(int type, const void *w, const kq_block_q8_K *x, int nx, int64_t rows, int64_t k, float *out) {
+    kq_dot_rows_fn f = kq_dot_rows_for_type(type);
+    const int64_t nb = k / KQ_QK;
+    if (!f) return -1;
+    for (int64_t r = 0; r < rows; r++) f((const uint8_t *)w + r * nb * kq_block_bytes(type), x, nb, nx, nb, out + r * nx);
+    return 0;
 }

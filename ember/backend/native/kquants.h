@@ -2,16 +2,21 @@
  * with activations quantized to int8 per 256 values (q8_K), the way llama.cpp does it, plus
  * dequantization of the same rows to float32 (bit-exact against gguf-py's gguf.quants).
  *
- * Self-contained: include it from any C file. Every function is static (inline), prefix kq_.
- * The implementation is chosen at compile time from the target's predefined macros:
- *   AVX-512F+BW+VL  the x86 SIMD code below, 256-bit, with AVX512-VNNI vpdpwssd where
- *                   __AVX512VNNI__ (fuses each vpmaddwd + vpaddd)
- *   AVX2+FMA        the x86 SIMD code: vpmaddubsw/vpmaddwd on unsigned codes times int8
- *                   activations, integer sums per super-block, one float FMA per block
- *   NEON            (aarch64) vdotq_s32 where __ARM_FEATURE_DOTPROD, else vmull_s8/vpadalq
- *   otherwise       portable scalar C (kq_*_generic, always compiled: it is the reference)
+ * Self-contained: include it from any C (or C++) file. Every function is static inline, prefix
+ * kq_. The implementation is chosen at compile time from the target's predefined macros:
+ *   AVX-512F+BW+VL  the x86 SIMD code below (256-bit vectors, EVEX-encoded by the compiler),
+ *                   with AVX512-VNNI vpdpwssd where __AVX512VNNI__ (one instruction for each
+ *                   vpmaddwd + vpaddd). Compiled and warning-free, NOT RUN: no AVX-512 CPU here.
+ *   AVX2+FMA        the x86 SIMD code: vpmaddubsw of unsigned codes times int8 activations,
+ *                   vpmaddwd by the sub-block scales, exact int32 sums per super-block, one
+ *                   float FMA per super-block; offsets (Q3_K's -4, Q6_K's -32, the mins of
+ *                   Q2_K/Q4_K/Q5_K) come from q8_K's bsums, not per value.
+ *   anything else   portable C (kq_dot_*_generic, always compiled: it is the reference), written
+ *                   so compilers vectorize it. NEON is not written yet: no aarch64 compiler or
+ *                   emulator on the development machine, so ARM builds get this path.
  * Every path computes the same per-block integer sums exactly (they are exact in int32); only
- * the float accumulation order differs, so all paths agree to ~1e-7 relative.
+ * the float accumulation order differs, so the paths agree to ~1e-7 relative.
+ * KQ_IMPL_NAME names the path compiled ("x86-avx512-vnni", "x86-avx512", "x86-avx2", "generic").
  *
  * Block layouts (bytes): exactly ggml's / GGUF's.
  *   Q2_K  84: scales[16] (lo nibble scale, hi nibble min), qs[64], d f16, dmin f16
@@ -20,15 +25,33 @@
  *   Q5_K 176: d f16, dmin f16, scales[12], qh[32], qs[128]
  *   Q6_K 210: ql[128], qh[64], scales[16] int8, d f16
  *   IQ4_XS 136: d f16, scales_h u16, scales_l[4], qs[128] (indices into the IQ4_NL table)
+ * No load reads past the last block of a row, and nothing needs alignment.
  *
- * Any -ffp-contract is fine (see the q8_K section); do not build with -ffast-math, under
- * which rintf and the float order are no longer guaranteed.
+ * Float flags: -ffp-contract=* and kernels.c's relaxed set (-fassociative-math -fno-signed-zeros
+ * -fno-trapping-math -fno-math-errno) leave every result unchanged (tested); not -ffast-math
+ * (-freciprocal-math may turn q8_K's iscale = -127/max into -127 * (1/max)).
  *
- * Bench (benchmarks/bench_kquants.py, one thread, one row of x, 4096 x 4096 weights, GB/s of
- * weight bytes read): see the table at the end of this comment.
- *   command: PYTHONPATH=. .venv/bin/python benchmarks/bench_kquants.py
- *   CPU: AMD EPYC (2 cores, AVX2, no AVX-512), gcc 12.2 -O3
- *   (figures filled in below by the bench commit)
+ * Bench: benchmarks/bench_kquants.py, GB/s of weight bytes read, one thread, one row of x,
+ * 4096 x 4096 weights (random valid blocks); gcc 12.2 -O3; AMD EPYC 7001 "Naples" (Zen 1,
+ * family 23 model 1: 256-bit ops run as two 128-bit halves), 2 vCPUs shared with other
+ * jobs (load average 5-7 while measuring, so these are low and noisy; in-cache figures from
+ * --rows 256 in brackets). Command: PYTHONPATH=. .venv/bin/python benchmarks/bench_kquants.py
+ *            generic          avx2
+ *   Q2_K     0.3 (0.6)     3.9 (4.6)
+ *   Q3_K     0.3 (0.8)     3.7 (4.2)
+ *   Q4_K     1.1 (2.4)     6.0 (7.6)
+ *   Q5_K     1.2 (2.4)     6.2 (7.6)
+ *   Q6_K     0.8 (2.0)     7.1 (10.1)
+ *   IQ4_XS   0.3 (0.7)     4.9 (6.0)
+ * The 15 GB/s aim is not reached on this CPU: the AVX2 loop is llama.cpp's instruction mix
+ * (per 32 weights one vpmaddubsw + one vpmaddwd, ~11 vector ops per 64 weights), and Zen 1
+ * issues each 256-bit op as two; a plain 256-bit read loop over the same 9.4 MB reaches only
+ * ~10.5 GB/s here. In L1/L2 (a C timing loop over kq_dot_*, 64 rows of 4096; TSC 2.0 GHz)
+ * Q4_K takes ~37 TSC cycles per 256 weights, Q6_K ~42, Q2_K ~37, Q5_K ~48, IQ4_XS ~47, Q3_K ~52
+ * (the same within noise under -mtune=znver1/haswell/skylake or -falign-loops=32; one quieter
+ * moment gave 15-20% less across the board, so read all figures here as +-20%).
+ * kq_dot_rows_* (several rows of x per weight row, bit-identical per row): Q4_K and Q6_K unpack
+ * the weights once for 2 or 4 rows of x on x86: per x row, in cache, Q4_K 1.05x, Q6_K 1.2x.
  */
 #ifndef EMBER_KQUANTS_H
 #define EMBER_KQUANTS_H
@@ -46,14 +69,11 @@
 #elif defined(__AVX2__) && defined(__FMA__)
 #define KQ_X86 1
 #include <immintrin.h>
-#elif defined(__ARM_NEON) && defined(__aarch64__)
-#define KQ_NEON 1
-#include <arm_neon.h>
 #elif defined(__F16C__)
 #include <immintrin.h>
 #endif
 
-#if defined(__F16C__) && !defined(KQ_NEON)
+#if defined(__F16C__)
 #define KQ_F16C 1
 #endif
 
@@ -91,10 +111,6 @@ static const int8_t kq_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, 
 static inline float kq_fp16_to_f32(uint16_t h) {
 #if defined(KQ_F16C)
     return _cvtsh_ss(h);
-#elif defined(KQ_NEON)
-    __fp16 v;
-    memcpy(&v, &h, 2);
-    return (float)v;
 #else
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, f;
@@ -311,23 +327,42 @@ static inline void kq_dequant_row_iq4_xs(const void *w, float *y, int64_t k) {
 }
 
 /* ============================================================ portable dot products
- * Per super-block: exact int32 sums of scale * code * q8, then one float step. */
+ * Per super-block: the 256 codes are unpacked to int8 (simple loops a compiler vectorizes),
+ * then exact int32 sums of scale * code * q8 per sub-block, then one float step. */
+static inline int32_t kq_dot_i8(const int8_t *a, const int8_t *b, int n) {
+    int32_t s = 0;
+    for (int l = 0; l < n; l++) s += a[l] * b[l];
+    return s;
+}
+
+/* 32 values in two halves of 16 with scales s0, s1: one loop of 32 with a per-element scale
+ * (s0 for the first 16), which compilers vectorize as a whole */
+static inline int32_t kq_dot_2x16(const int8_t *a, const int8_t *b, int s0, int s1) {
+    int32_t t0 = 0, t1 = 0;
+    for (int l = 0; l < 16; l++) {
+        t0 += a[l] * b[l];
+        t1 += a[16 + l] * b[16 + l];
+    }
+    return s0 * t0 + s1 * t1;
+}
+
 static inline float kq_dot_q2_K_generic(const void *w, const kq_block_q8_K *x, int64_t nb) {
     const uint8_t *b = (const uint8_t *)w;
     float sumf = 0;
     for (int64_t i = 0; i < nb; i++, b += 84) {
-        const int8_t *q8 = x[i].qs;
+        int8_t q[256];
+        for (int n = 0; n < 2; n++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t v = b[16 + n * 32 + l];
+                q[n * 128 + l] = (int8_t)(v & 3);
+                q[n * 128 + 32 + l] = (int8_t)((v >> 2) & 3);
+                q[n * 128 + 64 + l] = (int8_t)((v >> 4) & 3);
+                q[n * 128 + 96 + l] = (int8_t)(v >> 6);
+            }
         int32_t sumi = 0, summ = 0;
         for (int g = 0; g < 16; g++) summ += (b[g] >> 4) * x[i].bsums[g];
-        for (int n = 0; n < 2; n++)
-            for (int s = 0; s < 4; s++)
-                for (int h = 0; h < 2; h++) {
-                    const uint8_t *q = b + 16 + n * 32 + h * 16;
-                    const int8_t *a = q8 + n * 128 + s * 32 + h * 16;
-                    int32_t t = 0;
-                    for (int l = 0; l < 16; l++) t += ((q[l] >> (2 * s)) & 3) * a[l];
-                    sumi += (b[n * 8 + s * 2 + h] & 0xf) * t;
-                }
+        for (int g = 0; g < 16; g += 2)
+            sumi += kq_dot_2x16(q + 16 * g, x[i].qs + 16 * g, b[g] & 0xf, b[g + 1] & 0xf);
         sumf += x[i].d * kq_f16_at(b + 80) * (float)sumi - x[i].d * kq_f16_at(b + 82) * (float)summ;
     }
     return sumf;
@@ -337,21 +372,18 @@ static inline float kq_dot_q3_K_generic(const void *w, const kq_block_q8_K *x, i
     const uint8_t *b = (const uint8_t *)w;
     float sumf = 0;
     for (int64_t i = 0; i < nb; i++, b += 110) {
-        const int8_t *q8 = x[i].qs;
-        int8_t sc[16];
+        int8_t sc[16], q[256];
         kq_scales_q3(b + 96, sc);
-        int32_t sumi = 0;
         for (int n = 0; n < 2; n++)
-            for (int s = 0; s < 4; s++)
-                for (int h = 0; h < 2; h++) {
-                    const int g = n * 4 + s;
-                    const uint8_t *q = b + 32 + n * 32 + h * 16, *hm = b + h * 16;
-                    const int8_t *a = q8 + n * 128 + s * 32 + h * 16;
-                    int32_t t = 0;
-                    for (int l = 0; l < 16; l++)
-                        t += (((q[l] >> (2 * s)) & 3) - (((hm[l] >> g) & 1) ? 0 : 4)) * a[l];
-                    sumi += sc[n * 8 + s * 2 + h] * t;
-                }
+            for (int l = 0; l < 32; l++) {
+                const uint8_t v = b[32 + n * 32 + l], h = (uint8_t)(b[l] >> (4 * n));
+                q[n * 128 + l] = (int8_t)((v & 3) | ((h & 1) << 2)) - 4;
+                q[n * 128 + 32 + l] = (int8_t)(((v >> 2) & 3) | ((h & 2) << 1)) - 4;
+                q[n * 128 + 64 + l] = (int8_t)(((v >> 4) & 3) | (h & 4)) - 4;
+                q[n * 128 + 96 + l] = (int8_t)((v >> 6) | ((h >> 1) & 4)) - 4;
+            }
+        int32_t sumi = 0;
+        for (int g = 0; g < 16; g += 2) sumi += kq_dot_2x16(q + 16 * g, x[i].qs + 16 * g, sc[g], sc[g + 1]);
         sumf += x[i].d * kq_f16_at(b + 108) * (float)sumi;
     }
     return sumf;
@@ -361,19 +393,18 @@ static inline float kq_dot_q4_K_generic(const void *w, const kq_block_q8_K *x, i
     const uint8_t *b = (const uint8_t *)w;
     float sumf = 0;
     for (int64_t i = 0; i < nb; i++, b += 144) {
-        const int8_t *q8 = x[i].qs;
         uint8_t sm[16];
+        int8_t q[256];
         kq_scales_k4(b + 4, sm);
-        int32_t sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j++) summ += sm[8 + j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
-        for (int c = 0; c < 4; c++) {
-            const uint8_t *q = b + 16 + c * 32;
-            int32_t lo = 0, hi = 0;
+        for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++) {
-                lo += (q[l] & 0xf) * q8[c * 64 + l];
-                hi += (q[l] >> 4) * q8[c * 64 + 32 + l];
+                q[c * 64 + l] = (int8_t)(b[16 + c * 32 + l] & 0xf);
+                q[c * 64 + 32 + l] = (int8_t)(b[16 + c * 32 + l] >> 4);
             }
-            sumi += sm[2 * c] * lo + sm[2 * c + 1] * hi;
+        int32_t sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            summ += sm[8 + j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+            sumi += sm[j] * kq_dot_i8(q + 32 * j, x[i].qs + 32 * j, 32);
         }
         sumf += x[i].d * kq_f16_at(b) * (float)sumi - x[i].d * kq_f16_at(b + 2) * (float)summ;
     }
@@ -384,20 +415,19 @@ static inline float kq_dot_q5_K_generic(const void *w, const kq_block_q8_K *x, i
     const uint8_t *b = (const uint8_t *)w;
     float sumf = 0;
     for (int64_t i = 0; i < nb; i++, b += 176) {
-        const int8_t *q8 = x[i].qs;
         const uint8_t *qh = b + 16;
         uint8_t sm[16];
+        int8_t q[256];
         kq_scales_k4(b + 4, sm);
-        int32_t sumi = 0, summ = 0;
-        for (int j = 0; j < 8; j++) summ += sm[8 + j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
-        for (int c = 0; c < 4; c++) {
-            const uint8_t *q = b + 48 + c * 32;
-            int32_t lo = 0, hi = 0;
+        for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++) {
-                lo += ((q[l] & 0xf) | (((qh[l] >> (2 * c)) & 1) << 4)) * q8[c * 64 + l];
-                hi += ((q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4)) * q8[c * 64 + 32 + l];
+                q[c * 64 + l] = (int8_t)((b[48 + c * 32 + l] & 0xf) | (((qh[l] >> (2 * c)) & 1) << 4));
+                q[c * 64 + 32 + l] = (int8_t)((b[48 + c * 32 + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4));
             }
-            sumi += sm[2 * c] * lo + sm[2 * c + 1] * hi;
+        int32_t sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            summ += sm[8 + j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+            sumi += sm[j] * kq_dot_i8(q + 32 * j, x[i].qs + 32 * j, 32);
         }
         sumf += x[i].d * kq_f16_at(b) * (float)sumi - x[i].d * kq_f16_at(b + 2) * (float)summ;
     }
@@ -486,11 +516,26 @@ static inline __m128i kq_scales_q3_x86(const uint8_t *s) {
     return _mm_sub_epi8(v, _mm_set1_epi8(32));
 }
 
-/* byte shuffles: for 32 values g (sub-blocks 2g, 2g+1 of 16), scale 2g in bytes 0-7 and 2g+1 in 8-15 */
-static inline __m256i kq_scales16_x86(__m128i sc8, int g) {
-    const __m128i idx = _mm_add_epi8(_mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-                                     _mm_set1_epi8((char)(2 * g)));
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, idx));
+/* 16 int8 scales (one per 16 values) -> the two halves of their int16 widening, each broadcast
+ * to both 128-bit lanes; kq_scale_pair(h, g) then gives, for the 32 values g (sub-blocks 2g and
+ * 2g+1), scale 2g in the low lane and 2g+1 in the high lane: one in-lane byte shuffle. */
+typedef struct {
+    __m256i lo, hi;
+} kq_scales16;
+
+static inline kq_scales16 kq_scales16_x86(__m128i sc8) {
+    const __m128i lo = _mm_cvtepi8_epi16(sc8), hi = _mm_cvtepi8_epi16(_mm_unpackhi_epi64(sc8, sc8));
+    kq_scales16 r;
+    r.lo = _mm256_set_m128i(lo, lo);
+    r.hi = _mm256_set_m128i(hi, hi);
+    return r;
+}
+
+static inline __m256i kq_scale_pair(const kq_scales16 *h, int g) {
+    const int e = (2 * g) & 7;
+    const __m256i idx = _mm256_set_m128i(_mm_set1_epi16((short)((2 * e + 3) << 8 | (2 * e + 2))),
+                                         _mm_set1_epi16((short)((2 * e + 1) << 8 | (2 * e))));
+    return _mm256_shuffle_epi8(g < 4 ? h->lo : h->hi, idx);
 }
 
 static inline float kq_dot_q2_K_x86(const void *w, const kq_block_q8_K *x, int64_t nb) {
@@ -505,6 +550,7 @@ static inline float kq_dot_q2_K_x86(const void *w, const kq_block_q8_K *x, int64
         const __m128i mn8 = _mm_and_si128(_mm_srli_epi16(mas, 4), m4);
         const __m256i prodm = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mn8),
                                                 _mm256_loadu_si256((const __m256i *)x[i].bsums));
+        const kq_scales16 scs = kq_scales16_x86(sc8);
         accm = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b + 82)), _mm256_cvtepi32_ps(prodm), accm);
         __m256i sumi = _mm256_setzero_si256();
         for (int n = 0; n < 2; n++) {
@@ -518,10 +564,10 @@ static inline float kq_dot_q2_K_x86(const void *w, const kq_block_q8_K *x, int64
             const __m256i p1 = _mm256_maddubs_epi16(c1, _mm256_loadu_si256((const __m256i *)(a + 32)));
             const __m256i p2 = _mm256_maddubs_epi16(c2, _mm256_loadu_si256((const __m256i *)(a + 64)));
             const __m256i p3 = _mm256_maddubs_epi16(c3, _mm256_loadu_si256((const __m256i *)(a + 96)));
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 0), p0);
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 1), p1);
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 2), p2);
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 3), p3);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 0), p0);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 1), p1);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 2), p2);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 3), p3);
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b + 80)), _mm256_cvtepi32_ps(sumi), acc);
     }
@@ -538,6 +584,7 @@ static inline float kq_dot_q3_K_x86(const void *w, const kq_block_q8_K *x, int64
         /* codes are u - 4 with u = low two bits | high bit << 2 in 0..7: sum sc*u*q8 - 4*sum sc*bsum */
         const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
                                                _mm256_loadu_si256((const __m256i *)x[i].bsums));
+        const kq_scales16 scs = kq_scales16_x86(sc8);
         __m256i hb = _mm256_loadu_si256((const __m256i *)b);
         __m256i sumi = _mm256_setzero_si256();
         for (int n = 0; n < 2; n++) {
@@ -549,7 +596,7 @@ static inline float kq_dot_q3_K_x86(const void *w, const kq_block_q8_K *x, int64
                 hb = _mm256_srli_epi16(hb, 1);
                 const __m256i p = _mm256_maddubs_epi16(_mm256_or_si256(lo, hi),
                                                        _mm256_loadu_si256((const __m256i *)(a + 32 * s)));
-                sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + s), p);
+                sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + s), p);
             }
         }
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 2));
@@ -635,6 +682,7 @@ static inline float kq_dot_q6_K_x86(const void *w, const kq_block_q8_K *x, int64
         /* codes are u - 32 with u in 0..63: sum sc*u*q8 - 32*sum sc*bsum */
         const __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8),
                                                _mm256_loadu_si256((const __m256i *)x[i].bsums));
+        const kq_scales16 scs = kq_scales16_x86(sc8);
         __m256i sumi = _mm256_setzero_si256();
         for (int n = 0; n < 2; n++) {
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * n));
@@ -650,10 +698,10 @@ static inline float kq_dot_q6_K_x86(const void *w, const kq_block_q8_K *x, int64
             const __m256i p1 = _mm256_maddubs_epi16(c1, _mm256_loadu_si256((const __m256i *)(a + 32)));
             const __m256i p2 = _mm256_maddubs_epi16(c2, _mm256_loadu_si256((const __m256i *)(a + 64)));
             const __m256i p3 = _mm256_maddubs_epi16(c3, _mm256_loadu_si256((const __m256i *)(a + 96)));
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 0), p0);
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 1), p1);
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 2), p2);
-            sumi = KQ_MADD_ACC(sumi, kq_scales16_x86(sc8, 4 * n + 3), p3);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 0), p0);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 1), p1);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 2), p2);
+            sumi = KQ_MADD_ACC(sumi, kq_scale_pair(&scs, 4 * n + 3), p3);
         }
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(x[i].d * kq_f16_at(b + 208)), _mm256_cvtepi32_ps(sumi), acc);
@@ -693,6 +741,119 @@ static inline float kq_dot_iq4_xs_x86(const void *w, const kq_block_q8_K *x, int
     return kq_hsum256(acc);
 }
 
+/* Several activation rows against one weight row: the weights are unpacked once per block for
+ * N rows of x (N = 2 or 4). Each row's result is bit-identical to kq_dot_*_x86 on that row
+ * alone (the same float operations in the same order), so a token's output never depends on
+ * the batch it is in. */
+#if defined(__GNUC__)
+#define KQ_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define KQ_ALWAYS_INLINE inline
+#endif
+
+static KQ_ALWAYS_INLINE void kq_dot_q4_K_n_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
+                                               float *out, const int N) {
+    const uint8_t *b = (const uint8_t *)w;
+    const __m256i m4 = _mm256_set1_epi8(0xf);
+    __m256 acc[4];
+    __m128 accm[4];
+    for (int r = 0; r < N; r++) acc[r] = _mm256_setzero_ps(), accm[r] = _mm_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 144) {
+        const __m256i ms = _mm256_cvtepu8_epi16(kq_scales_k4_x86(b + 4));
+        const __m128i mins = _mm256_extracti128_si256(ms, 1);
+        const float dw = kq_f16_at(b), dmw = kq_f16_at(b + 2);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(ms));
+        __m256i sumi[4];
+        for (int r = 0; r < N; r++) {
+            const kq_block_q8_K *xr = x + r * xs + i;
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)xr->bsums);
+            const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            accm[r] = _mm_fmadd_ps(_mm_set1_ps(xr->d * dmw), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs32)), accm[r]);
+            sumi[r] = _mm256_setzero_si256();
+        }
+        for (int c = 0; c < 4; c++) {
+            const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 1) << 8 | (4 * c))));
+            const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+            const __m256i lo = _mm256_and_si256(q4, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            for (int r = 0; r < N; r++) {
+                const int8_t *q8 = x[r * xs + i].qs;
+                const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c)));
+                const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32)));
+                sumi[r] = KQ_MADD_ACC(sumi[r], sl, pl);
+                sumi[r] = KQ_MADD_ACC(sumi[r], sh, ph);
+            }
+        }
+        for (int r = 0; r < N; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(x[r * xs + i].d * dw), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+    }
+    for (int r = 0; r < N; r++) {
+        __m128 m = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[r] = kq_hsum256(acc[r]) - _mm_cvtss_f32(m);
+    }
+}
+
+static KQ_ALWAYS_INLINE void kq_dot_q6_K_n_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
+                                               float *out, const int N) {
+    const uint8_t *b = (const uint8_t *)w;
+    const __m256i m4 = _mm256_set1_epi8(0xf), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[4];
+    for (int r = 0; r < N; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 210) {
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(b + 192));
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        const kq_scales16 scs = kq_scales16_x86(sc8);
+        const float dw = kq_f16_at(b + 208);
+        __m256i sumi[4];
+        for (int r = 0; r < N; r++) sumi[r] = _mm256_setzero_si256();
+        for (int n = 0; n < 2; n++) {
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * n));
+            const __m256i l2 = _mm256_loadu_si256((const __m256i *)(b + 64 * n + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n));
+            const __m256i c0 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+            const __m256i c1 = _mm256_or_si256(_mm256_and_si256(l2, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+            const __m256i c2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(h, m30));
+            const __m256i c3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+            const __m256i s0 = kq_scale_pair(&scs, 4 * n + 0), s1 = kq_scale_pair(&scs, 4 * n + 1);
+            const __m256i s2 = kq_scale_pair(&scs, 4 * n + 2), s3 = kq_scale_pair(&scs, 4 * n + 3);
+            for (int r = 0; r < N; r++) {
+                const int8_t *a = x[r * xs + i].qs + 128 * n;
+                const __m256i p0 = _mm256_maddubs_epi16(c0, _mm256_loadu_si256((const __m256i *)(a + 0)));
+                const __m256i p1 = _mm256_maddubs_epi16(c1, _mm256_loadu_si256((const __m256i *)(a + 32)));
+                const __m256i p2 = _mm256_maddubs_epi16(c2, _mm256_loadu_si256((const __m256i *)(a + 64)));
+                const __m256i p3 = _mm256_maddubs_epi16(c3, _mm256_loadu_si256((const __m256i *)(a + 96)));
+                sumi[r] = KQ_MADD_ACC(sumi[r], s0, p0);
+                sumi[r] = KQ_MADD_ACC(sumi[r], s1, p1);
+                sumi[r] = KQ_MADD_ACC(sumi[r], s2, p2);
+                sumi[r] = KQ_MADD_ACC(sumi[r], s3, p3);
+            }
+        }
+        for (int r = 0; r < N; r++) {
+            const kq_block_q8_K *xr = x + r * xs + i;
+            const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)xr->bsums));
+            const __m256i si = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(corr, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(xr->d * dw), _mm256_cvtepi32_ps(si), acc[r]);
+        }
+    }
+    for (int r = 0; r < N; r++) out[r] = kq_hsum256(acc[r]);
+}
+
+#define KQ_ROWS_X86(name)                                                                          \
+    static inline void kq_dot_rows_##name##_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, \
+                                                 int64_t nb, float *out) {                         \
+        int r = 0;                                                                                 \
+        for (; r + 4 <= nx; r += 4) kq_dot_##name##_n_x86(w, x + r * xs, xs, nb, out + r, 4);     \
+        for (; r + 2 <= nx; r += 2) kq_dot_##name##_n_x86(w, x + r * xs, xs, nb, out + r, 2);     \
+        if (r < nx) out[r] = kq_dot_##name##_x86(w, x + r * xs, nb);                             \
+    }
+KQ_ROWS_X86(q4_K)
+KQ_ROWS_X86(q6_K)
+#define KQ_HAVE_ROWS_Q4_K 1
+#define KQ_HAVE_ROWS_Q6_K 1
+
 #define KQ_IMPL(name) kq_dot_##name##_x86
 #if defined(KQ_VNNI)
 #define KQ_IMPL_NAME "x86-avx512-vnni"
@@ -716,5 +877,78 @@ static inline float kq_dot_q4_K(const void *w, const kq_block_q8_K *x, int64_t n
 static inline float kq_dot_q5_K(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(q5_K)(w, x, nb); }
 static inline float kq_dot_q6_K(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(q6_K)(w, x, nb); }
 static inline float kq_dot_iq4_xs(const void *w, const kq_block_q8_K *x, int64_t nb) { return KQ_IMPL(iq4_xs)(w, x, nb); }
+
+/* ============================================================ several rows of x
+ * out[r] = kq_dot_<type>(w, x + r * x_stride, nb) for r < nx, each bit-identical to that single
+ * call; faster where the weights are unpacked once for several rows (Q4_K, Q6_K on x86). */
+#define KQ_ROWS_LOOP(name)                                                                         \
+    static inline void kq_dot_rows_##name##_loop(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, \
+                                                  int64_t nb, float *out) {                        \
+        for (int r = 0; r < nx; r++) out[r] = kq_dot_##name(w, x + r * xs, nb);                  \
+    }
+KQ_ROWS_LOOP(q2_K)
+KQ_ROWS_LOOP(q3_K)
+KQ_ROWS_LOOP(q4_K)
+KQ_ROWS_LOOP(q5_K)
+KQ_ROWS_LOOP(q6_K)
+KQ_ROWS_LOOP(iq4_xs)
+
+#if defined(KQ_X86)
+#define KQ_ROWS_Q4_K kq_dot_rows_q4_K_x86
+#define KQ_ROWS_Q6_K kq_dot_rows_q6_K_x86
+#else
+#define KQ_ROWS_Q4_K kq_dot_rows_q4_K_loop
+#define KQ_ROWS_Q6_K kq_dot_rows_q6_K_loop
+#endif
+
+typedef void (*kq_dot_rows_fn)(const void *w, const kq_block_q8_K *x, int64_t x_stride, int nx, int64_t nb,
+                               float *out);
+
+static inline void kq_dot_rows_q2_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { kq_dot_rows_q2_K_loop(w, x, xs, nx, nb, out); }
+static inline void kq_dot_rows_q3_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { kq_dot_rows_q3_K_loop(w, x, xs, nx, nb, out); }
+static inline void kq_dot_rows_q4_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { KQ_ROWS_Q4_K(w, x, xs, nx, nb, out); }
+static inline void kq_dot_rows_q5_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { kq_dot_rows_q5_K_loop(w, x, xs, nx, nb, out); }
+static inline void kq_dot_rows_q6_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { KQ_ROWS_Q6_K(w, x, xs, nx, nb, out); }
+static inline void kq_dot_rows_iq4_xs(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { kq_dot_rows_iq4_xs_loop(w, x, xs, nx, nb, out); }
+
+static inline kq_dot_rows_fn kq_dot_rows_for_type(int ggml_type) {
+    switch (ggml_type) {
+    case KQ_TYPE_Q2_K: return kq_dot_rows_q2_K;
+    case KQ_TYPE_Q3_K: return kq_dot_rows_q3_K;
+    case KQ_TYPE_Q4_K: return kq_dot_rows_q4_K;
+    case KQ_TYPE_Q5_K: return kq_dot_rows_q5_K;
+    case KQ_TYPE_Q6_K: return kq_dot_rows_q6_K;
+    case KQ_TYPE_IQ4_XS: return kq_dot_rows_iq4_xs;
+    default: return 0;
+    }
+}
+
+/* by ggml type id; NULL for a type this header does not handle */
+typedef float (*kq_dot_fn)(const void *w, const kq_block_q8_K *x, int64_t nb);
+typedef void (*kq_dequant_fn)(const void *w, float *y, int64_t k);
+
+static inline kq_dot_fn kq_dot_for_type(int ggml_type) {
+    switch (ggml_type) {
+    case KQ_TYPE_Q2_K: return kq_dot_q2_K;
+    case KQ_TYPE_Q3_K: return kq_dot_q3_K;
+    case KQ_TYPE_Q4_K: return kq_dot_q4_K;
+    case KQ_TYPE_Q5_K: return kq_dot_q5_K;
+    case KQ_TYPE_Q6_K: return kq_dot_q6_K;
+    case KQ_TYPE_IQ4_XS: return kq_dot_iq4_xs;
+    default: return 0;
+    }
+}
+
+static inline kq_dequant_fn kq_dequant_for_type(int ggml_type) {
+    switch (ggml_type) {
+    case KQ_TYPE_Q2_K: return kq_dequant_row_q2_K;
+    case KQ_TYPE_Q3_K: return kq_dequant_row_q3_K;
+    case KQ_TYPE_Q4_K: return kq_dequant_row_q4_K;
+    case KQ_TYPE_Q5_K: return kq_dequant_row_q5_K;
+    case KQ_TYPE_Q6_K: return kq_dequant_row_q6_K;
+    case KQ_TYPE_IQ4_XS: return kq_dequant_row_iq4_xs;
+    default: return 0;
+    }
+}
 
 #endif /* EMBER_KQUANTS_H */
