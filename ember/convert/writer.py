@@ -54,7 +54,7 @@ def convert_directory(directory: Path, out: Path, *, name: str | None = None) ->
     decoder = converter_for(config)
     tensors = Tensors(directory)
     plan = _plan(decoder, tensors)
-    meta = _general(decoder, plan, name or directory.name) | decoder.metadata()
+    meta = _general(decoder, plan, name) | decoder.metadata()
     meta |= tokenizer_metadata(directory, decoder.text, vocab_size=decoder.vocab_size)
     _write(out, decoder.arch, meta, plan)
 
@@ -96,11 +96,10 @@ def _constant(value: torch.Tensor) -> Callable[[], torch.Tensor]:
     return lambda: value
 
 
-def _general(decoder: TextDecoder, plan: list[Planned], name: str) -> dict[str, Any]:
+def _general(decoder: TextDecoder, plan: list[Planned], name: str | None) -> dict[str, Any]:
     embedding = next(p for p in plan if p.name == "token_embd.weight")
-    return {
-        "general.type": "model",
-        "general.name": name,
+    meta: dict[str, Any] = {"general.type": "model"} | ({"general.name": name} if name else {})
+    return meta | {
         "general.file_type": _FILE_TYPES[embedding.dtype],
         "general.quantization_version": gguf.GGML_QUANT_VERSION,
     }
