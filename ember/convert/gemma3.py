@@ -60,7 +60,7 @@ class Gemma3Decoder(TextDecoder):
                 "post_attention_norm.weight": (c,), "post_ffw_norm.weight": (c,)}  # fmt: skip
 
     def transform(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        if name.endswith("norm.weight") and not name.startswith(("v.", "mm.")):
+        if name.endswith("norm.weight") and not name.startswith("v."):  # mm soft-emb norm too
             return tensor.float() + 1.0
         return tensor
 

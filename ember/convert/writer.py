@@ -13,6 +13,7 @@ import torch
 
 from ember.convert.decoder import TextDecoder
 from ember.convert.gemma3 import Gemma3Decoder
+from ember.convert.gemma3_vision import Gemma3VisionDecoder
 from ember.convert.llama import LlamaDecoder
 from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
@@ -23,6 +24,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "MistralForCausalLM": LlamaDecoder,
     "Qwen2ForCausalLM": Qwen2Decoder,
     "Gemma3ForCausalLM": Gemma3Decoder,
+    "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
 }
 _FILE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 32}  # llama_ftype
 
