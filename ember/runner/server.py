@@ -31,6 +31,7 @@ from ember.model import load_model
 from ember.options import Options
 from ember.runner.engine import KV_TYPES, Engine
 from ember.runner.memory import InsufficientMemoryError
+from ember.runner.multimodal import ImageModel, PromptInputs, image_bytes, prompt_inputs
 from ember.runner.sequence import Done, Event, Piece, Sequence
 from ember.runner.sequence import Request as SeqRequest
 from ember.sample.grammar import Grammar
@@ -175,14 +176,22 @@ async def load(request: Request) -> JSONResponse:
 async def completion(request: Request) -> StreamingResponse:
     req = await _body(request, CompletionRequest)
     engine, tokenizer = _ready(_runner(request))
-    if req.images:
+    if req.images and not isinstance(engine.model, ImageModel):
         raise HTTPError(400, "this model does not accept images")
     try:
         opts = Options.parse(req.options)
         grammar = Grammar.from_format(req.format, tokenizer) if req.format else None
+        inputs = PromptInputs(tokenizer.encode(req.prompt))
+        if isinstance(engine.model, ImageModel):  # the image encoder runs once per image
+            images = image_bytes(req.images)
+            inputs = await asyncio.to_thread(
+                prompt_inputs, req.prompt, images, tokenizer, engine.model
+            )
         seq_request = SeqRequest(
-            tokenizer.encode(req.prompt),
+            inputs.tokens,
             opts,
+            same_batch=inputs.same_batch,
+            multimodal=inputs.multimodal,
             grammar=grammar,
             shift=req.shift,
             truncate=req.truncate,

@@ -43,6 +43,7 @@ class GGUFFacts:
     file_type: str
     parameter_size: str
     fim: FillInMiddle | None  # the model can fill a gap (Ollama's "insert")
+    has_vision: bool = False  # the file holds a vision tower (Ollama's single-file convention)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +204,7 @@ def read_facts(path: Path) -> GGUFFacts:
         file_type=FILE_TYPES.get(ftype, "unknown") if isinstance(ftype, int) else "unknown",
         parameter_size=human_number(num_params) if num_params else str(size_label or ""),
         fim=fill_in_middle([str(t) for t in vocab]),
+        has_vision=f"{arch}.vision.block_count" in md,
     )
 
 
@@ -238,6 +240,8 @@ def _served(facts: GGUFFacts, *, template: str | None, system: str, **fields: An
         capabilities.add("thinking")
     if chat.fim is not None:
         capabilities.add("insert")
+    if facts.has_vision:
+        capabilities.add("vision")
     return ServedModel(
         model_path=fields.pop("path"),
         template=chat,

@@ -157,7 +157,8 @@ class Gemma3Vision(Gemma3):
         return tokens, len(nl) + 1, n
 
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
-        return self.hidden_with_images(batch, cache, ())
+        images = [t for t in batch.multimodal_data if isinstance(t, torch.Tensor)]
+        return self.hidden_with_images(batch, cache, images)
 
     def hidden_with_images(
         self, batch: Batch, cache: Cache, images: Sequence[torch.Tensor]
