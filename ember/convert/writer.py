@@ -3,7 +3,7 @@ whole (architecture, tensor names and shapes, tokenizer) before a byte is writte
 one tensor at a time. 2-D tensors keep their F32/F16/BF16 type (lossless); 1-D ones are F32."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from ember.convert.decoder import TextDecoder
 from ember.convert.gemma3 import Gemma3Decoder
 from ember.convert.gemma3_vision import Gemma3VisionDecoder
 from ember.convert.llama import LlamaDecoder
+from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
 from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
 from ember.convert.vocab import tokenizer_metadata
@@ -50,14 +51,25 @@ def converter_for(config: HFConfig) -> TextDecoder:
     return make(config)
 
 
-def convert_directory(directory: Path, out: Path, *, name: str | None = None) -> None:
-    """Writes the GGUF of the HF model in `directory` to `out`; raises ConvertError."""
+def convert_directory(
+    directory: Path, out: Path, *, name: str | None = None, mmproj: Path | None = None
+) -> None:
+    """Writes the GGUF of the HF model in `directory` to `out`; with `mmproj`, a vision model's
+    tower goes there instead (llama.cpp's convention). Raises ConvertError."""
     config = HFConfig(read_json(directory / "config.json") or {})
     decoder = converter_for(config)
     tensors = Tensors(directory)
     plan = _plan(decoder, tensors)
     meta = _general(decoder, plan, name) | decoder.metadata()
     meta |= tokenizer_metadata(directory, decoder.text, vocab_size=decoder.vocab_size)
+    if mmproj is not None:
+        if not isinstance(decoder, Gemma3VisionDecoder):
+            raise ConvertError("only a vision model has an mmproj file")
+        vision = [replace(p, name=mmproj_name(p.name)) for p in plan if is_vision_tensor(p.name)]
+        file_type = _FILE_TYPES[next(p.dtype for p in vision if len(p.shape) == 2)]
+        _write(mmproj, "clip", mmproj_metadata(decoder) | {"general.file_type": file_type}, vision)
+        plan = [p for p in plan if not is_vision_tensor(p.name)]
+        meta = {k: v for k, v in meta.items() if not k.startswith(("gemma3.vision.", "gemma3.mm."))}
     _write(out, decoder.arch, meta, plan)
 
 

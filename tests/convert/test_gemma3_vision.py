@@ -100,3 +100,24 @@ def logits_with_image(hf, ember, data: bytes) -> tuple[torch.Tensor, torch.Tenso
     with torch.inference_mode():
         ours = ember.logits(ember.hidden_with_images(batch, cache, [ember.encode_multimodal(data)]))
     return ours, theirs
+
+
+def test_text_gguf_plus_mmproj_gives_the_same_logits(models, tmp_path):
+    """llama.cpp's convention: the text GGUF and an mmproj GGUF (clip names and keys)."""
+    hf, single = models
+    source = tmp_path / "hf"
+    build_gemma3_vision(source)
+    convert_directory(source, tmp_path / "text.gguf", mmproj=tmp_path / "mmproj.gguf")
+    with GGUFFile.open(tmp_path / "mmproj.gguf") as f:
+        assert f.metadata["general.architecture"] == "clip"
+        assert "v.blk.0.ln1.weight" in f.tensors and "mm.input_projection.weight" in f.tensors
+    with GGUFFile.open(tmp_path / "text.gguf") as f:
+        assert not any(name.startswith("v.") for name in f.tensors)
+        assert not isinstance(load_model(f), Gemma3Vision)  # alone, a text model
+    split = load_model(
+        GGUFFile.open(tmp_path / "text.gguf"), GGUFFile.open(tmp_path / "mmproj.gguf")
+    )
+    data = image_bytes((50, 30), "RGB", 1)
+    assert torch.equal(split.encode_multimodal(data), single.encode_multimodal(data))
+    ours, theirs = logits_with_image(hf, split, data)
+    assert (ours - theirs).abs().max() < 1e-4

@@ -6,6 +6,7 @@ Weights come from one GGUF (Ollama's: `v.*`, `mm.*` beside the text) or from the
 an mmproj GGUF holding the same names. Image embeddings replace the placeholder rows unscaled.
 """
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from ember.kvcache import Cache, CausalCache
 from ember.model.archs.gemma3 import GLOBAL, SLIDING, Gemma3
 from ember.model.config import Config
 from ember.model.imageproc import decode_image, to_pixels
-from ember.model.registry import register
+from ember.model.registry import register, register_projector
 from ember.model.weights import Weights
 from ember.nn import rms_norm
 
@@ -41,6 +42,9 @@ class VisionOptions:
 
     @classmethod
     def from_config(cls, c: Config) -> "VisionOptions":
+        """From Ollama's gemma3.vision.* keys, or an mmproj file's clip.vision.* ones."""
+        if c.arch == "clip":
+            return cls._from_mmproj(c)
         return cls(
             num_layers=c.uint("vision.block_count", maximum=1024),
             hidden=c.uint("vision.embedding_length"),
@@ -50,6 +54,23 @@ class VisionOptions:
             patch_size=c.uint("vision.patch_size", maximum=1024),
             eps=c.float("vision.attention.layer_norm_epsilon", 1e-6),
             tokens_per_image=c.uint("mm.tokens_per_image", c.uint("mm_tokens_per_image", 256)),
+        )
+
+    @classmethod
+    def _from_mmproj(cls, c: Config) -> "VisionOptions":
+        side = c.uint("vision.image_size", maximum=8192) // c.uint(
+            "vision.patch_size", maximum=1024
+        )
+        per_side = side // c.uint("vision.projector.scale_factor", 4, maximum=1024)
+        return cls(
+            num_layers=c.uint("vision.block_count", maximum=1024),
+            hidden=c.uint("vision.embedding_length"),
+            num_heads=c.uint("vision.attention.head_count", maximum=4096),
+            ffn=c.uint("vision.feed_forward_length"),
+            image_size=c.uint("vision.image_size", maximum=8192),
+            patch_size=c.uint("vision.patch_size", maximum=1024),
+            eps=c.float("vision.attention.layer_norm_epsilon", 1e-6),
+            tokens_per_image=max(per_side, 1) ** 2,
         )
 
     @property
@@ -125,15 +146,18 @@ class VisionTower:
 
 
 class Gemma3Vision(Gemma3):
-    """Gemma 3 whose prompts may hold images (`encode_multimodal`, `post_tokenize`)."""
+    """Gemma 3 whose prompts may hold images (`encode_multimodal`, `image_inputs`); the tower
+    comes from the model's own file or from an mmproj file."""
 
     def __init__(self, gguf: GGUFFile, config: Config, projector: GGUFFile | None = None) -> None:
         super().__init__(gguf, config)
-        source = projector or gguf
-        vision_config = Config(source.metadata, config.arch) if projector is None else Config(
-            source.metadata, "gemma3")  # fmt: skip
-        self.vision_options = VisionOptions.from_config(vision_config)
-        self.vision = VisionTower(Weights(source), self.vision_options, self.options.hidden)
+        if projector is None:
+            self.vision_options = VisionOptions.from_config(config)
+            weights = Weights(gguf)
+        else:
+            self.vision_options = VisionOptions.from_config(Config(projector.metadata, "clip"))
+            weights = Weights(MmprojNames(projector, self.vision_options))  # type: ignore[arg-type]
+        self.vision = VisionTower(weights, self.vision_options, self.options.hidden)
         tokens = list(gguf.metadata.get("tokenizer.ggml.tokens") or [])
         self.image_start = _index(tokens, IMAGE_START) or 255999  # Ollama's fixed ids
         self.image_end = _index(tokens, IMAGE_END) or 256000
@@ -181,6 +205,41 @@ class Gemma3Vision(Gemma3):
         return rms_norm(x, self.output_norm, o.eps)
 
 
+class MmprojNames:
+    """An mmproj GGUF (llama.cpp's names) seen under Ollama's names, for Weights. Which of
+    ffn_up/ffn_down is SigLIP's fc1 is told by shape: converters have written it both ways."""
+
+    def __init__(self, gguf: GGUFFile, o: VisionOptions) -> None:
+        self.gguf, self.metadata = gguf, gguf.metadata
+        self.names: dict[str, str] = {}
+        for name, info in gguf.tensors.items():
+            ours = name
+            for theirs, mine in _MMPROJ_NAMES:
+                ours = re.sub(theirs, mine, ours)
+            if ".ffn_" in name:
+                is_fc1 = info.shape[0] == o.ffn and (
+                    len(info.shape) == 1 or info.shape[1] == o.hidden
+                )
+                ours = re.sub(r"\.ffn_(up|down)\.", ".mlp.fc1." if is_fc1 else ".mlp.fc2.", name)
+            self.names[ours] = name
+        self.tensors = {ours: gguf.tensors[name] for ours, name in self.names.items()}
+
+    def raw(self, name: str) -> object:
+        return self.gguf.raw(self.names[name])
+
+
+_MMPROJ_NAMES = (
+    (r"^v\.patch_embd\.", "v.patch_embedding."),
+    (r"^v\.position_embd\.", "v.position_embedding."),
+    (r"^v\.post_ln\.", "v.post_layernorm."),
+    (r"\.attn_out\.", ".attn_output."),
+    (r"\.ln1\.", ".layer_norm1."),
+    (r"\.ln2\.", ".layer_norm2."),
+    (r"^mm\.input_projection\.", "mm.mm_input_projection."),
+    (r"^mm\.soft_emb_norm\.", "mm.mm_soft_emb_norm."),
+)
+
+
 def _index(tokens: list[str], text: str) -> int | None:
     return tokens.index(text) if text in tokens else None
 
@@ -207,3 +266,4 @@ def build(gguf: GGUFFile, config: Config) -> Gemma3:
 
 
 register("gemma3")(build)
+register_projector("gemma3")(Gemma3Vision)
