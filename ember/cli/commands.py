@@ -120,8 +120,11 @@ def create(client: Client, model: str, modelfile: Path, *, quantize: str | None 
     messages: list[dict[str, str]] = []
     params: dict[str, list[str]] = {}
     for c in commands:
-        if c.name == "model":
-            body.update(_from(client, c.args, modelfile.parent))
+        if c.name == "model":  # a second FROM: the projector beside the model's file
+            source = _from(client, c.args, modelfile.parent)
+            if "files" in source and "files" in body:
+                source["files"] = body["files"] | source["files"]
+            body.update(source)
         elif c.name in ("template", "system", "renderer", "parser", "requires"):
             body[c.name] = c.args
         elif c.name == "license":

@@ -62,6 +62,7 @@ class ServedModel:
     context_length: int
     owner: str = "library"  # /v1/models' owned_by
     facts: GGUFFacts | None = field(default=None, compare=False)
+    projector_paths: tuple[Path, ...] = ()  # mmproj files (llama.cpp's vision convention)
 
 
 class Models:
@@ -127,6 +128,7 @@ class Models:
             modified_at=stored.modified_at,
             details=details,
             owner=stored.name.namespace,
+            projector_paths=tuple(stored.projector_paths),
         )
 
     def _from_catalog(self, name: str) -> ServedModel:
@@ -240,7 +242,7 @@ def _served(facts: GGUFFacts, *, template: str | None, system: str, **fields: An
         capabilities.add("thinking")
     if chat.fim is not None:
         capabilities.add("insert")
-    if facts.has_vision:
+    if facts.has_vision or fields.get("projector_paths"):
         capabilities.add("vision")
     return ServedModel(
         model_path=fields.pop("path"),

@@ -20,6 +20,8 @@ from hf_vision import build_gemma3_vision  # noqa: E402
 from serve_process import Server  # noqa: E402
 from test_gemma3_vision import image_bytes  # noqa: E402
 
+from ember.convert import convert_directory  # noqa: E402
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
@@ -28,11 +30,16 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("vision-e2e")
     build_gemma3_vision(root / "tiny-gemma3-vision")
     save_hf_dir("qwen2", root / "tiny-qwen")
+    convert_directory(
+        root / "tiny-gemma3-vision", root / "text.gguf", mmproj=root / "mmproj.gguf"
+    )  # llama.cpp's convention: a Modelfile names both files
+    (root / "tiny-split.Modelfile").write_text("FROM ./text.gguf\nFROM ./mmproj.gguf\n")
     (root / "serve").mkdir()
     server = Server(root / "serve")
     env = cli_env(root, server.url.removeprefix("http://"))
     for name, folder in (("tiny-vision", "tiny-gemma3-vision"), ("tiny-text", "tiny-qwen")):
         (root / f"{name}.Modelfile").write_text(f"FROM ./{folder}\n")
+    for name in ("tiny-vision", "tiny-text", "tiny-split"):
         result = subprocess.run(
             [*EMBER, "create", name, "-f", str(root / f"{name}.Modelfile")],
             text=True, capture_output=True, timeout=300, env=env,
@@ -80,3 +87,13 @@ def test_a_text_model_refuses_images(server):
     reply = chat(server, "tiny-text", [b64(image_bytes((50, 30), "RGB", 1))])
     assert reply.status_code == 400
     assert "vision" in reply.json()["error"]
+
+
+def test_text_gguf_plus_mmproj_answers_the_same(server):
+    shown = httpx.post(f"{server.url}/api/show", json={"model": "tiny-split"}).json()
+    assert "vision" in shown["capabilities"]
+    image = [b64(image_bytes((50, 30), "RGB", 1))]
+    single, split = chat(server, "tiny-vision", image), chat(server, "tiny-split", image)
+    assert split.status_code == 200, split.text
+    assert split.json()["message"] == single.json()["message"]
+    assert split.json()["eval_count"] == single.json()["eval_count"]
