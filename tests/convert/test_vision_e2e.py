@@ -97,3 +97,30 @@ def test_text_gguf_plus_mmproj_answers_the_same(server):
     assert split.status_code == 200, split.text
     assert split.json()["message"] == single.json()["message"]
     assert split.json()["eval_count"] == single.json()["eval_count"]
+
+
+def test_the_ollama_and_openai_clients_chat_with_an_image(server):
+    import ollama
+    import openai
+
+    png = image_bytes((64, 48), "P", 4)
+    reply = ollama.Client(server.url).chat(
+        model="tiny-vision",
+        messages=[{"role": "user", "content": "What is this?", "images": [png]}],
+        options={"num_predict": 4, "temperature": 0},
+    )
+    assert reply.done
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x")
+    parts = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(png)}"}},
+    ]
+    answer = client.chat.completions.create(
+        model="tiny-vision", messages=[{"role": "user", "content": parts}], max_tokens=4,
+        temperature=0,
+    )  # fmt: skip
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="tiny-text", messages=[{"role": "user", "content": parts}], max_tokens=4
+        )
