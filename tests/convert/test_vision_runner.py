@@ -102,3 +102,23 @@ def test_an_image_longer_than_num_batch_gives_the_same_tokens(loaded):
         finally:
             e.close()
     assert results[0] == results[1]
+
+
+def test_a_prefix_before_the_image_is_reused_and_the_image_never(loaded):
+    """A second request repeating the first evaluates again from its image on (placeholders of
+    two images are the same tokens: matching past them could reuse another image's cache)."""
+    req = request(loaded, 1)
+    (start,) = req.same_batch
+    e = engine(loaded, num_parallel=1, num_batch=64)
+    try:
+        first = e.submit(req)
+        while not isinstance(done := first.events.get(timeout=300), Done):
+            pass
+        second = e.submit(request(loaded, 1))
+        while not isinstance(again := second.events.get(timeout=300), Done):
+            pass
+    finally:
+        e.close()
+    assert done.prompt_eval_count == len(req.inputs)
+    assert again.prompt_eval_count == len(req.inputs) - (start - 1)
+    assert list(first.generated) == list(second.generated)
