@@ -31,10 +31,11 @@ def save_hf_dir(
     holding the saved weights (rounded through `dtype`)."""
     vocab = tiny_vocab(arch)
     model = build_hf_model(arch, vocab, seed=seed, **overrides)
-    if dtype != torch.float32:
-        model = model.to(dtype).float()  # the weights as the saved dtype holds them
-    model.to(dtype).save_pretrained(directory)
-    model.float()
+    with torch.no_grad():  # the weights as the saved dtype holds them (buffers stay float32)
+        for param in model.parameters():
+            param.copy_(param.to(dtype).float())
+    state = {k: v.to(dtype) for k, v in model.state_dict().items()}
+    model.save_pretrained(directory, state_dict=state)
     if arch == "gemma3":
         _save_sentencepiece(vocab, directory)
     else:
