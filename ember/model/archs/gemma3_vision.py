@@ -17,7 +17,7 @@ from ember.backend.native import NativeLinear
 from ember.backend.weights import Linear
 from ember.batch import Batch
 from ember.gguf import GGUFFile
-from ember.kvcache import Cache, CausalCache
+from ember.kvcache import Cache, CausalCache, WrapperCache
 from ember.model.archs.gemma3 import GLOBAL, SLIDING, Gemma3
 from ember.model.config import Config
 from ember.model.imageproc import decode_image, to_pixels
@@ -249,7 +249,7 @@ def _bidirectional(cache: Cache, spans: list[tuple[int, int]]) -> None:
     built by start_forward; only rows of one sequence are ever in a span)."""
     if not spans:
         return
-    caches = getattr(cache, "caches", [cache])
+    caches = cache.caches if isinstance(cache, WrapperCache) else [cache]
     for c in caches:
         if not isinstance(c, CausalCache) or c.mask is None:
             continue
