@@ -167,10 +167,9 @@ class Engine:
             if seq.cancelled:
                 seq.done(CLOSED)
                 continue
-            # An image is placeholder tokens: only the prompt before the first one is matched.
-            matched = seq.prompt[: min(seq.same_batch, default=0)] if seq.multimodal else seq.prompt
-            reuse = not seq.embedding and len(matched) > 0
-            seq.slot, num_past = self.inputs.load(matched if reuse else seq.prompt, reuse=reuse)
+            seq.slot, num_past = self.inputs.load(
+                seq.prompt, reuse=not seq.embedding, images=seq.image_hashes
+            )
             seq.pending, seq.num_past = seq.prompt[num_past:], num_past
             seq.groups = [seq.same_batch.get(i, 0) for i in range(num_past, len(seq.prompt))]
             seq.carried = [seq.multimodal.get(i) for i in range(num_past, len(seq.prompt))]

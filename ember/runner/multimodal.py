@@ -4,6 +4,7 @@ and replaced by the model's span of placeholder tokens, which must share one bat
 
 import base64
 import binascii
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ class PromptInputs:
     tokens: list[int] = field(default_factory=list)
     same_batch: dict[int, int] = field(default_factory=dict)
     multimodal: dict[int, object] = field(default_factory=dict)
+    image_hashes: dict[int, int] = field(default_factory=dict)  # span start -> image hash
 
 
 def image_bytes(images: Sequence[Any]) -> dict[int, bytes]:
@@ -62,6 +64,8 @@ def prompt_inputs(
         span, first_row, _ = model.image_inputs()
         start = len(out.tokens)
         out.same_batch[start] = len(span) - 1
+        digest = hashlib.sha256(images[image_id]).digest()
+        out.image_hashes[start] = int.from_bytes(digest[:8], "little")
         out.multimodal[start + first_row] = rows
         out.tokens += span
     return out

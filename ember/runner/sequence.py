@@ -43,6 +43,8 @@ class Request:
     same_batch: dict[int, int] = field(default_factory=dict)
     # input index -> the encoder data (an image's embeddings) that input carries into the model
     multimodal: dict[int, object] = field(default_factory=dict)
+    # input index where an image's span begins -> the image's hash (prefix matching)
+    image_hashes: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,7 @@ class Sequence:
         self.request = request
         self.num_keep = min(len(inputs) if opts.num_keep < 0 else opts.num_keep, num_ctx - 1)
         same_batch, multimodal = dict(request.same_batch), dict(request.multimodal)
+        image_hashes = dict(request.image_hashes)
         if len(inputs) > num_ctx and request.embedding and request.truncate:
             del inputs[num_ctx:]  # an embedding keeps the start of its text, as Ollama's
         if len(inputs) > num_ctx:
@@ -128,9 +131,11 @@ class Sequence:
             del inputs[self.num_keep : self.num_keep + cut]
             same_batch = _without_cut(same_batch, self.num_keep, cut)
             multimodal = _without_cut(multimodal, self.num_keep, cut)
+            image_hashes = _without_cut(image_hashes, self.num_keep, cut)
         self.prompt = inputs
         self.same_batch = same_batch  # keyed by position in the sequence
         self.multimodal = multimodal
+        self.image_hashes = image_hashes
         self.pending: list[int] = []  # inputs not yet in the cache; set when a slot is taken
         self.num_ctx = num_ctx
         limit = 10 * num_ctx  # as Ollama: num_predict < 0 or > 10 × num_ctx means that cap

@@ -194,6 +194,7 @@ async def completion(request: Request) -> StreamingResponse:
             opts,
             same_batch=inputs.same_batch,
             multimodal=inputs.multimodal,
+            image_hashes=inputs.image_hashes,
             grammar=grammar,
             shift=req.shift,
             truncate=req.truncate,

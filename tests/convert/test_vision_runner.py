@@ -39,7 +39,7 @@ def request(loaded, i: int) -> Request:
     )
     greedy = Options(temperature=0, num_predict=8)
     return Request(inputs.tokens, greedy, same_batch=inputs.same_batch,
-                   multimodal=inputs.multimodal)  # fmt: skip
+                   multimodal=inputs.multimodal, image_hashes=inputs.image_hashes)  # fmt: skip
 
 
 def run(engine: Engine, requests: list[Request]) -> list[list[int]]:
@@ -104,21 +104,39 @@ def test_an_image_longer_than_num_batch_gives_the_same_tokens(loaded):
     assert results[0] == results[1]
 
 
-def test_a_prefix_before_the_image_is_reused_and_the_image_never(loaded):
-    """A second request repeating the first evaluates again from its image on (placeholders of
-    two images are the same tokens: matching past them could reuse another image's cache)."""
+def generate(e: Engine, req: Request) -> tuple[list[int], Done]:
+    seq = e.submit(req)
+    while not isinstance(done := seq.events.get(timeout=300), Done):
+        pass
+    return list(seq.generated), done
+
+
+def test_a_repeated_prompt_with_its_image_evaluates_only_the_new_tokens(loaded):
+    """Images are compared by hash: the same image is reused from the cache, another is not
+    (their placeholders are the same tokens)."""
     req = request(loaded, 1)
     (start,) = req.same_batch
     e = engine(loaded, num_parallel=1, num_batch=64)
     try:
-        first = e.submit(req)
-        while not isinstance(done := first.events.get(timeout=300), Done):
-            pass
-        second = e.submit(request(loaded, 1))
-        while not isinstance(again := second.events.get(timeout=300), Done):
-            pass
+        first, done = generate(e, req)
+        again, repeated = generate(e, request(loaded, 1))
+        other = request(loaded, 1)
+        model, tok = loaded
+        swapped = prompt_inputs(
+            "Hello world the sky [img-0] is blue", {0: image_bytes(*IMAGES[2])}, tok, model
+        )
+        other = Request(
+            swapped.tokens,
+            other.options,
+            same_batch=swapped.same_batch,
+            multimodal=swapped.multimodal,
+            image_hashes=swapped.image_hashes,
+        )
+        _, changed = generate(e, other)
     finally:
         e.close()
+    assert swapped.tokens == req.inputs  # the same tokens: only the image differs
     assert done.prompt_eval_count == len(req.inputs)
-    assert again.prompt_eval_count == len(req.inputs) - (start - 1)
-    assert list(first.generated) == list(second.generated)
+    assert repeated.prompt_eval_count == 1  # only the last prompt token runs again
+    assert again == first
+    assert changed.prompt_eval_count == len(req.inputs) - start  # from the image's span on
