@@ -92,6 +92,7 @@ def test_a_text_model_refuses_images(server):
 def test_text_gguf_plus_mmproj_answers_the_same(server):
     shown = httpx.post(f"{server.url}/api/show", json={"model": "tiny-split"}).json()
     assert "vision" in shown["capabilities"]
+    assert shown["projector_info"]["clip.projector_type"] == "gemma3"
     image = [b64(image_bytes((50, 30), "RGB", 1))]
     single, split = chat(server, "tiny-vision", image), chat(server, "tiny-split", image)
     assert split.status_code == 200, split.text
