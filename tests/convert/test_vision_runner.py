@@ -140,3 +140,17 @@ def test_a_repeated_prompt_with_its_image_evaluates_only_the_new_tokens(loaded):
     assert repeated.prompt_eval_count == 1  # only the last prompt token runs again
     assert again == first
     assert changed.prompt_eval_count == len(req.inputs) - start  # from the image's span on
+
+
+def test_the_load_reservation_runs_a_worst_case_image(loaded, monkeypatch):
+    model, _ = loaded
+    seen: list[int] = []
+    original = type(model).encode_multimodal
+
+    def spy(self, data: bytes):
+        seen.append(len(data))
+        return original(self, data)
+
+    monkeypatch.setattr(type(model), "encode_multimodal", spy)
+    engine(loaded, num_parallel=1, num_batch=16).close()
+    assert seen and seen[0] > 2048 * 2048  # the 2048 × 2048 bitmap, decoded and encoded
