@@ -7,14 +7,12 @@ an mmproj GGUF holding the same names. Image embeddings replace the placeholder 
 """
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ember.backend.native import NativeLinear
-from ember.backend.weights import Linear
 from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache, WrapperCache
@@ -78,7 +76,7 @@ class VisionOptions:
         return self.image_size // self.patch_size
 
 
-Affine = tuple[Linear | NativeLinear, torch.Tensor]
+Affine = tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]  # a projection, its bias
 
 
 def _norm(w: Weights, name: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
