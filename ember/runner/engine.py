@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ember import envconfig
 from ember.batch import Batch
 from ember.errors import EmberError
 from ember.kvcache import KV_TYPES as KV_CACHE_TYPES
@@ -71,7 +72,7 @@ class Engine:
         kv_type: str = "",
         multiuser: bool = False,
     ) -> None:
-        kv_type = kv_type or DEFAULT_KV_TYPE
+        kv_type = kv_type or envconfig.kv_cache_type() or DEFAULT_KV_TYPE
         if kv_type not in KV_TYPES:
             raise EmberError(
                 f"kv cache type {kv_type!r} is not supported (use {', '.join(KV_TYPES)})"
