@@ -2,6 +2,10 @@
 llama.cpp (llama-cpp-python) on the same GGUF file and in the same run when it is installed.
 
     .venv/bin/python benchmarks/bench_generate.py --model smollm2:135m --threads 2 --runs 3
+    .venv/bin/python benchmarks/bench_generate.py --model /tmp/llama3b-q4_k_m.gguf --runs 1
+
+--model is a bundled name or a GGUF path (benchmarks/make_scale_model.py writes a 3B-shaped
+one). Ember's KV cache is of --kv-type (the engine's default, f16, as llama.cpp's).
 
 Each engine runs in its own process (so peak RSS is its own), the engines interleaved run by
 run, and the medians are printed. The prompt is exactly --prompt-tokens ids, the same for both
@@ -33,7 +37,7 @@ def prompt_ids(path: str, n: int) -> list[int]:
     return ids[:n]
 
 
-def run_ember(path: str, ids: list[int], gen: int, threads: int) -> dict:
+def run_ember(path: str, ids: list[int], gen: int, threads: int, kv_type: str) -> dict:
     import torch
 
     from ember.batch import Batch
@@ -44,7 +48,7 @@ def run_ember(path: str, ids: list[int], gen: int, threads: int) -> dict:
     t0 = time.perf_counter()
     model = load_model(GGUFFile.open(path))
     cache = model.make_cache()
-    cache.init(max_sequences=1, capacity=len(ids) + gen + 8, max_batch=512)
+    cache.init(max_sequences=1, capacity=len(ids) + gen + 8, max_batch=512, dtype=kv_type)
     load = time.perf_counter() - t0
     t0 = time.perf_counter()
     for start in range(0, len(ids), 512):
@@ -58,7 +62,7 @@ def run_ember(path: str, ids: list[int], gen: int, threads: int) -> dict:
     return {"load_s": load, "prefill_s": prefill, "decode_s": decode}
 
 
-def run_llama_cpp(path: str, ids: list[int], gen: int, threads: int) -> dict:
+def run_llama_cpp(path: str, ids: list[int], gen: int, threads: int, kv_type: str) -> dict:
     import numpy as np
     from llama_cpp import Llama
 
@@ -86,7 +90,7 @@ def run_llama_cpp(path: str, ids: list[int], gen: int, threads: int) -> dict:
 def worker(args: argparse.Namespace) -> None:
     ids = json.loads(sys.stdin.read())
     run = run_ember if args.worker == "ember" else run_llama_cpp
-    result = run(args.path, ids, args.gen_tokens, args.threads)
+    result = run(args.path, ids, args.gen_tokens, args.threads, args.kv_type)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result))
 
@@ -106,6 +110,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--gen-tokens", type=int, default=128)
+    parser.add_argument("--kv-type", default="f16", help="Ember's KV cache type (f16 default)")
     parser.add_argument("--worker", choices=["ember", "llama.cpp"], help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -131,6 +136,8 @@ def main() -> None:
                 str(args.threads),
                 "--gen-tokens",
                 str(args.gen_tokens),
+                "--kv-type",
+                args.kv_type,
             ]
             out = subprocess.run(
                 cmd, input=json.dumps(ids), capture_output=True, text=True, check=True
@@ -138,7 +145,8 @@ def main() -> None:
             results[engine].append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(
         f"model {args.model} ({path}), {args.threads} threads, prompt {len(ids)} tokens, "
-        f"{args.gen_tokens} generated, median of {args.runs} interleaved runs"
+        f"{args.gen_tokens} generated, median of {args.runs} interleaved runs, "
+        f"Ember KV cache {args.kv_type}"
     )
     header = ("engine", "prefill tok/s", "decode tok/s", "load s", "peak RSS MB")
     print("{:<10} {:>14} {:>13} {:>7} {:>12}".format(*header))

@@ -299,11 +299,11 @@ def flash_attention() -> bool | None:
     return _bool("EMBER_FLASH_ATTENTION") if _get("EMBER_FLASH_ATTENTION") else None
 
 
-KV_CACHE_TYPES = ("f32", "f16", "bf16")  # what the engine stores; quantized caches are not built
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")  # as ember.kvcache.KV_TYPES
 
 
 def kv_cache_type() -> str:
-    """KV cache element type (EMBER_KV_CACHE_TYPE: f32, f16, bf16); "" = default."""
+    """KV cache type (EMBER_KV_CACHE_TYPE: f32, f16, bf16, q8_0, q4_0); "" = default (f16)."""
     text = _get("EMBER_KV_CACHE_TYPE").lower()
     if text and text not in KV_CACHE_TYPES:
         raise OptionsError(f"EMBER_KV_CACHE_TYPE must be one of {', '.join(KV_CACHE_TYPES)}")

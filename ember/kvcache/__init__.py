@@ -1,9 +1,20 @@
 """KV caches: the Cache seam, a causal cache (optionally sliding-window or chunked), an encoder
-cache (cross-attention), a per-layer-type wrapper."""
+cache (cross-attention), a per-layer-type wrapper; keys and values held as f32, f16, bf16, q8_0
+or q4_0 (store.py)."""
 
 from ember.kvcache.base import Cache, CacheFullError, ShiftFn
 from ember.kvcache.causal import CausalCache
 from ember.kvcache.encoder import EncoderCache
+from ember.kvcache.store import KV_TYPES, kv_type_name
 from ember.kvcache.wrapper import WrapperCache
 
-__all__ = ["Cache", "CacheFullError", "CausalCache", "EncoderCache", "ShiftFn", "WrapperCache"]
+__all__ = [
+    "KV_TYPES",
+    "Cache",
+    "CacheFullError",
+    "CausalCache",
+    "EncoderCache",
+    "ShiftFn",
+    "WrapperCache",
+    "kv_type_name",
+]

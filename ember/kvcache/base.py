@@ -29,13 +29,23 @@ class Cache(Protocol):
 
     # --- used by the runner ---
     def init(
-        self, *, max_sequences: int, capacity: int, max_batch: int, dtype: torch.dtype | None = None
+        self,
+        *,
+        max_sequences: int,
+        capacity: int,
+        max_batch: int,
+        dtype: torch.dtype | str | None = None,
     ) -> None:
         """Sizes the cell pool: capacity tokens for each of max_sequences sequences; dtype of
-        the stored keys and values (None: keep the cache's own, float32 by default)."""
+        the stored keys and values: a KV_TYPES name (f32, f16, bf16, q8_0, q4_0) or a float
+        torch dtype (None: keep the cache's own, float32 by default)."""
 
     def nbytes(self) -> int:
         """Bytes the stored keys and values take (all layers, once allocated)."""
+
+    def planned_bytes(self, *, max_sequences: int, capacity: int, max_batch: int) -> int:
+        """Bytes the keys and values would take at that size, measured on the layers stored so
+        far (run a small pass over every layer first)."""
 
     def start_forward(self, batch: Batch, *, reserve: bool = False) -> None:
         """Places the batch's tokens in free cells and builds the masks for this forward pass."""

@@ -6,67 +6,129 @@ prefixes), tracked as a bit mask of sequence ids. Masks follow the transformers 
 for sliding windows: a query at position p sees keys at positions p - window < q <= p.
 """
 
+import numpy as np
 import torch
 
 from ember.batch import Batch
 from ember.kvcache.base import CacheFullError, ShiftFn
+from ember.kvcache.store import FLOAT_TYPES, LayerStore, kv_type_name
 
 MAX_SEQUENCES = 63  # sequence membership is a bit mask in one int64
 
 
 class CausalCache:
+    """Cells for max_sequences × capacity tokens (fewer with a sliding window: each sequence
+    keeps only what its next query can see, as Ollama's SWA cache). The cell bookkeeping is
+    in numpy (host side, once per forward); keys and values live in one LayerStore a layer."""
+
     def __init__(
         self,
         *,
         window: int | None = None,
         chunk: int | None = None,
         shift: ShiftFn | None = None,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = torch.float32,
     ) -> None:
         if window is not None and chunk is not None:
             raise ValueError("a cache has a sliding window or chunks, not both")
         self.window, self.chunk = window, chunk
         self.shift_fn = shift
-        self.dtype = dtype
+        self.kind = kv_type_name(dtype)
         self.layer = 0
-        self.keys: dict[int, torch.Tensor] = {}  # layer -> (H_kv, cells, D)
-        self.values: dict[int, torch.Tensor] = {}
+        self.stores: dict[int, LayerStore] = {}
         self.num_cells = 0
+        self.trims = False  # whether cells out of every query's window are freed
+        self.cell_pos = np.full(0, -1, dtype=np.int64)
+        self.cell_seqs = np.zeros(0, dtype=np.int64)  # bit mask of the sequences of a cell
+
+    @property
+    def dtype(self) -> torch.dtype | str:
+        return FLOAT_TYPES.get(self.kind, self.kind)
 
     # --- cache management ---
+    def cells_for(self, *, max_sequences: int, capacity: int, max_batch: int) -> int:
+        """Cells of a cache of that size: with a sliding window narrower than capacity, each
+        sequence holds at most window - 1 earlier keys besides the batch's tokens."""
+        if self.window is not None and self.window < capacity:
+            return min(max_sequences * capacity, max_sequences * self.window + max_batch)
+        return max_sequences * capacity
+
     def init(
-        self, *, max_sequences: int, capacity: int, max_batch: int, dtype: torch.dtype | None = None
+        self,
+        *,
+        max_sequences: int,
+        capacity: int,
+        max_batch: int,
+        dtype: torch.dtype | str | None = None,
     ) -> None:
         if not 1 <= max_sequences <= MAX_SEQUENCES:
             raise ValueError(f"max_sequences must be within 1..{MAX_SEQUENCES}")
         if dtype is not None:
-            self.dtype = dtype
-        self.num_cells = max_sequences * capacity
-        self.cell_pos = torch.full((self.num_cells,), -1, dtype=torch.int64)
-        self.cell_seqs = torch.zeros(self.num_cells, dtype=torch.int64)  # bit mask
-        self.keys.clear()
-        self.values.clear()
+            self.kind = kv_type_name(dtype)
+        self.num_cells = self.cells_for(
+            max_sequences=max_sequences, capacity=capacity, max_batch=max_batch
+        )
+        self.trims = self.num_cells < max_sequences * capacity
+        self.cell_pos = np.full(self.num_cells, -1, dtype=np.int64)
+        self.cell_seqs = np.zeros(self.num_cells, dtype=np.int64)
+        self.stores.clear()
+
+    def planned_bytes(self, *, max_sequences: int, capacity: int, max_batch: int) -> int:
+        """Bytes of keys and values at that size, from the layers stored so far."""
+        if not self.num_cells:
+            return 0
+        cells = self.cells_for(max_sequences=max_sequences, capacity=capacity, max_batch=max_batch)
+        return self.nbytes() * cells // self.num_cells
 
     def start_forward(self, batch: Batch, *, reserve: bool = False) -> None:
         n = len(batch)
-        positions = torch.tensor(batch.positions, dtype=torch.int64)
-        seq_bits = torch.tensor([1 << s for s in batch.sequences], dtype=torch.int64)
         if reserve:  # a dry run: the batch writes free cells and sees every cell up to its end
             self.locs = torch.arange(n)
-            self.lo, self.hi = 0, min(self.num_cells, int(positions.max()) + 1)
+            self.span: tuple[int, int] | None = (0, n)
+            self.lo, self.hi = 0, min(self.num_cells, max(batch.positions) + 1)
             self.mask: torch.Tensor | None = None
             return
-        free = (self.cell_seqs == 0).nonzero().squeeze(1)
-        if free.numel() < n:
-            raise CacheFullError(f"the KV cache has {free.numel()} free cells, the batch needs {n}")
-        self.locs = free[:n]
-        self.cell_pos[self.locs] = positions
-        self.cell_seqs[self.locs] = seq_bits
+        positions = np.asarray(batch.positions, dtype=np.int64)
+        seq_bits = np.left_shift(1, np.asarray(batch.sequences, dtype=np.int64))
+        if self.trims:
+            self._trim(batch)
+        free = np.flatnonzero(self.cell_seqs == 0)
+        if free.size < n:
+            raise CacheFullError(f"the KV cache has {free.size} free cells, the batch needs {n}")
+        locs = free[:n]
+        first = int(locs[0])
+        self.span = (first, first + n) if int(locs[-1]) - first == n - 1 else None
+        self.locs = torch.from_numpy(locs)
+        self.cell_pos[locs] = positions
+        self.cell_seqs[locs] = seq_bits
         self.mask = self._build_mask(positions, seq_bits)
 
-    def _build_mask(self, positions: torch.Tensor, seq_bits: torch.Tensor) -> torch.Tensor | None:
-        batch_bits = _or_all(seq_bits)
-        used = ((self.cell_seqs & batch_bits) != 0).nonzero().squeeze(1)
+    def _trim(self, batch: Batch) -> None:
+        """Frees each sequence's cells that no query can see any more: below the window of the
+        batch's first token of that sequence, or of the token after its last one."""
+        assert self.window is not None
+        lowest: dict[int, int] = {}
+        for s, p in zip(batch.sequences, batch.positions, strict=True):
+            lowest[s] = min(p, lowest.get(s, p))
+        present = int(np.bitwise_or.reduce(self.cell_seqs)) if self.num_cells else 0
+        seq = 0
+        while present:
+            if present & 1:
+                bit = 1 << seq
+                mine = (self.cell_seqs & bit) != 0
+                nxt = lowest.get(seq)
+                if nxt is None:
+                    nxt = int(self.cell_pos[mine].max()) + 1
+                old = mine & (self.cell_pos <= nxt - self.window)
+                if old.any():
+                    self.cell_seqs[old] &= ~bit
+            present >>= 1
+            seq += 1
+        self._free_empty()
+
+    def _build_mask(self, positions: np.ndarray, seq_bits: np.ndarray) -> torch.Tensor | None:
+        batch_bits = int(np.bitwise_or.reduce(seq_bits))
+        used = np.flatnonzero(self.cell_seqs & batch_bits)
         self.lo, self.hi = int(used[0]), int(used[-1]) + 1
         cell_pos = self.cell_pos[self.lo : self.hi]  # (S,)
         in_seq = (self.cell_seqs[self.lo : self.hi][None, :] & seq_bits[:, None]) != 0  # (T, S)
@@ -75,10 +137,9 @@ class CausalCache:
             visible &= cell_pos[None, :] > positions[:, None] - self.window
         if self.chunk is not None:
             visible &= cell_pos[None, :] >= positions[:, None] - positions[:, None] % self.chunk
-        if bool(visible.all()):
-            return None  # plain attention over everything: lets SDPA take its fastest path
-        mask = torch.zeros(visible.shape, dtype=torch.float32)
-        return mask.masked_fill_(~visible, float("-inf"))
+        if visible.all():
+            return None  # plain attention over everything: no mask to add
+        return torch.from_numpy(np.where(visible, np.float32(0), np.float32(-np.inf)))
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         dst_bit, src_bit = 1 << dst, 1 << src
@@ -91,66 +152,60 @@ class CausalCache:
         bit = 1 << seq
         mine = (self.cell_seqs & bit) != 0
         dropped = mine & (self.cell_pos >= begin)
-        later = mine & (self.cell_pos >= end) if end is not None else torch.zeros_like(mine)
+        later = mine & (self.cell_pos >= end) if end is not None else np.zeros_like(mine)
         dropped &= ~later
-        if bool(later.any()):
-            if bool(((self.cell_seqs[later] & ~bit) != 0).any()):
+        if later.any():
+            if ((self.cell_seqs[later] & ~bit) != 0).any():
                 raise CacheFullError("cannot shift cells shared by several sequences")
             if self.shift_fn is None:
                 raise NotImplementedError("this model cannot shift its cache")
         self.cell_seqs[dropped] &= ~bit
         self._free_empty()
-        if end is not None and bool(later.any()):
-            self._shift(later.nonzero().squeeze(1), begin - end)
+        if end is not None and later.any():
+            self._shift(np.flatnonzero(later), begin - end)
 
-    def _shift(self, cells: torch.Tensor, delta: int) -> None:
+    def _shift(self, cells: np.ndarray, delta: int) -> None:
         self.cell_pos[cells] += delta
-        offsets = torch.full((cells.numel(),), delta, dtype=torch.int64)
+        index = torch.from_numpy(cells)
+        offsets = torch.full((cells.size,), delta, dtype=torch.int64)
         with torch.inference_mode():  # the buffers were made in the forward's inference mode
-            for layer, k in self.keys.items():
+            for layer, store in self.stores.items():
                 if self.shift_fn is not None:
-                    k[:, cells] = self.shift_fn(layer, k[:, cells], offsets)
+                    store.set_keys(index, self.shift_fn(layer, store.keys_f32(index), offsets))
 
     def _free_empty(self) -> None:
         self.cell_pos[self.cell_seqs == 0] = -1
 
     def can_resume(self, seq: int, pos: int) -> bool:
+        """Whether a query at pos finds every key it sees (with a window: pos - window + 1 up)."""
         if self.window is None:
             return True
         mine = self.cell_pos[(self.cell_seqs & (1 << seq)) != 0]
-        if mine.numel() == 0:
+        if mine.size == 0:
             return pos == 0
-        return max(0, pos - self.window) >= int(mine.min()) and pos <= int(mine.max()) + 1
+        return max(0, pos - self.window + 1) >= int(mine.min()) and pos <= int(mine.max()) + 1
 
     # --- used by models ---
     def set_layer(self, layer: int) -> None:
         self.layer = layer
 
     def put(self, key: torch.Tensor, value: torch.Tensor) -> None:
-        if self.layer not in self.keys:
+        store = self.stores.get(self.layer)
+        if store is None:
             _, h, d = key.shape
-            self.keys[self.layer] = torch.zeros(h, self.num_cells, d, dtype=self.dtype)
-            self.values[self.layer] = torch.zeros(
-                h, self.num_cells, value.shape[2], dtype=self.dtype
-            )
-        self.keys[self.layer].index_copy_(1, self.locs, key.transpose(0, 1).to(self.dtype))
-        self.values[self.layer].index_copy_(1, self.locs, value.transpose(0, 1).to(self.dtype))
+            store = LayerStore(self.kind, h, self.num_cells, d, value.shape[2])
+            self.stores[self.layer] = store
+        store.put(self.locs, self.span, key, value)
 
     def get(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        k = self.keys[self.layer][:, self.lo : self.hi]
-        v = self.values[self.layer][:, self.lo : self.hi]
-        if self.dtype != torch.float32:  # a half-size cache still computes in float32
-            k, v = k.float(), v.float()
+        k, v = self.stores[self.layer].get(self.lo, self.hi)
         return k, v, self.mask
+
+    @property
+    def keys(self) -> dict[int, torch.Tensor]:
+        """Every layer's stored keys (H_kv, cells, D) as float32 (a copy unless f32)."""
+        return {i: s.keys_f32(torch.arange(s.cells)) for i, s in self.stores.items()}
 
     def nbytes(self) -> int:
         """Bytes the keys and values allocated so far take."""
-        tensors = [*self.keys.values(), *self.values.values()]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _or_all(bits: torch.Tensor) -> int:
-    out = 0
-    for b in bits.unique().tolist():
-        out |= b
-    return out
+        return sum(s.nbytes() for s in self.stores.values())

@@ -16,7 +16,12 @@ class EncoderCache:
         self._storing = False
 
     def init(
-        self, *, max_sequences: int, capacity: int, max_batch: int, dtype: torch.dtype | None = None
+        self,
+        *,
+        max_sequences: int,
+        capacity: int,
+        max_batch: int,
+        dtype: torch.dtype | str | None = None,
     ) -> None:
         if max_sequences != 1:
             raise ValueError("an encoder cache serves one sequence")
@@ -27,6 +32,9 @@ class EncoderCache:
     def nbytes(self) -> int:
         tensors = [*self.keys.values(), *self.values.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    def planned_bytes(self, *, max_sequences: int, capacity: int, max_batch: int) -> int:
+        return self.nbytes()  # one encoder output, whatever the context
 
     def start_forward(self, batch: Batch, *, reserve: bool = False) -> None:
         if any(s != 0 for s in batch.sequences):

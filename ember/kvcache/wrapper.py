@@ -16,15 +16,22 @@ class WrapperCache:
         self.current = self.caches[0]
 
     def init(
-        self, *, max_sequences: int, capacity: int, max_batch: int, dtype: torch.dtype | None = None
+        self,
+        *,
+        max_sequences: int,
+        capacity: int,
+        max_batch: int,
+        dtype: torch.dtype | str | None = None,
     ) -> None:
         for c in self.caches:
-            c.init(
-                max_sequences=max_sequences, capacity=capacity, max_batch=max_batch, dtype=dtype
-            )
+            c.init(max_sequences=max_sequences, capacity=capacity, max_batch=max_batch, dtype=dtype)
 
     def nbytes(self) -> int:
         return sum(c.nbytes() for c in self.caches)
+
+    def planned_bytes(self, *, max_sequences: int, capacity: int, max_batch: int) -> int:
+        size = {"max_sequences": max_sequences, "capacity": capacity, "max_batch": max_batch}
+        return sum(c.planned_bytes(**size) for c in self.caches)
 
     def start_forward(self, batch: Batch, *, reserve: bool = False) -> None:
         for c in self.caches:

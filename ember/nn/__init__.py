@@ -4,11 +4,11 @@ import torch
 import torch.nn.functional as F
 
 from ember.nn.attention import attention
-from ember.nn.rope import RoPE
+from ember.nn.rope import RoPE, Rotation
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
-__all__ = ["RoPE", "attention", "rms_norm"]
+__all__ = ["RoPE", "Rotation", "attention", "rms_norm"]

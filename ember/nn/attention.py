@@ -1,4 +1,5 @@
-"""Attention over the KV cache: stores the batch's keys and values, attends to what it shows."""
+"""Attention over the KV cache: stores the batch's keys and values, attends to what it shows (the
+cells the cache's range covers: the used length, never the whole allocation), in float32."""
 
 import torch
 import torch.nn.functional as F
@@ -9,20 +10,28 @@ from ember.kvcache import Cache
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Cache, *, scale: float
 ) -> torch.Tensor:
-    """q (T, H, D), k and v (T, H_kv, D) -> (T, H * D_v), with grouped-query heads."""
+    """q (T, H, D), k and v (T, H_kv, D) -> (T, H * D_v), with grouped-query heads. scale
+    multiplies the scores (1.0 when the queries come scaled already, see nn.rope.Rotation)."""
     cache.put(k, v)
     keys, values, mask = cache.get()  # (H_kv, S, D), (T, S) or None
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = keys.shape[0]
-    # 4-D inputs: torch's CPU flash kernel takes them; 3-D ones fall to the slow math path.
     if num_tokens == 1:
-        # One token: fold each group of query heads into the rows of its KV head, so the
-        # cached keys and values are used in place, never repeated per query head.
-        q4 = q.view(1, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        out = F.scaled_dot_product_attention(
-            q4, keys[None], values[None], attn_mask=mask, scale=scale
-        )  # (1, H_kv, G, D_v)
+        # One token: each group of query heads becomes the rows of its KV head's matmul, so
+        # the cached keys and values are read in place, never repeated per query head; three
+        # ops (scores, softmax, weighted sum), the mask and scale inside the first.
+        qg = q.reshape(num_kv_heads, num_heads // num_kv_heads, head_dim)
+        kt = keys.transpose(1, 2)
+        if mask is not None:
+            scores = torch.baddbmm(mask, qg, kt, alpha=scale)
+        elif scale != 1.0:
+            scores = torch.baddbmm(qg.new_zeros(()), qg, kt, beta=0.0, alpha=scale)
+        else:
+            scores = torch.bmm(qg, kt)
+        out = torch.bmm(torch.softmax(scores, dim=-1), values)  # (H_kv, G, D_v)
         return out.reshape(1, -1)
+    # Several tokens: torch's flash kernel (it takes 4-D inputs; 3-D ones fall to the slow
+    # math path).
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],
         keys[None],

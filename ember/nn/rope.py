@@ -1,8 +1,26 @@
-"""Rotary position embedding in ggml's two layouts: "normal" (adjacent pairs) and NeoX (halves)."""
+"""Rotary position embedding in ggml's two layouts: "normal" (adjacent pairs) and NeoX (halves).
+
+A forward pass builds one Rotation for its positions (`RoPE.rotation`): cosine and signed sine
+tables over every head of q and k, with the attention's scale folded into the query heads, so a
+layer rotates its queries and keys together in three ops: x * cos + x[..., partner] * sin,
+where partner swaps each rotated dimension with the other of its pair.
+"""
 
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    """RoPE (and a per-head scale) for the tokens of one batch: apply to x (T, N, D)."""
+
+    cos: torch.Tensor  # (T, N, D)
+    sin: torch.Tensor  # (T, N, D), negated where a dimension takes its partner's minus sine
+    partner: torch.Tensor  # (D,) int64: the dimension each one pairs with (itself if not rotated)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(x * self.cos, x.index_select(-1, self.partner), self.sin)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +42,31 @@ class RoPE:
         """Cosines and sines (T, 1, dim/2) for integer positions (T,)."""
         angles = positions.to(torch.float64)[:, None] / self.scale * self.inv_freq()[None, :]
         return angles.cos().float()[:, None, :], angles.sin().float()[:, None, :]
+
+    def rotation(
+        self, positions: torch.Tensor, head_dim: int, groups: list[tuple[int, float]]
+    ) -> Rotation:
+        """The Rotation of positions (T,) for heads of head_dim in groups of (count, scale):
+        e.g. [(num_heads, attention scale), (num_kv_heads, 1.0)] for q and k side by side."""
+        cos, sin = self.cos_sin(positions)  # (T, 1, dim/2)
+        half = self.dim // 2
+        idx = torch.arange(head_dim)
+        if self.is_neox:  # dimension i pairs with i + dim/2
+            cos_d, sin_d = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+            partner = torch.where(idx < half, idx + half, idx - half)
+        else:  # dimension 2i pairs with 2i + 1
+            cos_d = cos.repeat_interleave(2, -1)
+            sin_d = torch.stack((-sin, sin), -1).flatten(-2)
+            partner = idx ^ 1
+        rest = head_dim - self.dim
+        if rest:  # the dimensions past dim pass through
+            n = cos_d.shape[0]
+            cos_d = torch.cat((cos_d, torch.ones(n, 1, rest)), -1)
+            sin_d = torch.cat((sin_d, torch.zeros(n, 1, rest)), -1)
+            partner = torch.where(idx < self.dim, partner, idx)
+        cos_n = torch.cat([(cos_d * s).expand(-1, c, -1) for c, s in groups], 1)
+        sin_n = torch.cat([(sin_d * s).expand(-1, c, -1) for c, s in groups], 1)
+        return Rotation(cos_n, sin_n, partner)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotates x (T, H, D) by the angles of cos_sin."""

@@ -35,7 +35,7 @@ class LoadSettings:
     parallel: int = 1
     batch_size: int = 512
     kv_size: int = 4096  # num_ctx × parallel
-    kv_cache_type: str = "f32"
+    kv_cache_type: str = ""  # "": the engine's default (f16)
     num_threads: int = 0
     flash_attention: bool | None = None
     multiuser_cache: bool = False

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ember import envconfig
 from ember.batch import Batch
 from ember.errors import EmberError
+from ember.kvcache import KV_TYPES as KV_CACHE_TYPES
 from ember.model import Model
 from ember.runner.inputcache import InputCache
 from ember.runner.memory import reserve
@@ -29,7 +31,8 @@ from ember.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-KV_TYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+KV_TYPES = KV_CACHE_TYPES  # f32, f16, bf16, q8_0, q4_0 (ember/kvcache/store.py)
+DEFAULT_KV_TYPE = "f16"  # Ollama's default; attention still computes in float32
 
 
 _live: "weakref.WeakSet[Engine]" = weakref.WeakSet()
@@ -66,18 +69,21 @@ class Engine:
         num_parallel: int = 1,
         num_ctx: int = 4096,
         num_batch: int = 512,
-        kv_type: str = "f32",
+        kv_type: str = "",
         multiuser: bool = False,
     ) -> None:
+        kv_type = kv_type or envconfig.kv_cache_type() or DEFAULT_KV_TYPE
         if kv_type not in KV_TYPES:
-            raise EmberError(f"kv cache type {kv_type!r} is not supported (use f32, f16 or bf16)")
+            raise EmberError(
+                f"kv cache type {kv_type!r} is not supported (use {', '.join(KV_TYPES)})"
+            )
         if num_parallel < 1 or num_ctx < 1 or num_batch < 1:
             raise EmberError("num_parallel, num_ctx and num_batch must be at least 1")
         self.model, self.tokenizer = model, tokenizer
         self.num_parallel = num_parallel
         self.num_ctx = min(num_ctx, model.context_length)  # per sequence
         self.num_batch = min(num_batch, self.num_ctx)
-        self.kv_type = KV_TYPES[kv_type]
+        self.kv_type = kv_type
         self.cache = model.make_cache()
         self.inputs = InputCache(
             self.cache, num_ctx=self.num_ctx, num_slots=num_parallel, multiuser=multiuser

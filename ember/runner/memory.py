@@ -31,16 +31,16 @@ def reserve(
     num_parallel: int,
     num_ctx: int,
     num_batch: int,
-    dtype: torch.dtype,
+    dtype: torch.dtype | str,
 ) -> int:
     """Sizes cache for num_parallel sequences of num_ctx tokens and runs a worst-case batch of
     num_batch tokens over all of it. Returns the bytes the KV cache takes."""
-    # Bytes per cell, measured on a small cache of the same model: no per-arch arithmetic.
+    # Bytes per cell, measured on a small cache of the same model: no per-arch arithmetic (a
+    # sliding-window layer's cache holds fewer cells: the cache says how many).
     cache.init(max_sequences=1, capacity=num_batch, max_batch=num_batch, dtype=dtype)
     _run_worst_case(model, cache, 1, end=1, outputs=1)
-    per_cell = cache.nbytes() / num_batch
+    kv = cache.planned_bytes(max_sequences=num_parallel, capacity=num_ctx, max_batch=num_batch)
     cells = num_parallel * num_ctx
-    kv = per_cell * cells
     mask = num_batch * cells * 4  # the additive mask of a full batch over every cell
     need = (kv + mask) * _MARGIN
     free = psutil.virtual_memory().available + cache.nbytes()

@@ -47,7 +47,7 @@ class LoadRequest(BaseModel):
     parallel: int = Field(1, ge=1, le=63)
     batch_size: int = Field(512, ge=1)
     kv_size: int = Field(4096, ge=1)  # num_ctx × parallel, as Ollama sends it
-    kv_cache_type: str = "f32"
+    kv_cache_type: str = ""  # "": the engine's default (f16)
     num_threads: int = Field(0, ge=0)
     flash_attention: bool | None = None  # accepted; the CPU attention kernel is always blocked
     multiuser_cache: bool = False
@@ -99,7 +99,7 @@ class Runner:
         with self.lock:
             if self.engine is not None:
                 raise LoadConflict("the model is already loaded")
-            if req.kv_cache_type not in KV_TYPES:
+            if req.kv_cache_type and req.kv_cache_type not in KV_TYPES:
                 raise EmberError(f"kv cache type {req.kv_cache_type!r} is not supported")
             num_ctx = req.kv_size // req.parallel
             if num_ctx < req.batch_size:  # Ollama's own check, with its message

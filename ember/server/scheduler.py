@@ -290,7 +290,7 @@ class Scheduler:
             parallel=parallel,
             batch_size=num_batch,
             kv_size=num_ctx * parallel,
-            kv_cache_type=self.defaults.kv_cache_type or "f32",
+            kv_cache_type=self.defaults.kv_cache_type,  # "": the runner's default (f16)
             num_threads=shape.num_thread or 0,
             multiuser_cache=self.defaults.multiuser_cache,
         )

@@ -59,7 +59,11 @@ def test_swa_mask_slides_past_window():
         x x 0 0
     """),
     )
-    assert torch.equal(mask_of(cache, batch([4])), grid("x x x 0 0"))
+    # cells of positions 0-2 are out of every later query's window: freed, and position 4
+    # takes cell 0 (the cache holds window - 1 earlier keys a sequence, plus a batch)
+    assert cache.num_cells == 2 + 4
+    assert torch.equal(mask_of(cache, batch([4])), grid("0 x x 0"))
+    assert cache.cell_pos.tolist() == [4, -1, -1, 3, -1, -1]
 
 
 def test_two_sequences_never_see_each_other():

@@ -12,13 +12,16 @@ LOGIT_TOLERANCE = 0.05  # of max |logit|, over the reference's top 20
 GAP_REQUIRED = 0.05
 
 
-def run_prompt(llm, ids: list[int], steps: int) -> tuple[torch.Tensor, list[int]]:
-    """First-step logits over ids, then `steps` greedy tokens (not stopped at end tokens)."""
+def run_prompt(
+    llm, ids: list[int], steps: int, *, kv_type: str = "f32", chunk: int = 512
+) -> tuple[torch.Tensor, list[int]]:
+    """First-step logits over ids (fed chunk tokens a batch), then `steps` greedy tokens (not
+    stopped at end tokens), over a KV cache of kv_type."""
     model, cache = llm.model, llm.model.make_cache()
-    cache.init(max_sequences=1, capacity=len(ids) + steps, max_batch=512)
+    cache.init(max_sequences=1, capacity=len(ids) + steps, max_batch=chunk, dtype=kv_type)
     logits = torch.empty(0)
-    for start in range(0, len(ids), 512):
-        logits = forward(model, cache, Batch.single(ids[start : start + 512], start))[0]
+    for start in range(0, len(ids), chunk):
+        logits = forward(model, cache, Batch.single(ids[start : start + chunk], start))[0]
     first, out = logits.clone(), []
     for step in range(steps):
         out.append(int(logits.argmax()))
@@ -35,15 +38,38 @@ PROMPTS = {
 CASES = [pytest.param(m, p, id=f"{m}-{p}") for m, prompts in PROMPTS.items() for p in prompts]
 
 
+# Half-size and quantized caches (the engine's default is f16): the same bar. The gemma3 case
+# feeds 64 tokens a batch, so its sliding-window layers hold 512 + 64 cells, not all 868.
+KV_CASES = [
+    pytest.param("smollm2:135m", "chat_why_sky_blue", "f16", 512, id="smollm2-f16"),
+    pytest.param("smollm2:135m", "raw_capital_of_france", "q8_0", 512, id="smollm2-q8_0"),
+    pytest.param("gemma3:270m", "long_sliding_window", "f16", 64, id="gemma3-window-f16"),
+    pytest.param("qwen2.5-coder:0.5b", "raw_code_fibonacci", "q8_0", 512, id="qwen-q8_0"),
+]
+
+
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "prompt"), CASES)
 def test_matches_reference(real_llm, reference, name, prompt, record_property):
+    check(real_llm, reference, name, prompt, record_property)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "prompt", "kv_type", "chunk"), KV_CASES)
+def test_kv_cache_types_match_reference(
+    real_llm, reference, name, prompt, kv_type, chunk, record_property
+):
+    check(real_llm, reference, name, prompt, record_property, kv_type=kv_type, chunk=chunk)
+
+
+def check(real_llm, reference, name, prompt, record_property, **run) -> None:
     ref = reference(name)["prompts"][prompt]
     llm = real_llm(name)
     assert llm.tokenize(ref["prompt_text"]) == ref["prompt_ids"]
     greedy = ref["greedy"]
-    first, ids = run_prompt(llm, ref["prompt_ids"], greedy["n_steps"])
+    first, ids = run_prompt(llm, ref["prompt_ids"], greedy["n_steps"], **run)
 
     top = ref["first_step"]["top_ids"]
     expected = torch.tensor(ref["first_step"]["top_logits"])

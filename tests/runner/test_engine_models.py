@@ -174,3 +174,17 @@ def test_a_half_precision_kv_cache_generates_like_float32(tiny_models, kv_type):
     assert len(tokens[kv_type]) == 8
     # rounded keys may flip a near tie late on; the first tokens must agree
     assert tokens[kv_type][:3] == tokens["f32"][:3]
+
+
+def test_the_kv_cache_is_f16_unless_ember_kv_cache_type_says(tiny_models, monkeypatch):
+    model, tok = load(tiny_models["llama"].path)
+    kinds = {}
+    for env in ("", "q8_0"):
+        monkeypatch.setenv("EMBER_KV_CACHE_TYPE", env)
+        engine = Engine(model, tok, num_parallel=1, num_ctx=64, num_batch=8)
+        try:
+            kinds[env] = (engine.kv_type, {s.kind for s in engine.cache.stores.values()})
+        finally:
+            engine.close()
+    # the tiny model's 16-wide heads are no whole q8_0 block: its layers keep float16
+    assert kinds == {"": ("f16", {"f16"}), "q8_0": ("q8_0", {"f16"})}

@@ -186,7 +186,6 @@ def test_keep_alive_as_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
         ("EMBER_NUM_PARALLEL", "-1"),
         ("EMBER_MAX_QUEUE", "many"),
         ("EMBER_KV_CACHE_TYPE", "q5_1"),
-        ("EMBER_KV_CACHE_TYPE", "q8_0"),  # Ollama's, but no quantized cache is built
     ],
 )
 def test_bad_settings_are_errors_naming_the_variable(

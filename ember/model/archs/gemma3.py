@@ -15,7 +15,7 @@ from ember.kvcache import Cache, CausalCache, WrapperCache
 from ember.model.config import Config
 from ember.model.registry import register
 from ember.model.weights import Weights
-from ember.nn import RoPE, attention, rms_norm
+from ember.nn import RoPE, Rotation, attention, rms_norm
 
 SLIDING, GLOBAL = 0, 1
 LOCAL_ROPE_BASE = 10_000.0  # not in the file: Gemma 3's default
@@ -72,8 +72,12 @@ class Block:
         self.attn_qkv = w.fused(
             [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], self.splits, o.hidden
         )
-        self.attn_q_norm = w.tensor(p + "attn_q_norm.weight", (o.head_dim,))
-        self.attn_k_norm = w.tensor(p + "attn_k_norm.weight", (o.head_dim,))
+        q_norm = w.tensor(p + "attn_q_norm.weight", (o.head_dim,))
+        k_norm = w.tensor(p + "attn_k_norm.weight", (o.head_dim,))
+        # the q and k norms' weights, one row a head: both heads normalised in one op
+        self.qk_norm = torch.cat(
+            (q_norm.expand(o.num_heads, -1), k_norm.expand(o.num_kv_heads, -1))
+        ).contiguous()
         self.attn_output = w.linear(p + "attn_output.weight", o.hidden, o.num_heads * o.head_dim)
         self.post_attention_norm = w.tensor(p + "post_attention_norm.weight", (o.hidden,))
         self.ffn_norm = w.tensor(p + "ffn_norm.weight", (o.hidden,))
@@ -86,24 +90,23 @@ class Block:
     def __call__(
         self,
         x: torch.Tensor,
-        ropes: dict[int, tuple[torch.Tensor, torch.Tensor]],
+        rots: dict[int, Rotation],
         cache: Cache,
         o: Gemma3Options,
         outputs: torch.Tensor | None,
     ) -> torch.Tensor:
-        rope = o.global_rope if self.is_global else o.local_rope
-        cos_sin = ropes[GLOBAL if self.is_global else SLIDING]
-        q, k, v = self.attn_qkv(rms_norm(x, self.attn_norm, o.eps)).split(self.splits, dim=-1)
-        q = rms_norm(q.unflatten(-1, (o.num_heads, o.head_dim)), self.attn_q_norm, o.eps)
-        k = rms_norm(k.unflatten(-1, (o.num_kv_heads, o.head_dim)), self.attn_k_norm, o.eps)
-        q, k = rope.apply(q, *cos_sin), rope.apply(k, *cos_sin)
-        v = v.unflatten(-1, (o.num_kv_heads, o.head_dim))
-        h = attention(q, k, v, cache, scale=o.query_scale)
+        qkv = self.attn_qkv(rms_norm(x, self.attn_norm, o.eps))
+        t, qk_size = qkv.shape[0], self.splits[0] + self.splits[1]
+        qk = F.rms_norm(qkv[:, :qk_size].view(t, -1, o.head_dim), (o.head_dim,), None, o.eps)
+        qk = rots[GLOBAL if self.is_global else SLIDING](qk * self.qk_norm)  # q scaled
+        v = qkv[:, qk_size:].view(t, o.num_kv_heads, o.head_dim)
+        h = attention(qk[:, : o.num_heads], qk[:, o.num_heads :], v, cache, scale=1.0)
         if outputs is not None:
             h, x = h[outputs], x[outputs]
         x = x + rms_norm(self.attn_output(h), self.post_attention_norm, o.eps)
-        gate, up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps)).chunk(2, dim=-1)
-        mlp = self.ffn_down(F.gelu(gate, approximate="tanh") * up)
+        gate_up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps))
+        gate = F.gelu(gate_up[:, : o.ffn], approximate="tanh")
+        mlp = self.ffn_down(gate * gate_up[:, o.ffn :])
         return x + rms_norm(mlp, self.post_ffw_norm, o.eps)
 
 
@@ -143,9 +146,20 @@ class Gemma3:
         o = self.options
         x = self.token_embd.lookup(torch.tensor(batch.tokens)) * o.hidden**0.5  # (T, C)
         positions = torch.tensor(batch.positions)
-        ropes = {SLIDING: o.local_rope.cos_sin(positions), GLOBAL: o.global_rope.cos_sin(positions)}
-        outputs = torch.tensor(batch.outputs, dtype=torch.long)
+        groups = [(o.num_heads, o.query_scale), (o.num_kv_heads, 1.0)]
+        rots = {
+            SLIDING: o.local_rope.rotation(positions, o.head_dim, groups),
+            GLOBAL: o.global_rope.rotation(positions, o.head_dim, groups),
+        }
+        outputs = _rows(batch)
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)
-            x = block(x, ropes, cache, o, outputs if i == o.num_layers - 1 else None)
+            x = block(x, rots, cache, o, outputs if i == o.num_layers - 1 else None)
         return rms_norm(x, self.output_norm, o.eps)
+
+
+def _rows(batch: Batch) -> torch.Tensor | None:
+    """The batch's output rows; None when they are all its rows in order (nothing to pick)."""
+    if batch.outputs == tuple(range(len(batch))):
+        return None
+    return torch.tensor(batch.outputs, dtype=torch.long)

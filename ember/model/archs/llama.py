@@ -15,7 +15,7 @@ from ember.kvcache import Cache, CausalCache
 from ember.model.config import Config
 from ember.model.registry import register
 from ember.model.weights import Weights
-from ember.nn import RoPE, attention, rms_norm
+from ember.nn import RoPE, Rotation, attention, rms_norm
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +85,7 @@ class Block:
     def __call__(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, ...],
+        rot: Rotation,
         cache: Cache,
         o: LlamaOptions,
         outputs: torch.Tensor | None,
@@ -93,16 +93,16 @@ class Block:
         qkv = self.attn_qkv(rms_norm(x, self.attn_norm, o.eps))
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
-        q, k, v = qkv.split(self.splits, dim=-1)
-        q = o.rope.apply(q.unflatten(-1, (o.num_heads, o.head_dim)), *rope)  # (T, H, D)
-        k = o.rope.apply(k.unflatten(-1, (o.num_kv_heads, o.head_dim)), *rope)
-        v = v.unflatten(-1, (o.num_kv_heads, o.value_dim))
-        h = attention(q, k, v, cache, scale=o.head_dim**-0.5)
+        t, qk_size = qkv.shape[0], self.splits[0] + self.splits[1]
+        qk = rot(qkv[:, :qk_size].view(t, -1, o.head_dim))  # q (scaled) and k heads: (T, N, D)
+        v = qkv[:, qk_size:].view(t, o.num_kv_heads, o.value_dim)
+        h = attention(qk[:, : o.num_heads], qk[:, o.num_heads :], v, cache, scale=1.0)
         if outputs is not None:  # last layer: only the rows whose logits are wanted go on
             h, x = h[outputs], x[outputs]
         x = x + self.attn_output(h)
-        gate, up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps)).chunk(2, dim=-1)
-        return x + self.ffn_down(F.silu(gate) * up)
+        gate_up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps))
+        gate = F.silu(gate_up[:, : o.ffn], inplace=True)
+        return x + self.ffn_down(gate * gate_up[:, o.ffn :])
 
 
 class Llama:
@@ -133,12 +133,20 @@ class Llama:
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         o = self.options
         x = self.token_embd.lookup(torch.tensor(batch.tokens))  # (T, C)
-        rope = o.rope.cos_sin(torch.tensor(batch.positions))
-        outputs = torch.tensor(batch.outputs, dtype=torch.long)
+        groups = [(o.num_heads, o.head_dim**-0.5), (o.num_kv_heads, 1.0)]
+        rot = o.rope.rotation(torch.tensor(batch.positions), o.head_dim, groups)
+        outputs = _rows(batch)
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)
-            x = block(x, rope, cache, o, outputs if i == o.num_layers - 1 else None)
+            x = block(x, rot, cache, o, outputs if i == o.num_layers - 1 else None)
         return rms_norm(x, self.output_norm, o.eps)
+
+
+def _rows(batch: Batch) -> torch.Tensor | None:
+    """The batch's output rows; None when they are all its rows in order (nothing to pick)."""
+    if batch.outputs == tuple(range(len(batch))):
+        return None
+    return torch.tensor(batch.outputs, dtype=torch.long)
 
 
 def _cat_all(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
