@@ -35,6 +35,8 @@ def reserve(
 ) -> int:
     """Sizes cache for num_parallel sequences of num_ctx tokens and runs a worst-case batch of
     num_batch tokens over all of it. Returns the bytes the KV cache takes."""
+    if isinstance(model, ImageModel):  # an image's inputs share one batch, even past num_batch
+        num_batch = max(num_batch, len(model.image_inputs()[0]))
     # Bytes per cell, measured on a small cache of the same model: no per-arch arithmetic (a
     # sliding-window layer's cache holds fewer cells: the cache says how many).
     cache.init(max_sequences=1, capacity=num_batch, max_batch=num_batch, dtype=dtype)

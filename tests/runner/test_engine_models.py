@@ -154,7 +154,8 @@ def test_generation_goes_on_past_num_ctx(real_llm: Callable) -> None:
         tokens, done = tokens_of(seq)
     finally:
         engine.close()
-    assert (done.done_reason, done.eval_count, len(tokens)) == ("length", 600, 600)
+    # sampled: the story may end on its own, but only well past the 256-token window
+    assert done.done_reason in ("length", "stop") and done.eval_count == len(tokens) > 450
     late = llm.detokenize(tokens[400:])  # written after at least one shift (256-token window)
     assert len(late.strip()) > 100
 

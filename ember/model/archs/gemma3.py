@@ -145,6 +145,11 @@ class Gemma3:
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         o = self.options
         x = self.token_embd.lookup(torch.tensor(batch.tokens)) * o.hidden**0.5  # (T, C)
+        return self.layers(x, batch, cache)
+
+    def layers(self, x: torch.Tensor, batch: Batch, cache: Cache) -> torch.Tensor:
+        """The blocks and final norm over embeddings x (T, C) of batch's tokens."""
+        o = self.options
         positions = torch.tensor(batch.positions)
         groups = [(o.num_heads, o.query_scale), (o.num_kv_heads, 1.0)]
         rots = {

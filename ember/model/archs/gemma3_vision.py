@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache, WrapperCache
-from ember.model.archs.gemma3 import GLOBAL, SLIDING, Gemma3
+from ember.model.archs.gemma3 import Gemma3
 from ember.model.config import Config
 from ember.model.imageproc import decode_image, to_pixels
 from ember.model.registry import register, register_projector
@@ -194,13 +194,7 @@ class Gemma3Vision(Gemma3):
             x[start : start + len(rows)] = rows
             spans.append((start, start + len(rows)))
         _bidirectional(cache, spans)
-        positions = torch.tensor(batch.positions)
-        ropes = {SLIDING: o.local_rope.cos_sin(positions), GLOBAL: o.global_rope.cos_sin(positions)}
-        outputs = torch.tensor(batch.outputs, dtype=torch.long)
-        for i, block in enumerate(self.blocks):
-            cache.set_layer(i)
-            x = block(x, ropes, cache, o, outputs if i == o.num_layers - 1 else None)
-        return rms_norm(x, self.output_norm, o.eps)
+        return self.layers(x, batch, cache)
 
 
 class MmprojNames:
