@@ -20,6 +20,8 @@ class Batch:
     sequences: tuple[int, ...]
     outputs: tuple[int, ...]
     multimodal: tuple[int, ...] = ()  # indices of inputs that carry encoder (image) data
+    # what each of those inputs carries (the model's own type: an image's embeddings), or ()
+    multimodal_data: tuple[object, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -27,6 +29,8 @@ class Batch:
             raise ValueError("a batch needs one position and one sequence per token, and a token")
         if any(not 0 <= i < n for i in (*self.outputs, *self.multimodal)):
             raise ValueError("batch outputs and multimodal entries must index tokens of the batch")
+        if self.multimodal_data and len(self.multimodal_data) != len(self.multimodal):
+            raise ValueError("a batch needs data for each multimodal entry, or none")
 
     @classmethod
     def single(cls, tokens: list[int], start: int, *, seq: int = 0) -> "Batch":

@@ -73,11 +73,12 @@ def serve() -> None:
 def runner(
     model: Annotated[str, typer.Option("--model", help="path of the GGUF file")],
     port: Annotated[int, typer.Option("--port")],
+    projector: Annotated[str | None, typer.Option("--projector", help="an mmproj GGUF")] = None,
 ) -> None:
     """Serve one model to the server (internal)."""
     from ember.runner.server import main as runner_main
 
-    raise typer.Exit(runner_main(model, port))
+    raise typer.Exit(runner_main(model, port, projector))
 
 
 @app.command()

@@ -120,8 +120,11 @@ def create(client: Client, model: str, modelfile: Path, *, quantize: str | None 
     messages: list[dict[str, str]] = []
     params: dict[str, list[str]] = {}
     for c in commands:
-        if c.name == "model":
-            body.update(_from(client, c.args, modelfile.parent))
+        if c.name == "model":  # a second FROM: the projector beside the model's file
+            source = _from(client, c.args, modelfile.parent)
+            if "files" in source and "files" in body:
+                source["files"] = body["files"] | source["files"]
+            body.update(source)
         elif c.name in ("template", "system", "renderer", "parser", "requires"):
             body[c.name] = c.args
         elif c.name == "license":
@@ -140,12 +143,26 @@ def create(client: Client, model: str, modelfile: Path, *, quantize: str | None 
 def _from(client: Client, source: str, base: Path) -> dict[str, Any]:
     path = (base / Path(source).expanduser()).resolve()
     if path.is_dir():
-        raise CLIError(f"FROM {source}: a folder (safetensors) cannot be imported, only GGUF")
+        return {"files": _upload_directory(client, path, source)}
     if path.is_file():
         return {"files": {path.name: client.upload_blob(path)}}
     if source.startswith((".", "/", "~")) or source.endswith(".gguf"):
         raise CLIError(f"FROM {source}: no such file")
     return {"from": source}
+
+
+# The files of an HF model directory that a conversion reads (as Ollama's create uploads).
+HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
+            "chat_template.jinja", "preprocessor_config.json", "processor_config.json")  # fmt: skip
+
+
+def _upload_directory(client: Client, path: Path, source: str) -> dict[str, str]:
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        raise CLIError(f"FROM {source}: the folder has no .safetensors files")
+    files = weights + [path / n for n in HF_FILES if (path / n).is_file()]
+    return {f.name: client.upload_blob(f) for f in files}
 
 
 def _extras(

@@ -7,7 +7,9 @@ from ember.model.base import Model
 from ember.model.config import Config, ModelLoadError
 
 Builder = Callable[[GGUFFile, Config], Model]
+ProjectorBuilder = Callable[[GGUFFile, Config, GGUFFile], Model]
 _ARCHS: dict[str, Builder] = {}
+_WITH_PROJECTOR: dict[str, ProjectorBuilder] = {}  # archs that take a separate mmproj file
 
 
 def register(*names: str) -> Callable[[Builder], Builder]:
@@ -19,10 +21,26 @@ def register(*names: str) -> Callable[[Builder], Builder]:
     return add
 
 
-def load_model(gguf: GGUFFile) -> Model:
+def register_projector(*names: str) -> Callable[[ProjectorBuilder], ProjectorBuilder]:
+    def add(builder: ProjectorBuilder) -> ProjectorBuilder:
+        for name in names:
+            _WITH_PROJECTOR[name] = builder
+        return builder
+
+    return add
+
+
+def load_model(gguf: GGUFFile, projector: GGUFFile | None = None) -> Model:
+    """The model of a GGUF file; `projector` is a separate mmproj file (llama.cpp's vision
+    convention) for the architectures that take one."""
     import ember.model.archs  # noqa: F401  (registers the architectures)
 
     config = Config(gguf.metadata)
+    if projector is not None:
+        with_projector = _WITH_PROJECTOR.get(config.arch)
+        if with_projector is None:
+            raise ModelLoadError(f"architecture {config.arch!r} takes no projector file")
+        return with_projector(gguf, config, projector)
     builder = _ARCHS.get(config.arch)
     if builder is None:
         known = ", ".join(sorted(_ARCHS))

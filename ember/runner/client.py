@@ -56,13 +56,20 @@ class RunnerClient:
 
     @classmethod
     async def start(
-        cls, model_path: str, *, env: dict[str, str] | None = None, timeout: float = 60.0
+        cls,
+        model_path: str,
+        *projectors: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 60.0,
     ) -> "RunnerClient":
-        """Starts `python -m ember runner` for model_path and waits until it answers."""
+        """Starts `python -m ember runner` for model_path (and its mmproj file, if any) and
+        waits until it answers."""
         port = free_port()
         log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close(): lives with the runner)
+        args = ["runner", "--model", model_path, "--port", str(port)]
+        args += ["--projector", projectors[0]] if projectors else []
         process = subprocess.Popen(
-            [sys.executable, "-m", "ember", "runner", "--model", model_path, "--port", str(port)],
+            [sys.executable, "-m", "ember", *args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

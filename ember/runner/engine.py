@@ -167,9 +167,12 @@ class Engine:
             if seq.cancelled:
                 seq.done(CLOSED)
                 continue
-            seq.slot, num_past = self.inputs.load(seq.prompt, reuse=not seq.embedding)
+            seq.slot, num_past = self.inputs.load(
+                seq.prompt, reuse=not seq.embedding, images=seq.image_hashes
+            )
             seq.pending, seq.num_past = seq.prompt[num_past:], num_past
             seq.groups = [seq.same_batch.get(i, 0) for i in range(num_past, len(seq.prompt))]
+            seq.carried = [seq.multimodal.get(i) for i in range(num_past, len(seq.prompt))]
             self._active.append(seq)
 
     def _next_batch(self) -> list[Part]:
@@ -206,6 +209,7 @@ class Engine:
             again = self.inputs.shift(seq.slot, seq.num_keep)
             seq.pending[:0] = again
             seq.groups[:0] = [0] * len(again)
+            seq.carried[:0] = [None] * len(again)
         limit = min(room, self.num_ctx - len(seq.slot.inputs))
         if batch_empty:
             limit = max(limit, need)  # a group larger than num_batch still goes, alone
@@ -235,7 +239,7 @@ class Engine:
             return
         for p in parts:
             p.seq.slot.inputs.extend(p.seq.pending[: p.count])
-            del p.seq.pending[: p.count], p.seq.groups[: p.count]
+            del p.seq.pending[: p.count], p.seq.groups[: p.count], p.seq.carried[: p.count]
         if logits is not None:  # one batched sampling step over every row
             gen_masks = [masks.get(id(p)) for p in gen]
             tokens = sample_rows([p.seq.sampler for p in gen], logits, gen_masks)
@@ -250,8 +254,11 @@ class Engine:
         positions: list[int] = []
         sequences: list[int] = []
         outputs: list[int] = []
+        multimodal: list[tuple[int, object]] = []
         for p in parts:
             seq, start = p.seq, len(p.seq.slot.inputs)
+            carried = enumerate(seq.carried[: p.count], start=p.first)
+            multimodal += [(i, data) for i, data in carried if data is not None]
             tokens += seq.pending[: p.count]
             positions += range(start, start + p.count)
             sequences += [seq.slot.id] * p.count
@@ -261,7 +268,10 @@ class Engine:
             elif p.count == len(seq.pending):  # its prompt is done: logits for the next token
                 p.output = len(outputs)
                 outputs.append(p.first + p.count - 1)
-        return Batch(tuple(tokens), tuple(positions), tuple(sequences), tuple(outputs))
+        indices, data = zip(*multimodal, strict=True) if multimodal else ((), ())
+        return Batch(
+            tuple(tokens), tuple(positions), tuple(sequences), tuple(outputs), indices, data
+        )
 
     def _forward(self, batch: Batch) -> torch.Tensor:
         self.cache.start_forward(batch)
@@ -295,6 +305,7 @@ class Engine:
         else:
             seq.pending.append(token)
             seq.groups.append(0)
+            seq.carried.append(None)
 
     def _logprob(self, row: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
         lp, top = logprobs(row, token, top_n)

@@ -21,6 +21,9 @@ class NoFreeSlotError(EmberError):
 class Slot:
     id: int
     inputs: list[int] = field(default_factory=list)  # tokens in the cache, by position
+    # position of an image's first input -> the image's hash: placeholders of two images are
+    # the same tokens, so a prefix matches past an image only when the hashes agree
+    images: dict[int, int] = field(default_factory=dict)
     in_use: bool = False
     last_used: int = 0  # a use counter: higher is more recent
 
@@ -32,6 +35,13 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def matching_prefix(slot: Slot, prompt: list[int], images: dict[int, int]) -> int:
+    """How many leading inputs of prompt (with its images) slot holds."""
+    n = common_prefix(slot.inputs, prompt)
+    differ = [i for i in slot.images.keys() | images.keys() if slot.images.get(i) != images.get(i)]
+    return min([n, *differ])
 
 
 def shift_discard(length: int, num_ctx: int, num_keep: int) -> int:
@@ -50,31 +60,39 @@ class InputCache:
     def has_free_slot(self) -> bool:
         return any(not s.in_use for s in self.slots)
 
-    def load(self, prompt: list[int], *, reuse: bool = True) -> tuple[Slot, int]:
+    def load(
+        self, prompt: list[int], *, reuse: bool = True, images: dict[int, int] | None = None
+    ) -> tuple[Slot, int]:
         """Takes a free slot for prompt; returns it and how many leading prompt tokens its
-        cache already holds (at least the last token is always evaluated again)."""
+        cache already holds (at least the last token is always evaluated again). `images`
+        maps the position where each of the prompt's images begins to the image's hash."""
+        images = images or {}
         free = [s for s in self.slots if not s.in_use]
         if not free:
             raise NoFreeSlotError("no free slot")
         if not reuse:
             slot, num_past = min(free, key=lambda s: s.last_used), 0
         elif self.multiuser:
-            slot, num_past = self._best_shared(prompt, free)
+            slot, num_past = self._best_shared(prompt, free, images)
         else:
-            slot = max(free, key=lambda s: (common_prefix(s.inputs, prompt), -s.id))
-            num_past = common_prefix(slot.inputs, prompt)
+            slot = max(free, key=lambda s: (matching_prefix(s, prompt, images), -s.id))
+            num_past = matching_prefix(slot, prompt, images)
         num_past = min(num_past, len(prompt) - 1)
         if not self.cache.can_resume(slot.id, num_past):
             num_past = 0
         self.cache.remove(slot.id, num_past, None)
         del slot.inputs[num_past:]
+        slot.images = {i: h for i, h in slot.images.items() if i < num_past}
+        slot.images.update((i, h) for i, h in images.items() if i >= num_past)
         slot.in_use, slot.last_used = True, next(self._clock)
         return slot, num_past
 
-    def _best_shared(self, prompt: list[int], free: list[Slot]) -> tuple[Slot, int]:
+    def _best_shared(
+        self, prompt: list[int], free: list[Slot], images: dict[int, int]
+    ) -> tuple[Slot, int]:
         """A free slot wholly a prefix of prompt; else the least recently used free slot, given
         the longest prefix any slot holds (cells shared, not copied)."""
-        lengths = {s.id: common_prefix(s.inputs, prompt) for s in self.slots}
+        lengths = {s.id: matching_prefix(s, prompt, images) for s in self.slots}
         source = max(self.slots, key=lambda s: lengths[s.id])
         longest = lengths[source.id]
         if not source.in_use and longest == len(source.inputs):
@@ -83,7 +101,8 @@ class InputCache:
         if source is not slot and longest > lengths[slot.id]:
             self.cache.copy_prefix(source.id, slot.id, longest)
             slot.inputs = source.inputs[:longest]
-        return slot, common_prefix(slot.inputs, prompt)
+            slot.images = {i: h for i, h in source.images.items() if i < longest}
+        return slot, matching_prefix(slot, prompt, images)
 
     def release(self, slot: Slot) -> None:
         slot.in_use = False
@@ -99,7 +118,12 @@ class InputCache:
         except (CacheFullError, NotImplementedError):
             kept = slot.inputs[:num_keep] + slot.inputs[num_keep + discard :]
             self.cache.remove(slot.id, 0, None)
-            slot.inputs = []
+            slot.inputs, slot.images = [], {}
             return kept
         del slot.inputs[num_keep : num_keep + discard]
+        slot.images = {
+            (i if i < num_keep else i - discard): h
+            for i, h in slot.images.items()
+            if i < num_keep or i >= num_keep + discard
+        }
         return []

@@ -1,13 +1,17 @@
 """Worst-case reservation at load: allocate the whole KV cache and run the largest batch once, so
 that a model that does not fit fails now, with a message, and never in the middle of a request."""
 
+import io
+
 import psutil
 import torch
+from PIL import Image
 
 from ember.batch import Batch
 from ember.errors import EmberError
 from ember.kvcache import Cache
 from ember.model import Model
+from ember.runner.multimodal import ImageModel
 
 _MARGIN = 1.1  # allocator slack and the activations of one batch, over the exact KV figure
 
@@ -54,6 +58,8 @@ def reserve(
         # a batch over all cells is counted in `need` above.
         _run_worst_case(model, cache, num_batch, end=num_ctx, outputs=min(num_parallel, num_batch))
         _run_worst_case(model, cache, 1, end=cells, outputs=1)
+        if isinstance(model, ImageModel):  # the vision encoder's buffers too, as Ollama's
+            model.encode_multimodal(worst_case_image())
     except (RuntimeError, MemoryError) as err:  # torch reports a failed allocation this way
         first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InsufficientMemoryError(
@@ -61,6 +67,13 @@ def reserve(
             f"its compute buffers: {first_line}"
         ) from None
     return cache.nbytes()
+
+
+def worst_case_image() -> bytes:
+    """Ollama's worst-case image: a 2048 × 2048 gray bitmap."""
+    out = io.BytesIO()
+    Image.new("L", (2048, 2048), 128).save(out, format="BMP")
+    return out.getvalue()
 
 
 def _run_worst_case(model: Model, cache: Cache, n: int, *, end: int, outputs: int) -> None:

@@ -5,6 +5,7 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -15,6 +16,8 @@ from ember.runner.stop import StopMatcher
 from ember.sample import Sampler
 from ember.sample.grammar import Grammar
 from ember.tokenizer import Tokenizer
+
+T = TypeVar("T")
 
 # done_reason values, as the runner reports them (Ollama's DoneReason 0, 1, 2)
 STOP, LENGTH, CLOSED = "stop", "length", "closed"
@@ -38,6 +41,10 @@ class Request:
     embedding: bool = False  # pooled hidden states instead of a generation
     # input index -> how many following inputs must share its batch (multimodal groups)
     same_batch: dict[int, int] = field(default_factory=dict)
+    # input index -> the encoder data (an image's embeddings) that input carries into the model
+    multimodal: dict[int, object] = field(default_factory=dict)
+    # input index where an image's span begins -> the image's hash (prefix matching)
+    image_hashes: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +94,22 @@ def truncate(inputs: list[int], num_ctx: int, num_keep: int, same_batch: dict[in
     return end - num_keep
 
 
+def _without_cut(by_index: dict[int, T], num_keep: int, cut: int) -> dict[int, T]:
+    """Entries keyed by input index after inputs num_keep..num_keep + cut were dropped."""
+    return {
+        (i if i < num_keep else i - cut): v
+        for i, v in by_index.items()
+        if i < num_keep or i >= num_keep + cut
+    }
+
+
 class Sequence:
     """A request's state inside the runner loop. Consumers read `events`; `cancel()` is safe
     from any thread and takes effect within one step."""
 
     slot: Slot  # set by the runner when the sequence gets one
     groups: list[int]  # same_batch group size of each pending input (0: none)
+    carried: list[object | None]  # the multimodal data of each pending input (None: none)
 
     def __init__(self, request: Request, tokenizer: Tokenizer, num_ctx: int) -> None:
         opts, inputs = request.options, list(request.inputs)
@@ -100,7 +117,8 @@ class Sequence:
             raise EmberError("the prompt is empty")
         self.request = request
         self.num_keep = min(len(inputs) if opts.num_keep < 0 else opts.num_keep, num_ctx - 1)
-        same_batch = dict(request.same_batch)
+        same_batch, multimodal = dict(request.same_batch), dict(request.multimodal)
+        image_hashes = dict(request.image_hashes)
         if len(inputs) > num_ctx and request.embedding and request.truncate:
             del inputs[num_ctx:]  # an embedding keeps the start of its text, as Ollama's
         if len(inputs) > num_ctx:
@@ -111,13 +129,13 @@ class Sequence:
                 )
             cut = truncate(inputs, num_ctx, self.num_keep, same_batch)
             del inputs[self.num_keep : self.num_keep + cut]
-            same_batch = {
-                (i if i < self.num_keep else i - cut): n
-                for i, n in same_batch.items()
-                if i < self.num_keep or i >= self.num_keep + cut
-            }
+            same_batch = _without_cut(same_batch, self.num_keep, cut)
+            multimodal = _without_cut(multimodal, self.num_keep, cut)
+            image_hashes = _without_cut(image_hashes, self.num_keep, cut)
         self.prompt = inputs
         self.same_batch = same_batch  # keyed by position in the sequence
+        self.multimodal = multimodal
+        self.image_hashes = image_hashes
         self.pending: list[int] = []  # inputs not yet in the cache; set when a slot is taken
         self.num_ctx = num_ctx
         limit = 10 * num_ctx  # as Ollama: num_predict < 0 or > 10 × num_ctx means that cap

@@ -31,6 +31,7 @@ from ember.model import load_model
 from ember.options import Options
 from ember.runner.engine import KV_TYPES, Engine
 from ember.runner.memory import InsufficientMemoryError
+from ember.runner.multimodal import ImageModel, PromptInputs, image_bytes, prompt_inputs
 from ember.runner.sequence import Done, Event, Piece, Sequence
 from ember.runner.sequence import Request as SeqRequest
 from ember.sample.grammar import Grammar
@@ -84,8 +85,9 @@ class DetokenizeRequest(BaseModel):
 class Runner:
     """The model of this process and its engine, loaded once by /load."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, projector: str | None = None) -> None:
         self.path = path
+        self.projector = projector  # an mmproj file beside the model (llama.cpp's convention)
         self.status = "launched"  # launched → loading → ready, or error
         self.progress = 0.0
         self.error: str | None = None
@@ -109,7 +111,8 @@ class Runner:
                 gguf = GGUFFile.open(self.path)
                 self.tokenizer = Tokenizer.from_metadata(gguf.metadata)
                 self.progress = 0.1
-                model = in_fresh_thread(lambda: load_model(gguf))  # see backend/threads.py
+                mmproj = GGUFFile.open(self.projector) if self.projector else None
+                model = in_fresh_thread(lambda: load_model(gguf, mmproj))  # backend/threads.py
                 self.progress = 0.8
                 self.engine = Engine(
                     model,
@@ -130,9 +133,9 @@ class LoadConflict(EmberError):
     """A /load on a runner that has already loaded its model."""
 
 
-def create_app(path: str) -> FastAPI:
+def create_app(path: str, projector: str | None = None) -> FastAPI:
     app = FastAPI(title="ember runner", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.runner = Runner(path)
+    app.state.runner = Runner(path, projector)
     app.add_api_route("/health", health, methods=["GET"])
     for route in (load, completion, embedding, tokenize, detokenize):
         app.add_api_route(f"/{route.__name__}", route, methods=["POST"])
@@ -175,14 +178,23 @@ async def load(request: Request) -> JSONResponse:
 async def completion(request: Request) -> StreamingResponse:
     req = await _body(request, CompletionRequest)
     engine, tokenizer = _ready(_runner(request))
-    if req.images:
+    if req.images and not isinstance(engine.model, ImageModel):
         raise HTTPError(400, "this model does not accept images")
     try:
         opts = Options.parse(req.options)
         grammar = Grammar.from_format(req.format, tokenizer) if req.format else None
+        inputs = PromptInputs(tokenizer.encode(req.prompt))
+        if isinstance(engine.model, ImageModel):  # the image encoder runs once per image
+            images = image_bytes(req.images)
+            inputs = await asyncio.to_thread(
+                prompt_inputs, req.prompt, images, tokenizer, engine.model
+            )
         seq_request = SeqRequest(
-            tokenizer.encode(req.prompt),
+            inputs.tokens,
             opts,
+            same_batch=inputs.same_batch,
+            multimodal=inputs.multimodal,
+            image_hashes=inputs.image_hashes,
             grammar=grammar,
             shift=req.shift,
             truncate=req.truncate,
@@ -334,12 +346,12 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
-def main(model: str, port: int) -> int:
+def main(model: str, port: int, projector: str | None = None) -> int:
     """Serves the runner API for model on 127.0.0.1:port until killed, or until the server that
     started it is gone (a killed server must not leave its models loaded)."""
     logging.basicConfig(
         level=logging.INFO, format="time=%(asctime)s level=%(levelname)s msg=%(message)s"
     )
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-    uvicorn.run(create_app(model), host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(create_app(model, projector), host="127.0.0.1", port=port, log_level="warning")
     return 0

@@ -38,8 +38,8 @@ def default_state() -> ServerState:
     )
     load_timeout = envconfig.load_timeout()
 
-    async def start(model_path: str) -> Runner:
-        return await RunnerClient.start(model_path, timeout=load_timeout)
+    async def start(model_path: str, *projectors: str) -> Runner:
+        return await RunnerClient.start(model_path, *projectors, timeout=load_timeout)
 
     scheduler = Scheduler(
         start=start,

@@ -5,6 +5,7 @@ final metrics. Routes choose streaming or one merged answer; /v1 translates the 
 Errors are APIError: raised before the first chunk they become the response's status."""
 
 import asyncio
+import base64
 import contextlib
 import time
 from collections.abc import AsyncGenerator
@@ -59,7 +60,7 @@ async def chat(state: ServerState, req: ChatRequest) -> AsyncGenerator[Chunk, No
         prompt = await _chat_prompt(lease, plan, req)
         names = [t.function.name for t in req.tools]
         parser = _parser(plan.model, req, prompt.text, tool_names=names)
-        async for part, lps, final in _run(lease, plan, req, prompt.text, parser):
+        async for part, lps, final in _run(lease, plan, req, prompt, parser):
             message: dict[str, Any] = {"role": "assistant", "content": part.content}
             if part.thinking:
                 message["thinking"] = part.thinking
@@ -93,7 +94,7 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
         prompt = await _generate_prompt(lease, plan, req)
         parser = _parser(plan.model, req, prompt.text)
         text: list[str] = []
-        async for part, lps, final in _run(lease, plan, req, prompt.text, parser):
+        async for part, lps, final in _run(lease, plan, req, prompt, parser):
             text.append(part.content)
             fields: Chunk = {"response": part.content}
             if part.thinking:
@@ -203,10 +204,16 @@ async def _generate_prompt(lease: Lease, plan: Plan, req: GenerateRequest) -> Pr
 
 
 async def _run(
-    lease: Lease, plan: Plan, req: Generation, prompt: str, parser: OutputParser
+    lease: Lease, plan: Plan, req: Generation, prompt: Prompt, parser: OutputParser
 ) -> AsyncGenerator[tuple[Part, list[dict[str, Any]], dict[str, Any] | None], None]:
     """(part, logprobs, None) per runner piece, then (rest, [], final record)."""
-    async for record in runner_records(lease, prompt, runner_fields(lease, plan, req)):
+    fields = runner_fields(lease, plan, req)
+    if prompt.images:  # as Ollama's ImageData: base64 bytes and the N of the prompt's [img-N]
+        fields["images"] = [
+            {"data": base64.b64encode(data).decode(), "id": i}
+            for i, data in enumerate(prompt.images)
+        ]
+    async for record in runner_records(lease, prompt.text, fields):
         if record.get("done"):
             yield parser.flush(), [], record
             return

@@ -43,6 +43,7 @@ class GGUFFacts:
     file_type: str
     parameter_size: str
     fim: FillInMiddle | None  # the model can fill a gap (Ollama's "insert")
+    has_vision: bool = False  # the file holds a vision tower (Ollama's single-file convention)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,7 @@ class ServedModel:
     context_length: int
     owner: str = "library"  # /v1/models' owned_by
     facts: GGUFFacts | None = field(default=None, compare=False)
+    projector_paths: tuple[Path, ...] = ()  # mmproj files (llama.cpp's vision convention)
 
 
 class Models:
@@ -126,6 +128,7 @@ class Models:
             modified_at=stored.modified_at,
             details=details,
             owner=stored.name.namespace,
+            projector_paths=tuple(stored.projector_paths),
         )
 
     def _from_catalog(self, name: str) -> ServedModel:
@@ -203,6 +206,7 @@ def read_facts(path: Path) -> GGUFFacts:
         file_type=FILE_TYPES.get(ftype, "unknown") if isinstance(ftype, int) else "unknown",
         parameter_size=human_number(num_params) if num_params else str(size_label or ""),
         fim=fill_in_middle([str(t) for t in vocab]),
+        has_vision=f"{arch}.vision.block_count" in md,
     )
 
 
@@ -238,6 +242,8 @@ def _served(facts: GGUFFacts, *, template: str | None, system: str, **fields: An
         capabilities.add("thinking")
     if chat.fim is not None:
         capabilities.add("insert")
+    if facts.has_vision or fields.get("projector_paths"):
+        capabilities.add("vision")
     return ServedModel(
         model_path=fields.pop("path"),
         template=chat,

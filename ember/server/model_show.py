@@ -102,6 +102,12 @@ def show_response(
         "capabilities": capabilities(metadata, model),
         "modified_at": model.modified_at.astimezone().isoformat(),
     }
+    if model.projector_paths:  # as Ollama: the projector file's metadata beside the model's
+        try:
+            projector, _ = gguf_metadata(model.projector_paths[0])
+            out["projector_info"] = model_info(projector, verbose=verbose)
+        except (GGUFError, OSError):
+            pass
     if verbose:
         out["tensors"] = tensors
     return {k: v for k, v in out.items() if v not in ("", [], None) or k == "model_info"}

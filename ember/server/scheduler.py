@@ -45,11 +45,11 @@ class Runner(Protocol):
     async def close(self) -> None: ...
 
 
-StartRunner = Callable[[str], Awaitable[Runner]]
+StartRunner = Callable[..., Awaitable[Runner]]  # (model path, *projector paths)
 
 
-async def start_process(model_path: str) -> Runner:
-    return await RunnerClient.start(model_path)
+async def start_process(model_path: str, *projectors: str) -> Runner:
+    return await RunnerClient.start(model_path, *projectors)
 
 
 class QueueFullError(EmberError):
@@ -66,6 +66,7 @@ class Shape:
     num_ctx: int | None = None
     num_batch: int | None = None
     num_thread: int | None = None
+    projectors: tuple[str, ...] = ()  # mmproj files the model loads with (the model decides)
 
     def matches(self, loaded: "Shape") -> bool:
         if self.model_path != loaded.model_path:
@@ -256,7 +257,7 @@ class Scheduler:
         attempt = 0
         while True:
             parallel = self.parallels[min(attempt, len(self.parallels) - 1)]
-            runner = await self._start(shape.model_path)
+            runner = await self._start(shape.model_path, *shape.projectors)
             try:
                 result = await runner.load(self._settings(shape, parallel))
             except RunnerError as err:

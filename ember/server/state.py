@@ -47,7 +47,11 @@ class ServerState:
         except OptionsError as err:
             raise APIError(400, str(err)) from None
         shaping = {**params, **given}
-        shape = Shape(str(model.model_path), **{k: shaping.get(k) for k in _SHAPE_OPTIONS})
+        shape = Shape(
+            str(model.model_path),
+            **{k: shaping.get(k) for k in _SHAPE_OPTIONS},  # type: ignore[arg-type]
+            projectors=tuple(str(p) for p in model.projector_paths),
+        )
         if shape.num_ctx is not None and model.context_length > 0:  # as a load will cut it
             shape = replace(shape, num_ctx=min(shape.num_ctx, model.context_length))
         return Plan(model, merged, shape)

@@ -15,6 +15,7 @@ from typing import Any
 from ember.errors import ModelNotFoundError, OptionsError
 from ember.options import Options
 from ember.store import manifest as mt
+from ember.store.convert_files import convert_files, is_hf_directory
 from ember.store.errors import CreateError, ModelfileError, StoreError
 from ember.store.ggufinfo import GGUFInfo, human_number, read_gguf_info
 from ember.store.manifest import Layer, Manifest, go_json
@@ -96,15 +97,19 @@ def create_model(store: Store, name: ModelName | str, request: CreateRequest) ->
     target = store.existing_name(as_name(name))
     _check_request(request)
     inherited: dict[str, Any] = {}
+    created: set[Digest] = set()
     if request.from_:
         layers, inherited = _layers_from_model(store, request.from_)
         info = _model_info(store, layers)
+    elif request.files and is_hf_directory(request.files):
+        yield {"status": "converting model"}
+        layer, info = convert_files(store, request.files)
+        layers, created = [layer], {layer.digest}
     elif request.files:
         yield {"status": "parsing GGUF"}
         layers, info = _layers_from_files(store, request.files)
     else:
         raise CreateError("neither 'from' or 'files' was specified")
-    created: set[Digest] = set()
     wanted = _check_quantize(request.quantize, info) if request.quantize else None
     if wanted is not None:
         layers, info = yield from _quantize(store, layers, info, wanted, created)

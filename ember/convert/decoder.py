@@ -1,0 +1,128 @@
+"""What the text architectures share: HF -> GGUF tensor names of a decoder stack, the shapes a
+config implies (checked before anything is written), and the common hyperparameters."""
+
+import re
+from typing import Any, ClassVar
+
+import torch
+
+from ember.convert.source import ConvertError, HFConfig
+
+_TOP = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "post_attention_layernorm": "ffn_norm",  # llama and qwen2: the norm before the MLP
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
+# Prefixes of the text model inside multimodal checkpoints (transformers 5 and 4).
+_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))  # fmt: skip
+
+
+class TextDecoder:
+    """A pre-norm decoder stack; subclasses add their architecture's keys and quirks."""
+
+    arch: ClassVar[str]
+    layer_names: ClassVar[dict[str, str]] = _LAYER
+
+    def __init__(self, config: HFConfig) -> None:
+        self.config = config
+        c = self.text = self.text_config(config)
+        self.num_layers = c.int("num_hidden_layers", maximum=1024)
+        self.hidden = c.int("hidden_size")
+        self.num_heads = c.int("num_attention_heads", maximum=4096)
+        self.num_kv_heads = c.int("num_key_value_heads", self.num_heads, maximum=4096)
+        self.head_dim = c.int("head_dim", self.hidden // self.num_heads, maximum=4096)
+        self.ffn = c.int("intermediate_size")
+        self.vocab_size = c.int("vocab_size", maximum=1 << 22)
+        self.is_tied = c.bool("tie_word_embeddings", config.bool("tie_word_embeddings", True))
+        if self.num_heads % self.num_kv_heads:
+            raise ConvertError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    def text_config(self, config: HFConfig) -> HFConfig:
+        return config
+
+    # ------------------------------------------------------------ names and shapes
+
+    def rename(self, hf_name: str) -> str | None:
+        """The GGUF name of an HF tensor; None for one the file does not keep."""
+        for old, new in _TEXT_PREFIXES:
+            if hf_name.startswith(old):
+                hf_name = new + hf_name.removeprefix(old)
+        if hf_name.endswith("rotary_emb.inv_freq"):
+            return None
+        if hf_name == "lm_head.weight" and self.is_tied:
+            return None  # the head is token_embd itself
+        if hf_name in _TOP:
+            return _TOP[hf_name]
+        match = _LAYER_NAME.fullmatch(hf_name)
+        if match is None or match.group(2) not in self.layer_names:
+            raise ConvertError(f"unexpected tensor {hf_name!r} for {self.arch}")
+        layer, module, kind = match.groups()
+        return f"blk.{layer}.{self.layer_names[module]}.{kind}"
+
+    def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+        """(shape of every tensor the file may hold, the names it must hold)."""
+        c, f, v = self.hidden, self.ffn, self.vocab_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        shapes: dict[str, tuple[int, ...]] = {
+            "token_embd.weight": (v, c),
+            "output.weight": (v, c),
+            "output_norm.weight": (c,),
+        }
+        required = {"token_embd.weight", "output_norm.weight"}
+        if not self.is_tied:
+            required.add("output.weight")
+        per_layer = {
+            "attn_norm.weight": (c,), "attn_q.weight": (q, c), "attn_k.weight": (kv, c),
+            "attn_v.weight": (kv, c), "attn_output.weight": (c, q), "ffn_norm.weight": (c,),
+            "ffn_gate.weight": (f, c), "ffn_up.weight": (f, c), "ffn_down.weight": (c, f),
+        }  # fmt: skip
+        extra = self.layer_shapes()
+        for i in range(self.num_layers):
+            for name, shape in (per_layer | extra).items():
+                shapes[f"blk.{i}.{name}"] = shape
+            required |= {f"blk.{i}.{n}" for n in per_layer}
+            required |= {f"blk.{i}.{n}" for n in extra if not n.endswith(".bias")}
+        return shapes, required
+
+    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Tensors of a layer beyond the llama set (biases are optional)."""
+        return {}
+
+    def transform(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A tensor as the GGUF stores it (llama's Q/K row order, gemma's norm +1...)."""
+        return tensor
+
+    def extra_tensors(self) -> dict[str, torch.Tensor]:
+        """Tensors the file holds that the checkpoint does not (llama 3's rope_freqs)."""
+        return {}
+
+    # ------------------------------------------------------------ metadata
+
+    def metadata(self) -> dict[str, Any]:
+        a, c = self.arch, self.text
+        return {
+            f"{a}.block_count": self.num_layers,
+            f"{a}.context_length": c.int("max_position_embeddings", 2048, maximum=1 << 28),
+            f"{a}.embedding_length": self.hidden,
+            f"{a}.feed_forward_length": self.ffn,
+            f"{a}.attention.head_count": self.num_heads,
+            f"{a}.attention.head_count_kv": self.num_kv_heads,
+            f"{a}.attention.layer_norm_rms_epsilon": c.float("rms_norm_eps", 1e-6),
+        }

@@ -1,0 +1,59 @@
+"""Image bytes -> normalized pixel tensors, as HF's (PIL-based) image processors compute them:
+decoded with Pillow (decompression-bomb guard as an error), converted to RGB, resized with
+Pillow's filter, rescaled by 1/255 (in float64, then float32) and normalized."""
+
+import io
+import warnings
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ember.errors import EmberError
+
+MAX_IMAGE_BYTES = 100 << 20
+
+
+class ImageError(EmberError, ValueError):
+    """Bytes that are not an image Pillow can decode safely."""
+
+
+def decode_image(data: bytes) -> Image.Image:
+    """A fully decoded image; a corrupt, unknown or oversized one is an ImageError."""
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ImageError("the image is larger than 100 MB")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(io.BytesIO(data))
+            image.load()
+        except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+            raise ImageError("the image has too many pixels") from None
+        except (OSError, ValueError, SyntaxError, EOFError) as e:
+            raise ImageError(f"the image cannot be decoded: {e}") from None
+    return image
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB, with any transparency composited onto white (as transformers and Ollama do)."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def to_pixels(
+    image: Image.Image,
+    size: tuple[int, int],
+    *,
+    mean: tuple[float, float, float],
+    std: tuple[float, float, float],
+    resample: Image.Resampling = Image.Resampling.BILINEAR,
+) -> torch.Tensor:
+    """(3, height, width) float32 for `size` = (height, width)."""
+    rgb = to_rgb(image)
+    resized = rgb.resize((size[1], size[0]), resample=resample)
+    scaled = (np.asarray(resized).astype(np.float64) * (1 / 255)).astype(np.float32)
+    pixels = (scaled - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))

@@ -1,0 +1,52 @@
+"""Creating from an uploaded HF directory (Ollama's `FROM <dir>`): the blobs are laid out under
+their file names in a scratch folder of the store, converted to one GGUF blob, then removed."""
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from ember.convert import ConvertError, convert_directory
+from ember.store import manifest as mt
+from ember.store.errors import CreateError
+from ember.store.ggufinfo import GGUFInfo, read_gguf_info
+from ember.store.manifest import Layer
+from ember.store.names import Digest
+from ember.store.store import Store
+
+
+def is_hf_directory(files: Mapping[str, str]) -> bool:
+    """Whether uploaded files are an HF checkpoint rather than GGUF files."""
+    return any(name.endswith(".safetensors") for name in files)
+
+
+def convert_files(store: Store, files: Mapping[str, str]) -> tuple[Layer, GGUFInfo]:
+    """The model layer of the converted directory; raises CreateError for a bad one."""
+    scratch = Path(tempfile.mkdtemp(prefix="convert-", dir=store.tmp_dir))
+    try:
+        for name, digest in files.items():
+            if "/" in name:
+                raise CreateError(f"an HF model directory is flat: {name!r} is in a subfolder")
+            blob = store.blob_path(Digest.parse(digest))
+            if not blob.is_file():
+                raise CreateError(f"blob {digest} for {name!r} is not in the store: upload it")
+            _link(blob, scratch / name)
+        out = scratch / "model.gguf"
+        try:
+            convert_directory(scratch, out)
+        except ConvertError as e:
+            raise CreateError(f"cannot convert the model: {e}") from None
+        with open(out, "rb") as f:
+            blob_info = store.write_blob(f)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    info = read_gguf_info(store.blob_path(blob_info.digest), "the converted model")
+    return Layer(mt.MEDIA_MODEL, blob_info.digest, blob_info.size), info
+
+
+def _link(blob: Path, target: Path) -> None:
+    try:
+        os.link(blob, target)
+    except OSError:  # another file system, or no hard links: a symlink reads the same
+        target.symlink_to(blob)
