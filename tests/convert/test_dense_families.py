@@ -1,0 +1,80 @@
+"""The dense text families converted from tiny random-weight HF models (transformers' own
+classes): logits equal HF's, incremental decode equals a prefill, two sequences in one batch
+equal each alone, and the GGUF loads under its own architecture name."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from hf_families import save_family
+from tinymodels import hf_logits
+
+from ember.batch import Batch
+from ember.convert import convert_directory
+from ember.gguf import GGUFFile
+from ember.model import forward, load_model
+
+FAMILIES = {"qwen3": "qwen3", "mistral": "llama"}  # family -> GGUF architecture
+PROMPT = [5, 17, 42, 8, 99, 3, 64, 21, 7, 150, 11, 12, 13, 14, 15, 16, 30, 31, 32, 33]
+OTHER = [9, 200, 4, 77, 18, 6, 250, 61, 2, 40, 41]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    out = {}
+    for family in FAMILIES:
+        root = tmp_path_factory.mktemp(family)
+        hf = save_family(family, root / "hf")
+        convert_directory(root / "hf", root / "model.gguf")
+        out[family] = (root / "model.gguf", hf)
+    return out
+
+
+def run(model, chunks: list[list[int]]) -> torch.Tensor:
+    """Feeds one sequence chunk by chunk; the logits of every token."""
+    cache = model.make_cache()
+    cache.init(max_sequences=2, capacity=64, max_batch=64)
+    rows, pos = [], 0
+    for chunk in chunks:
+        batch = Batch(tokens=tuple(chunk), positions=tuple(range(pos, pos + len(chunk))),
+                      sequences=(0,) * len(chunk), outputs=tuple(range(len(chunk))))  # fmt: skip
+        rows.append(forward(model, cache, batch))
+        pos += len(chunk)
+    return torch.cat(rows)
+
+
+def load(path: Path):
+    return load_model(GGUFFile.open(path))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_transformers(converted, family):
+    path, hf = converted[family]
+    with GGUFFile.open(path) as f:
+        assert f.metadata["general.architecture"] == FAMILIES[family]
+    assert (run(load(path), [PROMPT]) - hf_logits(hf, PROMPT)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_incremental_decode_equals_prefill(converted, family):
+    model = load(converted[family][0])
+    full = run(model, [PROMPT])
+    assert (run(model, [PROMPT[:5]] + [[t] for t in PROMPT[5:]]) - full).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_sequences_in_one_batch_equal_each_alone(converted, family):
+    model = load(converted[family][0])
+    cache = model.make_cache()
+    cache.init(max_sequences=2, capacity=64, max_batch=64)
+    tokens = PROMPT + OTHER
+    batch = Batch(tokens=tuple(tokens),
+                  positions=tuple(range(len(PROMPT))) + tuple(range(len(OTHER))),
+                  sequences=(0,) * len(PROMPT) + (1,) * len(OTHER),
+                  outputs=tuple(range(len(tokens))))  # fmt: skip
+    both = forward(model, cache, batch)
+    alone = torch.cat([run(model, [PROMPT]), run(model, [OTHER])])
+    assert (both - alone).abs().max() < 1e-4
