@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ember.convert.decoder import TextDecoder
+from ember.convert.gemma2 import Gemma2Decoder
 from ember.convert.gemma3 import Gemma3Decoder
 from ember.convert.gemma3_vision import Gemma3VisionDecoder
 from ember.convert.llama import LlamaDecoder
@@ -26,6 +27,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "MistralForCausalLM": LlamaDecoder,
     "Qwen2ForCausalLM": Qwen2Decoder,
     "Qwen3ForCausalLM": Qwen3Decoder,
+    "Gemma2ForCausalLM": Gemma2Decoder,
     "Gemma3ForCausalLM": Gemma3Decoder,
     "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
 }
