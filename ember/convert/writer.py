@@ -17,6 +17,7 @@ from ember.convert.gemma3 import Gemma3Decoder
 from ember.convert.gemma3_vision import Gemma3VisionDecoder
 from ember.convert.llama import LlamaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
+from ember.convert.olmo2 import Olmo2Decoder
 from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.qwen3 import Qwen3Decoder
 from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
@@ -25,6 +26,7 @@ from ember.convert.vocab import tokenizer_metadata
 CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "LlamaForCausalLM": LlamaDecoder,
     "MistralForCausalLM": LlamaDecoder,
+    "Olmo2ForCausalLM": Olmo2Decoder,
     "Qwen2ForCausalLM": Qwen2Decoder,
     "Qwen3ForCausalLM": Qwen3Decoder,
     "Gemma2ForCausalLM": Gemma2Decoder,
