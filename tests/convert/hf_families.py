@@ -25,6 +25,16 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     }),
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", {"tie_word_embeddings": False}),
     "phi3": ("Phi3ForCausalLM", "Phi3Config", {"tie_word_embeddings": False}),
+    # LongRoPE (short factors within the original 64 positions; attention factor from 128/64),
+    # half the head rotated, a sliding window of 8 on every layer.
+    "phi3-longrope": ("Phi3ForCausalLM", "Phi3Config", {
+        "tie_word_embeddings": False, "sliding_window": 8, "original_max_position_embeddings": 64,
+        "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "short_factor": [1.0, 1.5, 2.0, 4.0], "long_factor": [2.0, 3.0, 5.0, 9.0],
+            "original_max_position_embeddings": 64,
+        },
+    }),
 }  # fmt: skip
 ZERO_CENTRED_NORMS = {"gemma2"}  # RMSNorm multiplies by (1 + w)
 

@@ -18,7 +18,14 @@ from ember.gguf import GGUFFile
 from ember.model import forward, load_model
 
 # family -> GGUF architecture
-FAMILIES = {"qwen3": "qwen3", "mistral": "llama", "gemma2": "gemma2", "olmo2": "olmo2"}
+FAMILIES = {
+    "qwen3": "qwen3",
+    "mistral": "llama",
+    "gemma2": "gemma2",
+    "olmo2": "olmo2",
+    "phi3": "phi3",
+    "phi3-longrope": "phi3",
+}
 PROMPT = [5, 17, 42, 8, 99, 3, 64, 21, 7, 150, 11, 12, 13, 14, 15, 16, 30, 31, 32, 33]
 OTHER = [9, 200, 4, 77, 18, 6, 250, 61, 2, 40, 41]
 
