@@ -86,3 +86,29 @@ def test_two_sequences_in_one_batch_equal_each_alone(converted, family):
     both = forward(model, cache, batch)
     alone = torch.cat([run(model, [PROMPT]), run(model, [OTHER])])
     assert (both - alone).abs().max() < 1e-4
+
+
+@pytest.fixture(scope="module")
+def one_layer(tmp_path_factory):
+    """One-layer models: their cached keys depend on their own tokens only, so a shifted cache
+    must equal a fresh run over the kept tokens (deeper layers mix in dropped tokens)."""
+    out = {}
+    for family in FAMILIES:
+        root = tmp_path_factory.mktemp(f"{family}-1")
+        save_family(family, root / "hf", num_hidden_layers=1)
+        convert_directory(root / "hf", root / "model.gguf")
+        out[family] = load(root / "model.gguf")
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_context_shift_equals_a_fresh_run_over_kept_tokens(one_layer, family):
+    model = one_layer[family]
+    cache = model.make_cache()
+    cache.init(max_sequences=1, capacity=64, max_batch=64)
+    forward(model, cache, Batch.single(PROMPT, 0))
+    keep, discard = 4, 6
+    cache.remove(0, keep, keep + discard)
+    kept = PROMPT[:keep] + PROMPT[keep + discard :]
+    shifted = forward(model, cache, Batch.single([77], len(kept)))
+    assert (shifted - run(model, [[*kept, 77]])[-1:]).abs().max() < 1e-4
