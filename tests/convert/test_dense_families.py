@@ -112,3 +112,20 @@ def test_context_shift_equals_a_fresh_run_over_kept_tokens(one_layer, family):
     kept = PROMPT[:keep] + PROMPT[keep + discard :]
     shifted = forward(model, cache, Batch.single([77], len(kept)))
     assert (shifted - run(model, [[*kept, 77]])[-1:]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_q8_0_quantized_file_loads_and_stays_close(converted, family, tmp_path):
+    """Ember's quantizer (llama.cpp's per-tensor choices) on the converted file: the quantized
+    GGUF loads (fused phi3 tensors, QK-norms and post-norms kept F32) and its logits stay close."""
+    from ember.store.quantize import quantize
+
+    path, _ = converted[family]
+    out = tmp_path / "q8_0.gguf"
+    with out.open("wb") as f:
+        for _ in quantize(path, f, "Q8_0"):  # type: ignore[arg-type]  # any .write() will do
+            pass
+    with GGUFFile.open(out) as g:
+        assert g.metadata["general.file_type"] == 7  # MOSTLY_Q8_0
+    full, quantized = run(load(path), [PROMPT]), run(load(out), [PROMPT])
+    assert (quantized - full).abs().max() < 0.1 * (full.max() - full.min())
