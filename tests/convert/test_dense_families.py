@@ -129,3 +129,27 @@ def test_a_q8_0_quantized_file_loads_and_stays_close(converted, family, tmp_path
         assert g.metadata["general.file_type"] == 7  # MOSTLY_Q8_0
     full, quantized = run(load(path), [PROMPT]), run(load(out), [PROMPT])
     assert (quantized - full).abs().max() < 0.1 * (full.max() - full.min())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_show_reports_completion_for_each_family(converted, family):
+    """/api/show's capabilities come from metadata and template, whatever the architecture: a
+    converted text model completes (never `embedding`), with tools and thinking as its template
+    says."""
+    from types import SimpleNamespace
+
+    from ember.server.model_show import capabilities
+
+    with GGUFFile.open(converted[family][0]) as f:
+        metadata = dict(f.metadata)
+    plain = SimpleNamespace(template=None, projector_paths=())
+    assert capabilities(metadata, plain) == ["completion"]  # type: ignore[arg-type]
+    thinking = (
+        "{% if tools %}{{ tools }}{% endif %}{% for m in messages %}{% if m.thinking %}<think>"
+        "{{ m.thinking }}</think>{% endif %}{{ m.content }}{% endfor %}"
+    )
+    assert capabilities(metadata, SimpleNamespace(template=thinking, projector_paths=())) == [
+        "completion",
+        "tools",
+        "thinking",
+    ]  # type: ignore[arg-type]
