@@ -1,6 +1,6 @@
 """Tiny random-weight HF models of the dense text families beyond llama/qwen2/gemma3 (qwen3,
-mistral, gemma2, olmo2, phi3), saved as `save_pretrained` saves them with a byte-level BPE
-tokenizer (tinymodels' Qwen2-like vocabulary), for the converter tests."""
+mistral, gemma2, olmo2, phi3, granite), saved as `save_pretrained` saves them with a byte-level
+BPE tokenizer (tinymodels' Qwen2-like vocabulary), for the converter tests."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "num_hidden_layers": 4, "sliding_window": 6, "query_pre_attn_scalar": 16,
         "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0,
         "tie_word_embeddings": True,
+    }),
+    "granite": ("GraniteForCausalLM", "GraniteConfig", {
+        "tie_word_embeddings": True, "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+        "attention_multiplier": 0.1, "logits_scaling": 2.5,
     }),
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", {"tie_word_embeddings": False}),
     "phi3": ("Phi3ForCausalLM", "Phi3Config", {"tie_word_embeddings": False}),

@@ -25,6 +25,7 @@ FAMILIES = {
     "olmo2": "olmo2",
     "phi3": "phi3",
     "phi3-longrope": "phi3",
+    "granite": "granite",
 }
 PROMPT = [5, 17, 42, 8, 99, 3, 64, 21, 7, 150, 11, 12, 13, 14, 15, 16, 30, 31, 32, 33]
 OTHER = [9, 200, 4, 77, 18, 6, 250, 61, 2, 40, 41]
