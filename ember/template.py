@@ -15,7 +15,7 @@ GEMMA3 = (
     "<start_of_turn>{{ role }}\n{{ m['content'] | trim }}<end_of_turn>\n"
     "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
-BUILTIN = {"gemma3": GEMMA3}
+BUILTIN = {"gemma3": GEMMA3, "gemma2": GEMMA3}  # Gemma 2 uses the same turn format
 
 
 class TemplateError(EmberError):

@@ -12,18 +12,28 @@ import numpy as np
 import torch
 
 from ember.convert.decoder import TextDecoder
+from ember.convert.gemma2 import Gemma2Decoder
 from ember.convert.gemma3 import Gemma3Decoder
 from ember.convert.gemma3_vision import Gemma3VisionDecoder
+from ember.convert.granite import GraniteDecoder
 from ember.convert.llama import LlamaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
+from ember.convert.olmo2 import Olmo2Decoder
+from ember.convert.phi3 import Phi3Decoder
 from ember.convert.qwen2 import Qwen2Decoder
+from ember.convert.qwen3 import Qwen3Decoder
 from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
 from ember.convert.vocab import tokenizer_metadata
 
 CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
+    "GraniteForCausalLM": GraniteDecoder,
     "LlamaForCausalLM": LlamaDecoder,
     "MistralForCausalLM": LlamaDecoder,
+    "Olmo2ForCausalLM": Olmo2Decoder,
+    "Phi3ForCausalLM": Phi3Decoder,
     "Qwen2ForCausalLM": Qwen2Decoder,
+    "Qwen3ForCausalLM": Qwen3Decoder,
+    "Gemma2ForCausalLM": Gemma2Decoder,
     "Gemma3ForCausalLM": Gemma3Decoder,
     "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
 }

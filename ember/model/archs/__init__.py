@@ -1,5 +1,25 @@
 """One module per architecture; importing this package registers them all."""
 
-from ember.model.archs import gemma3, gemma3_vision, llama, qwen2
+from ember.model.archs import (
+    gemma2,
+    gemma3,
+    gemma3_vision,
+    granite,
+    llama,
+    olmo2,
+    phi3,
+    qwen2,
+    qwen3,
+)
 
-__all__ = ["gemma3", "gemma3_vision", "llama", "qwen2"]
+__all__ = [
+    "gemma2",
+    "gemma3",
+    "gemma3_vision",
+    "granite",
+    "llama",
+    "olmo2",
+    "phi3",
+    "qwen2",
+    "qwen3",
+]

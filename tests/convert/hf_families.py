@@ -1,0 +1,77 @@
+"""Tiny random-weight HF models of the dense text families beyond llama/qwen2/gemma3 (qwen3,
+mistral, gemma2, olmo2, phi3, granite), saved as `save_pretrained` saves them with a byte-level
+BPE tokenizer (tinymodels' Qwen2-like vocabulary), for the converter tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from hf_dirs import _save_bpe
+from tinymodels import tiny_vocab
+from transformers import PreTrainedModel
+
+# family -> (HF model class, config class, config fields beyond the common ones)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"tie_word_embeddings": False, "head_dim": 24}),
+    # head_dim 24 differs from hidden / heads = 16: the head size comes from the file.
+    "mistral": ("MistralForCausalLM", "MistralConfig", {"head_dim": 24, "sliding_window": None}),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", {
+        "num_hidden_layers": 4, "sliding_window": 6, "query_pre_attn_scalar": 16,
+        "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0,
+        "tie_word_embeddings": True,
+    }),
+    "granite": ("GraniteForCausalLM", "GraniteConfig", {
+        "tie_word_embeddings": True, "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+        "attention_multiplier": 0.1, "logits_scaling": 2.5,
+    }),
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", {"tie_word_embeddings": False}),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", {"tie_word_embeddings": False}),
+    # LongRoPE (short factors within the original 64 positions; attention factor from 128/64),
+    # half the head rotated, a sliding window of 8 on every layer.
+    "phi3-longrope": ("Phi3ForCausalLM", "Phi3Config", {
+        "tie_word_embeddings": False, "sliding_window": 8, "original_max_position_embeddings": 64,
+        "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "short_factor": [1.0, 1.5, 2.0, 4.0], "long_factor": [2.0, 3.0, 5.0, 9.0],
+            "original_max_position_embeddings": 64,
+        },
+    }),
+}  # fmt: skip
+ZERO_CENTRED_NORMS = {"gemma2"}  # RMSNorm multiplies by (1 + w)
+
+
+def build_family(family: str, *, seed: int = 0, **overrides: Any) -> PreTrainedModel:
+    model_cls, config_cls, fields = FAMILIES[family]
+    vocab = tiny_vocab("qwen2")
+    config = getattr(transformers, config_cls)(**({
+        "vocab_size": len(vocab.tokens), "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
+        "bos_token_id": vocab.bos_id, "eos_token_id": vocab.eos_id, "pad_token_id": vocab.pad_id,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    } | fields | overrides))  # fmt: skip
+    config._attn_implementation = "eager"
+    model = getattr(transformers, model_cls)(config).float().eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            if name.endswith("norm.weight"):
+                param.copy_(0.1 * noise + (0.0 if family in ZERO_CENTRED_NORMS else 1.0))
+            elif name.endswith(".bias"):
+                param.copy_(0.1 * noise)
+            elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
+                param.copy_(0.5 * noise)
+            else:
+                param.copy_(noise / param.shape[-1] ** 0.5)
+    return model
+
+
+def save_family(family: str, directory: Path, **kwargs: Any) -> PreTrainedModel:
+    model = build_family(family, **kwargs)
+    model.save_pretrained(directory)
+    _save_bpe("qwen2", tiny_vocab("qwen2"), directory)
+    return model
