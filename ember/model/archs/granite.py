@@ -94,5 +94,5 @@ class Granite(Llama):
         outputs = torch.tensor(batch.outputs, dtype=torch.long)
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)
-            x = block(x, rope, cache, o, outputs if i == o.num_layers - 1 else None)
+            x = block(x, rope, cache, o, outputs if i == o.num_layers - 1 else None)  # type: ignore[arg-type]  # GraniteBlocks
         return rms_norm(x, self.output_norm, o.eps)

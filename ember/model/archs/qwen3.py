@@ -10,7 +10,7 @@ from ember.model.archs.llama import Llama, LlamaOptions
 from ember.model.config import Config
 from ember.model.registry import register
 from ember.model.weights import Weights
-from ember.nn import attention, rms_norm
+from ember.nn import Rotation, attention, rms_norm
 
 
 class Qwen3Block:
@@ -33,7 +33,7 @@ class Qwen3Block:
     def __call__(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, ...],
+        rot: Rotation,
         cache: Cache,
         o: LlamaOptions,
         outputs: torch.Tensor | None,
@@ -41,9 +41,9 @@ class Qwen3Block:
         q, k, v = self.attn_qkv(rms_norm(x, self.attn_norm, o.eps)).split(self.splits, dim=-1)
         q = rms_norm(q.unflatten(-1, (o.num_heads, o.head_dim)), self.attn_q_norm, o.eps)
         k = rms_norm(k.unflatten(-1, (o.num_kv_heads, o.head_dim)), self.attn_k_norm, o.eps)
-        q, k = o.rope.apply(q, *rope), o.rope.apply(k, *rope)
+        qk = rot(torch.cat([q, k], dim=1))  # Llama.hidden's rotation: q heads scaled, then k
         v = v.unflatten(-1, (o.num_kv_heads, o.value_dim))
-        h = attention(q, k, v, cache, scale=o.head_dim**-0.5)
+        h = attention(qk[:, : o.num_heads], qk[:, o.num_heads :], v, cache, scale=1.0)
         if outputs is not None:
             h, x = h[outputs], x[outputs]
         x = x + self.attn_output(h)
