@@ -54,8 +54,11 @@ def oai(server: Server) -> openai.OpenAI:
 
 
 def generate(client: ollama.Client, model: str, num_batch: int) -> ollama.GenerateResponse:
-    # a new num_batch reloads the runner, so no request reuses another's cached prompt
-    return client.generate(model, LONG_PROMPT, options={**GREEDY, "num_batch": num_batch})
+    # a new num_batch reloads the runner, so no request reuses another's cached prompt; the
+    # last one unloads it, so the next request (which sets no num_batch) loads the default
+    keep_alive = 0 if num_batch == 7 else None
+    options = {**GREEDY, "num_batch": num_batch}
+    return client.generate(model, LONG_PROMPT, options=options, keep_alive=keep_alive)
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -69,11 +72,13 @@ def test_a_long_prompt_in_any_batch_size_gives_the_tokens_of_one_big_batch(
         assert generate(client, model, num_batch).response == one_batch.response, num_batch
 
     messages = [{"role": "user", "content": LONG_PROMPT}]
-    chat_one_batch = client.chat(model, messages, options={**GREEDY, "num_batch": 2048})
-    # the OpenAI API cannot set num_batch: the default (512) must work
+    # the OpenAI API cannot set num_batch: the default (512) must work (the runner was
+    # unloaded, so this loads it with the default and evaluates the whole prompt)
     reply = oai.chat.completions.create(
         model=model, messages=messages, temperature=0, seed=1, max_tokens=8  # type: ignore
     )
+    chat_one_batch = client.chat(model, messages, options={**GREEDY, "num_batch": 2048})
+    assert reply.usage is not None and reply.usage.prompt_tokens >= 2000
     assert reply.choices[0].message.content == chat_one_batch.message.content
 
     llm = real_llm(model)
@@ -121,10 +126,16 @@ class Person(BaseModel):
     address: Address
 
 
-def exact_keys(text: str) -> None:
-    value = json.loads(text)  # every output parses
-    assert set(value) == {"name", "age", "address"}, value
-    assert set(value["address"]) == {"street", "city"}, value
+def closed_and_finished(outputs: list[tuple[str, str]]) -> None:
+    """Every output that ended on its own is JSON with exactly the schema's keys. At temperature
+    1 the 135M model now and then rambles inside a string value until num_predict cuts it (the
+    grammar bounds keys, not string lengths): those are allowed, but must stay rare."""
+    finished = [text for reason, text in outputs if reason == "stop"]
+    assert len(finished) >= len(outputs) * 3 // 4, outputs
+    for text in finished:
+        value = json.loads(text)
+        assert set(value) == {"name", "age", "address"}, value
+        assert set(value["address"]) == {"street", "city"}, value
 
 
 SCHEMA = Person.model_json_schema()  # nested, and no additionalProperties anywhere
@@ -138,7 +149,7 @@ def test_pydantic_schema_as_format_on_api_chat_keeps_exactly_its_keys(client):
 
     def one(seed: int) -> None:
         r = client.chat("smollm2:135m", messages, format=SCHEMA, options={**HOT, "seed": seed})
-        outputs.append(r.message.content or "")
+        outputs.append((r.done_reason or "", r.message.content or ""))
 
     threads = [threading.Thread(target=one, args=(seed,)) for seed in range(20)]
     for t in threads:
@@ -146,8 +157,7 @@ def test_pydantic_schema_as_format_on_api_chat_keeps_exactly_its_keys(client):
     for t in threads:
         t.join()
     assert len(outputs) == 20
-    for text in outputs:
-        exact_keys(text)
+    closed_and_finished(outputs)
 
 
 def test_pydantic_schema_as_response_format_on_v1_with_n_choices(oai):
@@ -168,11 +178,10 @@ def test_pydantic_schema_as_response_format_on_v1_with_n_choices(oai):
         assert [c.index for c in reply.choices] == [0, 1, 2, 3]
         assert reply.usage is not None
         assert reply.usage.completion_tokens > reply.usage.prompt_tokens // 100
-        outputs += [c.message.content or "" for c in reply.choices]
+        outputs += [(c.finish_reason, c.message.content or "") for c in reply.choices]
     assert len(outputs) == 20
-    for text in outputs:
-        exact_keys(text)
-    assert len(set(outputs)) > 1  # the choices of a request differ (seed + i)
+    closed_and_finished(outputs)
+    assert len({text for _, text in outputs}) > 1  # the choices of a request differ (seed + i)
 
 
 def test_n_choices_on_completions_and_stream_with_n_is_400(oai):
@@ -202,6 +211,7 @@ def test_root_and_version_as_health_checks_and_clients_read_them(server):
 
 
 def test_show_lists_insert_for_the_coder_model(client):
+    client.pull("qwen2.5-coder:0.5b")  # as with Ollama, show reads the store: pull first
     shown = client.show("qwen2.5-coder:0.5b")
     assert shown.capabilities is not None and "insert" in shown.capabilities
     r = client.generate(
