@@ -35,7 +35,6 @@ enum { EM_F16 = 1, EM_Q4_0 = 2, EM_Q4_1 = 3, EM_Q5_0 = 6, EM_Q5_1 = 7, EM_Q8_0 =
 
 typedef float (*em_dot_q16)(const uint8_t *, const em_block_q16 *, int64_t);
 typedef float (*em_dot_f32)(const uint8_t *, const float *, int64_t);
-typedef float (*em_dot_q8_K)(const void *, const kq_block_q8_K *, int64_t);
 typedef void (*em_dequant_row)(const void *, float *, int64_t);
 
 /* type -> (block elements, block bytes); 0 elements: not a type this library reads */
@@ -64,18 +63,6 @@ static em_dot_q16 em_q16_dot_of(int type) {
     case EM_Q5_1: return em_dot_q5_1;
     case EM_Q8_0: return em_dot_q8_0;
     case EM_IQ4_NL: return em_dot_iq4_nl;
-    default: return 0;
-    }
-}
-
-static em_dot_q8_K em_q8_K_dot_of(int type) {
-    switch (type) {
-    case KQ_TYPE_Q2_K: return kq_dot_q2_K;
-    case KQ_TYPE_Q3_K: return kq_dot_q3_K;
-    case KQ_TYPE_Q4_K: return kq_dot_q4_K;
-    case KQ_TYPE_Q5_K: return kq_dot_q5_K;
-    case KQ_TYPE_Q6_K: return kq_dot_q6_K;
-    case KQ_TYPE_IQ4_XS: return kq_dot_iq4_xs;
     default: return 0;
     }
 }
@@ -112,6 +99,34 @@ static int em_threads(int64_t weight_bytes) {
         }                                                                                     \
     } while (0)
 
+/* The same loop for a kernel that takes several rows of activations at once (RDOT(wrow, xs,
+ * stride, count, nb, out)): each x row owns P consecutive activation rows (its passes), and its
+ * y is the sum of their dots, up to EM_GROUP_ROWS activation rows a call. */
+#define EM_GROUP_ROWS 16
+#define EM_ROW_GROUPS(RDOT, XS, NB, P)                                                        \
+    do {                                                                                      \
+        const int64_t chunks = (N + EM_ROWS_PER_CHUNK - 1) / EM_ROWS_PER_CHUNK;               \
+        const int nth = em_threads(N * row_bytes);                                            \
+        const int64_t per = EM_GROUP_ROWS / (P);                                              \
+        _Pragma("omp parallel for schedule(static) num_threads(nth ? nth : omp_default) if (nth != 1)") \
+        for (int64_t c = 0; c < chunks; c++) {                                                \
+            float part[EM_GROUP_ROWS];                                                        \
+            const int64_t n1 = (c + 1) * EM_ROWS_PER_CHUNK < N ? (c + 1) * EM_ROWS_PER_CHUNK : N; \
+            for (int64_t n = c * EM_ROWS_PER_CHUNK; n < n1; n++) {                            \
+                const uint8_t *wrow = W + n * row_bytes;                                      \
+                for (int64_t m0 = 0; m0 < M; m0 += per) {                                     \
+                    const int64_t mc = M - m0 < per ? M - m0 : per;                           \
+                    RDOT(wrow, (XS) + m0 * (P) * (NB), (NB), (int)(mc * (P)), (NB), part);    \
+                    for (int64_t m = 0; m < mc; m++) {                                        \
+                        float v = part[m * (P)];                                              \
+                        for (int p = 1; p < (P); p++) v += part[m * (P) + p];                 \
+                        y[(m0 + m) * N + n] = v;                                              \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    } while (0)
+
 int omp_get_max_threads(void);
 
 int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, int64_t M,
@@ -134,22 +149,24 @@ int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, i
          * left out (x - q8_K(x)), whose step is ~1/254 of the first. One int8 pass alone put
          * Gemma 3's ffn_down outputs (heavy-tailed inputs) 5% of their largest value off and
          * its logits outside the reference's tolerance; two passes are as close as int16. */
-        const em_dot_q8_K kdot = em_q8_K_dot_of(type);
+        /* row 2m of xk: x[m]'s first pass, row 2m + 1 its second; kq_dot_rows unpacks each
+         * weight block once for all of them (and gives each row the bits of a lone dot) */
+        const kq_dot_rows_fn rows_dot = kq_dot_rows_for_type(type);
         kq_block_q8_K *xk = (kq_block_q8_K *)malloc((size_t)(2 * M * nb) * sizeof(kq_block_q8_K));
         float *rest = (float *)malloc((size_t)K * sizeof(float));
         if (!xk || !rest) {
             free(xk), free(rest);
             return -3;
         }
-        kq_block_q8_K *xr = xk + M * nb;
         for (int64_t m = 0; m < M; m++) {
-            kq_quantize_row_q8_K(x + m * K, xk + m * nb, K);
+            kq_block_q8_K *x1 = xk + 2 * m * nb, *x2 = x1 + nb;
+            kq_quantize_row_q8_K(x + m * K, x1, K);
             for (int64_t b = 0; b < nb; b++)
                 for (int j = 0; j < KQ_QK; j++)
-                    rest[b * KQ_QK + j] = x[m * K + b * KQ_QK + j] - xk[m * nb + b].d * (float)xk[m * nb + b].qs[j];
-            kq_quantize_row_q8_K(rest, xr + m * nb, K);
+                    rest[b * KQ_QK + j] = x[m * K + b * KQ_QK + j] - x1[b].d * (float)x1[b].qs[j];
+            kq_quantize_row_q8_K(rest, x2, K);
         }
-        EM_ROWS(kdot(wrow, xk + m * nb, nb) + kdot(wrow, xr + m * nb, nb));
+        EM_ROW_GROUPS(rows_dot, xk, nb, 2);
         free(xk), free(rest);
         return 0;
     }
@@ -193,3 +210,4 @@ int EM_EXPORT(ember_block_elems)(int type) {
     em_block_size(type, &elems, &bytes);
     return elems;
 }
+
