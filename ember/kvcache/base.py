@@ -27,6 +27,10 @@ class Cache(Protocol):
     def get(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Keys, values (H_kv, S, D) visible to the batch, and an additive mask (T, S) or None."""
 
+    def view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """get()'s keys, values and mask, the keys and values as stored (a float type, maybe
+        float16, not copied); None where they are stored otherwise (quantized)."""
+
     # --- used by the runner ---
     def init(
         self,

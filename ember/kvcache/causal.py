@@ -201,6 +201,10 @@ class CausalCache:
         k, v = self.stores[self.layer].get(self.lo, self.hi)
         return k, v, self.mask
 
+    def view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        kv = self.stores[self.layer].view(self.lo, self.hi)
+        return None if kv is None else (kv[0], kv[1], self.mask)
+
     @property
     def keys(self) -> dict[int, torch.Tensor]:
         """Every layer's stored keys (H_kv, cells, D) as float32 (a copy unless f32)."""

@@ -75,3 +75,6 @@ class EncoderCache:
         if self.layer not in self.keys:
             raise LookupError("no encoder output is cached for this layer")
         return self.keys[self.layer], self.values[self.layer], None
+
+    def view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        return self.get()  # float32 already

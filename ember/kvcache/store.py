@@ -92,6 +92,12 @@ class LayerStore:
         kv = dequantize(self.kind, self.codes[:, :, lo:hi], self.scales[:, :, lo:hi])
         return kv[0], kv[1]
 
+    def view(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Keys and values of cells [lo, hi) as stored, for a float kind; None otherwise."""
+        if self.kind not in FLOAT_TYPES:
+            return None
+        return self.k[:, lo:hi], self.v[:, lo:hi]
+
     def keys_f32(self, cells: torch.Tensor) -> torch.Tensor:
         """The keys of cells (H, n, Dk) as float32 (for a shift)."""
         if self.kind in FLOAT_TYPES:

@@ -57,3 +57,6 @@ class WrapperCache:
 
     def get(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         return self.current.get()
+
+    def view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        return self.current.view()

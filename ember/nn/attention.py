@@ -1,9 +1,12 @@
 """Attention over the KV cache: stores the batch's keys and values, attends to what it shows (the
-cells the cache's range covers: the used length, never the whole allocation), in float32."""
+cells the cache's range covers: the used length, never the whole allocation), in float32. One
+token (decode) takes the native kernel over the cache as stored (ember/backend/attend.py) where
+it can; the rest is torch."""
 
 import torch
 import torch.nn.functional as F
 
+from ember.backend.attend import attend_one
 from ember.kvcache import Cache
 
 
@@ -13,8 +16,14 @@ def attention(
     """q (T, H, D), k and v (T, H_kv, D) -> (T, H * D_v), with grouped-query heads. scale
     multiplies the scores (1.0 when the queries come scaled already, see nn.rope.Rotation)."""
     cache.put(k, v)
-    keys, values, mask = cache.get()  # (H_kv, S, D), (T, S) or None
     num_tokens, num_heads, head_dim = q.shape
+    if num_tokens == 1:  # decode: the native kernel reads the cache as stored, in one call
+        stored = cache.view()
+        if stored is not None:
+            out = attend_one(q[0], *stored, scale)
+            if out is not None:
+                return out
+    keys, values, mask = cache.get()  # (H_kv, S, D), (T, S) or None
     num_kv_heads = keys.shape[0]
     if num_tokens == 1:
         # One token: each group of query heads becomes the rows of its KV head's matmul, so

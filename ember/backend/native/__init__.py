@@ -31,12 +31,15 @@ class Kernels:
 
     matmul(type, W, x, y, M, N, K) -> 0 | -1 type | -2 shape | -3 memory: y (M, N) = x @ W^T
     dequant(type, W, out, rows, K) -> same codes: out (rows, K) float32
+    attend(kv_type, q, H, D, k, k_hs, k_cs, v, v_hs, v_cs, H_kv, D_v, S, mask, scale, out) -> 0
+        | -1 | -2 | -3: one token's attention over a float KV cache range (attend.h)
     """
 
     isa: str
     matmul: ctypes._CFuncPtr  # type: ignore[name-defined]
     dequant: ctypes._CFuncPtr  # type: ignore[name-defined]
     block_elems: ctypes._CFuncPtr  # type: ignore[name-defined]
+    attend: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def supports(self, ggml_type: int) -> bool:
         return self.block_elems(int(ggml_type)) > 0
@@ -118,7 +121,10 @@ def _kernels_of(isa: str) -> Kernels:
     dequant.argtypes = [_int, _ptr, _ptr, _i64, _i64]
     block_elems = getattr(lib, f"ember_block_elems_{isa}")
     block_elems.argtypes = [_int]
-    return Kernels(isa, matmul, dequant, block_elems)
+    attend = getattr(lib, f"ember_attend_{isa}")
+    attend.argtypes = [_int, _ptr, _i64, _i64, *[_ptr, _i64, _i64] * 2, _i64, _i64, _i64]
+    attend.argtypes += [_ptr, ctypes.c_float, _ptr]
+    return Kernels(isa, matmul, dequant, block_elems, attend)
 
 
 def kernels(isa: str | None = None) -> Kernels | None:

@@ -12,9 +12,12 @@
  *       for a K that is not whole blocks, -3 when out of memory.
  *   ember_dequant_<isa>(type, W, out, rows, K): out (rows, K) float32, bit-equal to gguf-py.
  *   ember_block_elems_<isa>(type): elements of a block, 0 for a type it lacks.
+ *   ember_attend_<isa>(...): one token's attention over a float KV cache range (attend.h);
+ *       returns 0, -1 for a cache type it lacks, -2 for a bad shape, -3 when out of memory.
  */
 #include <stdlib.h>
 
+#include "attend.h"
 #include "kquants.h"
 #include "simple.h"
 
@@ -211,3 +214,34 @@ int EM_EXPORT(ember_block_elems)(int type) {
     return elems;
 }
 
+
+int EM_EXPORT(ember_attend)(int kv_type, const float *q, int64_t H, int64_t D, const void *k,
+                            int64_t k_hs, int64_t k_cs, const void *v, int64_t v_hs, int64_t v_cs,
+                            int64_t Hkv, int64_t Dv, int64_t S, const float *mask, float scale,
+                            float *out) {
+    if (kv_type < EM_KV_F32 || kv_type > EM_KV_BF16) return -1;
+    if (H <= 0 || Hkv <= 0 || H % Hkv || S < 0 || D <= 0 || Dv <= 0) return -2;
+    float *scores = (float *)malloc((size_t)(H * (S > 0 ? S : 1)) * sizeof(float));
+    if (!scores) return -3;
+    const int64_t group = H / Hkv;
+    /* threads only where the work outweighs waking them */
+    const int nth = S * (D + Dv) * H >= (1 << 17) && ember_num_threads != 1
+                        ? (ember_num_threads > 0 ? ember_num_threads : omp_get_max_threads())
+                        : 1;
+    /* units of work: (KV head, tile of up to EM_ATTN_TILE of its query heads), each reading
+     * its KV head's keys once; tiles small enough that every thread gets one */
+    int64_t tile = (H + nth - 1) / nth;
+    tile = tile < EM_ATTN_TILE ? tile : EM_ATTN_TILE;
+    tile = tile < group ? tile : group;
+    const int64_t tiles = (group + tile - 1) / tile, units = Hkv * tiles;
+    #pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1 && units > 1)
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t g = u / tiles, h0 = g * group + (u % tiles) * tile;
+        const int64_t nt = group - (h0 - g * group) < tile ? group - (h0 - g * group) : tile;
+        em_attend_heads(kv_type, q + h0 * D, (int)nt, D, em_kv_row(kv_type, k, g * k_hs), k_cs,
+                        em_kv_row(kv_type, v, g * v_hs), v_cs, Dv, S, mask, scale, scores + h0 * S,
+                        out + h0 * Dv);
+    }
+    free(scores);
+    return 0;
+}
