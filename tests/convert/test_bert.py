@@ -205,3 +205,28 @@ def test_minilm_embeddings_equal_sentence_transformers(minilm: tuple[Path, Path]
         assert cosine >= 0.9999, (text, cosine)
     for a, b in zip(together, alone, strict=False):
         assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
+
+
+def upload(store, directory: Path) -> dict[str, str]:
+    """Every file of a directory (one level of subfolders) as blobs, by relative name."""
+    files = {}
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as f:
+                files[path.relative_to(directory).as_posix()] = str(store.write_blob(f).digest)
+    return files
+
+
+def test_create_converts_the_uploaded_pooling_folder(tiny: tuple[Path, Path], tmp_path) -> None:
+    from ember.store.convert_files import convert_files
+    from ember.store.errors import CreateError
+    from ember.store.store import Store
+
+    store = Store(tmp_path / "models")
+    files = upload(store, tiny[0])
+    assert "1_Pooling/config.json" in files
+    layer, _ = convert_files(store, files)
+    assert GGUFFile.open(store.blob_path(layer.digest)).metadata["bert.pooling_type"] == 1
+    for bad in ("../config.json", "a/b/config.json", "1_Pooling/other.json", "./config.json"):
+        with pytest.raises(CreateError, match="subfolder"):
+            convert_files(store, files | {bad: files["config.json"]})
