@@ -1,7 +1,9 @@
 """What the model commands do against the server (list, show, ps, stop, cp, rm, pull, push,
 create) and how their answers are printed; app.py only wires them to the command line."""
 
+import json
 import math
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -154,7 +156,8 @@ def _from(client: Client, source: str, base: Path) -> dict[str, Any]:
 # The files of an HF model directory that a conversion reads (as Ollama's create uploads).
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
-            "chat_template.jinja", "preprocessor_config.json", "processor_config.json")  # fmt: skip
+            "chat_template.jinja", "preprocessor_config.json", "processor_config.json",
+            "modules.json")  # fmt: skip
 
 
 def _upload_directory(client: Client, path: Path, source: str) -> dict[str, str]:
@@ -162,7 +165,25 @@ def _upload_directory(client: Client, path: Path, source: str) -> dict[str, str]
     if not weights:
         raise CLIError(f"FROM {source}: the folder has no .safetensors files")
     files = weights + [path / n for n in HF_FILES if (path / n).is_file()]
-    return {f.name: client.upload_blob(f) for f in files}
+    named = {f.name: f for f in files}
+    for module in _module_folders(path):  # sentence-transformers' Pooling config (BERT)
+        if (path / module / "config.json").is_file():
+            named[f"{module}/config.json"] = path / module / "config.json"
+    return {name: client.upload_blob(f) for name, f in named.items()}
+
+
+def _module_folders(path: Path) -> list[str]:
+    """The one-level folders of a sentence-transformers modules.json, as Ollama's create
+    uploads their config.json."""
+    try:
+        modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(modules, list):
+        return []
+    folders = [m.get("path") for m in modules if isinstance(m, dict)]
+    return [f for f in folders if isinstance(f, str) and re.fullmatch(r"[\w.-]+", f)
+            and f not in (".", "..")]  # fmt: skip
 
 
 def _extras(

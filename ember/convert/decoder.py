@@ -2,11 +2,13 @@
 config implies (checked before anything is written), and the common hyperparameters."""
 
 import re
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
 from ember.convert.source import ConvertError, HFConfig
+from ember.convert.vocab import tokenizer_metadata
 
 _TOP = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -114,6 +116,10 @@ class TextDecoder:
         return {}
 
     # ------------------------------------------------------------ metadata
+
+    def directory_metadata(self, directory: Path) -> dict[str, Any]:
+        """Keys from the directory's other files (the tokenizer); read before metadata()."""
+        return tokenizer_metadata(directory, self.text, vocab_size=self.vocab_size)
 
     def metadata(self) -> dict[str, Any]:
         a, c = self.arch, self.text

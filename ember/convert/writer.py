@@ -11,6 +11,7 @@ import gguf
 import numpy as np
 import torch
 
+from ember.convert.bert import BertEncoder
 from ember.convert.decoder import TextDecoder
 from ember.convert.gemma2 import Gemma2Decoder
 from ember.convert.gemma3 import Gemma3Decoder
@@ -23,9 +24,9 @@ from ember.convert.phi3 import Phi3Decoder
 from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.qwen3 import Qwen3Decoder
 from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
-from ember.convert.vocab import tokenizer_metadata
 
 CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
+    "BertModel": BertEncoder,
     "GraniteForCausalLM": GraniteDecoder,
     "LlamaForCausalLM": LlamaDecoder,
     "MistralForCausalLM": LlamaDecoder,
@@ -70,8 +71,8 @@ def convert_directory(
     decoder = converter_for(config)
     tensors = Tensors(directory)
     plan = _plan(decoder, tensors)
-    meta = _general(decoder, plan, name) | decoder.metadata()
-    meta |= tokenizer_metadata(directory, decoder.text, vocab_size=decoder.vocab_size)
+    files = decoder.directory_metadata(directory)
+    meta = _general(decoder, plan, name) | decoder.metadata() | files
     if mmproj is not None:
         if not isinstance(decoder, Gemma3VisionDecoder):
             raise ConvertError("only a vision model has an mmproj file")

@@ -178,6 +178,8 @@ class Engine:
             )
             seq.pending, seq.num_past = seq.prompt[num_past:], num_past
             seq.groups = [seq.same_batch.get(i, 0) for i in range(num_past, len(seq.prompt))]
+            if seq.embedding and not getattr(self.model, "is_causal", True):
+                seq.groups[0] = len(seq.pending) - 1  # an encoder sees its whole input at once
             seq.carried = [seq.multimodal.get(i) for i in range(num_past, len(seq.prompt))]
             self._active.append(seq)
 

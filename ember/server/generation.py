@@ -36,8 +36,13 @@ def unsupported(name: str, capability: str) -> APIError:
     return APIError(400, f'"{name}" does not support {capability}')
 
 
-def check_capabilities(name: str, model: ServedModel, *, think: Any, tools: bool, images: bool):
-    """400 for what the model cannot do, with Ollama's messages."""
+def check_capabilities(
+    name: str, model: ServedModel, *, think: Any, tools: bool, images: bool, what: str
+):
+    """400 for what the model cannot do, with Ollama's messages; `what` is "generate" or
+    "chat", which an embedding-only model cannot do."""
+    if "completion" not in model.capabilities:
+        raise unsupported(name, what)
     if think not in (None, False) and "thinking" not in model.capabilities:
         raise APIError(400, no_thinking_message(name))
     if tools and "tools" not in model.capabilities:
@@ -50,7 +55,10 @@ async def chat(state: ServerState, req: ChatRequest) -> AsyncGenerator[Chunk, No
     start = time.perf_counter_ns()
     plan = state.plan(req.model, req.options)
     images = any(m.images for m in req.messages)
-    check_capabilities(req.model, plan.model, think=req.think, tools=bool(req.tools), images=images)
+    tools = bool(req.tools)
+    check_capabilities(
+        req.model, plan.model, think=req.think, tools=tools, images=images, what="chat"
+    )
     if not req.messages:
         reason, load_ns = await load_or_unload(state, plan, req.keep_alive)
         empty = {"role": "assistant", "content": ""}
@@ -81,7 +89,10 @@ async def chat(state: ServerState, req: ChatRequest) -> AsyncGenerator[Chunk, No
 async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[Chunk, None]:
     start = time.perf_counter_ns()
     plan = state.plan(req.model, req.options)
-    check_capabilities(req.model, plan.model, think=req.think, tools=False, images=bool(req.images))
+    images = bool(req.images)
+    check_capabilities(
+        req.model, plan.model, think=req.think, tools=False, images=images, what="generate"
+    )
     if req.raw and (req.template or req.system or req.context):
         raise APIError(400, "raw mode does not support template, system, or context")
     if req.suffix and "insert" not in plan.model.capabilities:

@@ -44,6 +44,7 @@ class GGUFFacts:
     parameter_size: str
     fim: FillInMiddle | None  # the model can fill a gap (Ollama's "insert")
     has_vision: bool = False  # the file holds a vision tower (Ollama's single-file convention)
+    is_embedding: bool = False  # an embedding-only model (a pooling type): it cannot complete
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,7 @@ class ServedModel:
     model_path: Path
     template: ChatTemplate
     parameters: dict[str, Any]  # Modelfile PARAMETERs: defaults under the request's options
-    capabilities: frozenset[str]  # completion, tools, thinking, insert, vision
+    capabilities: frozenset[str]  # completion, tools, thinking, insert, vision; or embedding
     tool_format: ToolCallFormat
     thinking_tags: ThinkingTags | None
     digest: str
@@ -207,6 +208,7 @@ def read_facts(path: Path) -> GGUFFacts:
         parameter_size=human_number(num_params) if num_params else str(size_label or ""),
         fim=fill_in_middle([str(t) for t in vocab]),
         has_vision=f"{arch}.vision.block_count" in md,
+        is_embedding=f"{arch}.pooling_type" in md,
     )
 
 
@@ -244,6 +246,8 @@ def _served(facts: GGUFFacts, *, template: str | None, system: str, **fields: An
         capabilities.add("insert")
     if facts.has_vision or fields.get("projector_paths"):
         capabilities.add("vision")
+    if facts.is_embedding:  # as Ollama: an embedding model (a pooling type) only embeds
+        capabilities = {"embedding"}
     return ServedModel(
         model_path=fields.pop("path"),
         template=chat,

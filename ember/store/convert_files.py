@@ -2,6 +2,7 @@
 their file names in a scratch folder of the store, converted to one GGUF blob, then removed."""
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -15,6 +16,10 @@ from ember.store.manifest import Layer
 from ember.store.names import Digest
 from ember.store.store import Store
 
+# The one subfolder file a conversion reads: a sentence-transformers module's config.json
+# (BERT's 1_Pooling/config.json), as Ollama's create uploads it.
+_MODULE_CONFIG = re.compile(r"(?!\.\.?/)[\w.-]+/config\.json")
+
 
 def is_hf_directory(files: Mapping[str, str]) -> bool:
     """Whether uploaded files are an HF checkpoint rather than GGUF files."""
@@ -26,11 +31,12 @@ def convert_files(store: Store, files: Mapping[str, str]) -> tuple[Layer, GGUFIn
     scratch = Path(tempfile.mkdtemp(prefix="convert-", dir=store.tmp_dir))
     try:
         for name, digest in files.items():
-            if "/" in name:
+            if "/" in name and not _MODULE_CONFIG.fullmatch(name):
                 raise CreateError(f"an HF model directory is flat: {name!r} is in a subfolder")
             blob = store.blob_path(Digest.parse(digest))
             if not blob.is_file():
                 raise CreateError(f"blob {digest} for {name!r} is not in the store: upload it")
+            (scratch / name).parent.mkdir(exist_ok=True)
             _link(blob, scratch / name)
         out = scratch / "model.gguf"
         try:

@@ -1,4 +1,4 @@
-"""Tokenizers built from a GGUF vocabulary: byte-level BPE and SentencePiece."""
+"""Tokenizers built from a GGUF vocabulary: byte-level BPE, SentencePiece and WordPiece (BERT)."""
 
 from ember.tokenizer.tokenizer import StreamDecoder, Tokenizer
 from ember.tokenizer.vocab import (

@@ -1,4 +1,4 @@
-"""Text to token ids and back for a GGUF vocabulary (byte-level BPE or SentencePiece).
+"""Text to token ids and back for a GGUF vocabulary (byte-level BPE, SentencePiece, WordPiece).
 
 Encoding runs in HF `tokenizers`; BOS/EOS and decoding (from each token's bytes) are done here.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from ember.tokenizer import bpe, spm
+from ember.tokenizer import bpe, spm, wordpiece
 from ember.tokenizer.vocab import TokenizerError, TokenType, Vocabulary, read_vocabulary
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,8 @@ class Tokenizer:
         self._backend = backend
         self._types = vocab.types.tolist()
         self._bytes: list[bytes | None] = [None] * vocab.size
-        self._spell = bpe.token_bytes if vocab.model == "gpt2" else spm.token_bytes
+        spellers = {"gpt2": bpe.token_bytes, "bert": wordpiece.token_bytes}
+        self._spell = spellers.get(vocab.model, spm.token_bytes)
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
@@ -39,7 +40,8 @@ class Tokenizer:
         """
         vocab = read_vocabulary(metadata)
         with _gc_paused():
-            backend = bpe.build_bpe(vocab) if vocab.model == "gpt2" else spm.build_spm(vocab)
+            builders = {"gpt2": bpe.build_bpe, "bert": wordpiece.build_wordpiece}
+            backend = builders.get(vocab.model, spm.build_spm)(vocab)
         return cls(vocab, backend)
 
     @property

@@ -15,7 +15,7 @@ import numpy as np
 
 from ember.errors import EmberError
 
-SUPPORTED_MODELS = ("gpt2", "llama")
+SUPPORTED_MODELS = ("gpt2", "llama", "bert")
 
 # Ollama adds Gemma's end-of-turn marker to the stop ids even where the file does not list it.
 _GEMMA_END_OF_TURN = "<end_of_turn>"
@@ -49,7 +49,7 @@ class TokenType(enum.IntEnum):
 class Vocabulary:
     """Everything a tokenizer needs from the file, checked for consistency."""
 
-    model: str  # "gpt2" (byte-level BPE) or "llama" (SentencePiece)
+    model: str  # "gpt2" (byte-level BPE), "llama" (SentencePiece) or "bert" (WordPiece)
     pre: str  # pre-tokenizer name (byte-level BPE only)
     tokens: tuple[str, ...]
     types: np.ndarray  # (V,) int8 TokenType
@@ -89,13 +89,16 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
         types = np.full(len(tokens), TokenType.NORMAL, np.int8)
     scores = _read_array(metadata, "scores", len(tokens), np.float32)
     merges = _read_merges(metadata) if model == "gpt2" else ()
-    is_spm = model == "llama"
+    is_spm, is_bert = model == "llama", model == "bert"
     bos_id = _read_id(metadata, "bos_token_id", len(tokens))
-    add_bos = bool(_get(metadata, "add_bos_token", bool, default=is_spm))
+    eos_id = _read_id(metadata, "eos_token_id", len(tokens))
+    if is_bert:  # [CLS] text [SEP], as llama.cpp's WPM vocabulary
+        bos_id = _read_id(metadata, "cls_token_id", len(tokens))
+        eos_id = _read_id(metadata, "seperator_token_id", len(tokens))
+    add_bos = bool(_get(metadata, "add_bos_token", bool, default=is_spm or is_bert))
     if add_bos and bos_id is None:
         raise VocabularyError("tokenizer.ggml.add_bos_token is set but there is no bos_token_id")
-    add_eos = bool(_get(metadata, "add_eos_token", bool, default=False))
-    eos_id = _read_id(metadata, "eos_token_id", len(tokens))
+    add_eos = bool(_get(metadata, "add_eos_token", bool, default=is_bert))
     eos_ids = _read_eos_ids(metadata, tokens)
     if add_eos and eos_id is None:
         raise VocabularyError("tokenizer.ggml.add_eos_token is set but there is no eos_token_id")
@@ -114,7 +117,8 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
         add_bos=add_bos,
         add_eos=add_eos,
         # llama.cpp adds the SentencePiece dummy prefix unless the file says otherwise.
-        add_space_prefix=is_spm and bool(_get(metadata, "add_space_prefix", bool, default=True)),
+        add_space_prefix=(is_spm and bool(_get(metadata, "add_space_prefix", bool, default=True)))
+        or is_bert,  # WordPiece's "▁" word starts: the first one is no space
     )
 
 

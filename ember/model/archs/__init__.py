@@ -1,6 +1,7 @@
 """One module per architecture; importing this package registers them all."""
 
 from ember.model.archs import (
+    bert,
     gemma2,
     gemma3,
     gemma3_vision,
@@ -13,6 +14,7 @@ from ember.model.archs import (
 )
 
 __all__ = [
+    "bert",
     "gemma2",
     "gemma3",
     "gemma3_vision",

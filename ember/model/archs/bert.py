@@ -1,0 +1,196 @@
+"""BERT encoders (all-MiniLM-L6-v2 and its kin), an embedding-only architecture: learned absolute
+positions and token types, bidirectional attention over one sequence's whole input, post-
+LayerNorm layers with biases, exact (erf) GELU. `hidden` gives each token's final hidden state;
+the runner mean-pools them (`bert.pooling_type` 1) and the server L2-normalises the mean.
+
+Nothing is cached between batches: the runner puts each input of a non-causal model whole in
+one batch (`is_causal`), and the attention mask keeps the batch's sequences apart."""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ember.batch import Batch
+from ember.errors import EmberError
+from ember.gguf import GGUFFile
+from ember.kvcache import Cache
+from ember.model.config import Config, ModelLoadError
+from ember.model.registry import register
+from ember.model.weights import Weights
+
+POOLING_MEAN = 1
+
+
+class EmbeddingOnlyError(EmberError):
+    """A generation asked of an embedding model."""
+
+
+@dataclass(frozen=True, slots=True)
+class BertOptions:
+    num_layers: int
+    hidden: int
+    num_heads: int
+    head_dim: int
+    ffn: int
+    eps: float
+    context_length: int
+    type_vocab: int
+
+    @classmethod
+    def from_config(cls, c: Config) -> "BertOptions":
+        hidden, num_heads = c.uint("embedding_length"), c.uint("attention.head_count")
+        if hidden % num_heads:
+            raise ModelLoadError("bert: embedding_length must be a multiple of head_count")
+        if c.metadata.get("bert.attention.causal", False) is not False:
+            raise ModelLoadError("bert: only bidirectional (non-causal) attention is supported")
+        pooling = c.metadata.get("bert.pooling_type", POOLING_MEAN)
+        if pooling != POOLING_MEAN:  # the runner pools by the mean over the input's tokens
+            raise ModelLoadError(f"bert: pooling type {pooling!r} is not supported (only mean)")
+        return cls(
+            num_layers=c.uint("block_count", maximum=1024),
+            hidden=hidden,
+            num_heads=num_heads,
+            head_dim=hidden // num_heads,
+            ffn=c.uint("feed_forward_length"),
+            eps=c.float("attention.layer_norm_epsilon", 1e-12),
+            context_length=c.uint("context_length", 512, maximum=1 << 20),
+            type_vocab=c.uint("tokenizer.ggml.token_type_count", 2, absolute=True),
+        )
+
+
+class Block:
+    """One encoder layer, its weights named as in the GGUF (`blk.N.*`)."""
+
+    def __init__(self, w: Weights, i: int, o: BertOptions) -> None:
+        p, c = f"blk.{i}.", o.hidden
+        names = [p + f"attn_{n}.weight" for n in "qkv"]
+        self.attn_qkv = w.fused(names, [c, c, c], c)
+        self.qkv_bias = torch.cat([w.tensor(p + f"attn_{n}.bias", (c,)) for n in "qkv"])
+        self.attn_output = w.linear(p + "attn_output.weight", c, c)
+        self.attn_output_bias = w.tensor(p + "attn_output.bias", (c,))
+        self.attn_norm = _norm(w, p + "attn_output_norm", c)
+        self.ffn_up = w.linear(p + "ffn_up.weight", o.ffn, c)
+        self.ffn_up_bias = w.tensor(p + "ffn_up.bias", (o.ffn,))
+        self.ffn_down = w.linear(p + "ffn_down.weight", c, o.ffn)
+        self.ffn_down_bias = w.tensor(p + "ffn_down.bias", (c,))
+        self.out_norm = _norm(w, p + "layer_output_norm", c)
+
+    def __call__(self, x: torch.Tensor, mask: torch.Tensor | None, o: BertOptions) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = (self.attn_qkv(x) + self.qkv_bias).view(t, 3, o.num_heads, o.head_dim)
+        q, k, v = qkv.permute(1, 2, 0, 3).unbind(0)  # each (H, T, D)
+        h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # scale 1/sqrt(D)
+        h = h.transpose(0, 1).reshape(t, o.hidden)
+        x = _layer_norm(x + self.attn_output(h) + self.attn_output_bias, self.attn_norm, o.eps)
+        up = F.gelu(self.ffn_up(x) + self.ffn_up_bias)  # exact (erf) GELU, as HF's "gelu"
+        return _layer_norm(x + self.ffn_down(up) + self.ffn_down_bias, self.out_norm, o.eps)
+
+
+class Bert:
+    is_causal = False  # the runner keeps each input whole in one batch
+    pooling_type = POOLING_MEAN
+
+    def __init__(self, gguf: GGUFFile, config: Config) -> None:
+        w = Weights(gguf)
+        o = self.options = BertOptions.from_config(config)
+        self.vocab_size = w.vocab_size()
+        self.context_length = o.context_length
+        self.token_embd = w.embedding("token_embd.weight", self.vocab_size, o.hidden)
+        self.position_embd = w.tensor("position_embd.weight", (o.context_length, o.hidden))
+        # every token is of type 0 ("sentence A"), as llama.cpp and Ollama run BERT
+        self.token_type = w.tensor("token_types.weight", (o.type_vocab, o.hidden))[0]
+        self.embd_norm = _norm(w, "token_embd_norm", o.hidden)
+        self.blocks = [Block(w, i, o) for i in range(o.num_layers)]
+
+    def make_cache(self) -> Cache:
+        return NoCache()
+
+    def forward(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        """An encoder has no logits: its forward pass is `hidden`."""
+        return self.hidden(batch, cache)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise EmbeddingOnlyError("this is an embedding model: it does not generate text")
+
+    def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        """The final hidden state of each output row (one per token for an embedding)."""
+        o = self.options
+        sequences = torch.tensor(batch.sequences)
+        positions = _positions(batch)
+        if int(positions.max()) >= o.context_length:
+            raise EmberError(f"a BERT input holds at most {o.context_length} tokens")
+        x = self.token_embd.lookup(torch.tensor(batch.tokens))
+        x = x + self.position_embd[positions] + self.token_type
+        x = _layer_norm(x, self.embd_norm, o.eps)
+        same = sequences[:, None] == sequences[None, :]
+        mask = None if bool(same.all()) else same  # (T, T): each token sees its own sequence
+        for block in self.blocks:
+            x = block(x, mask, o)
+        if batch.outputs == tuple(range(len(batch))):
+            return x
+        return x[torch.tensor(batch.outputs, dtype=torch.long)]
+
+
+class NoCache:
+    """The cache of an encoder that keeps nothing between batches (each input is one batch)."""
+
+    def set_layer(self, layer: int) -> None:
+        pass
+
+    def put(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        raise EmberError("an encoder stores no keys or values")
+
+    def get(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        raise EmberError("an encoder stores no keys or values")
+
+    def init(
+        self,
+        *,
+        max_sequences: int,
+        capacity: int,
+        max_batch: int,
+        dtype: torch.dtype | str | None = None,
+    ) -> None:
+        pass
+
+    def nbytes(self) -> int:
+        return 0
+
+    def planned_bytes(self, *, max_sequences: int, capacity: int, max_batch: int) -> int:
+        return 0
+
+    def start_forward(self, batch: Batch, *, reserve: bool = False) -> None:
+        pass
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        pass
+
+    def remove(self, seq: int, begin: int, end: int | None) -> None:
+        pass
+
+    def can_resume(self, seq: int, pos: int) -> bool:
+        return False
+
+
+def _positions(batch: Batch) -> torch.Tensor:
+    """Each token's position within its sequence's part of the batch (its whole input)."""
+    first: dict[int, int] = {}
+    for s, p in zip(batch.sequences, batch.positions, strict=True):
+        first.setdefault(s, p)
+    return torch.tensor(
+        [p - first[s] for s, p in zip(batch.sequences, batch.positions, strict=True)]
+    )
+
+
+def _norm(w: Weights, name: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return w.tensor(name + ".weight", (dim,)), w.tensor(name + ".bias", (dim,))
+
+
+def _layer_norm(
+    x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor], eps: float
+) -> torch.Tensor:
+    return F.layer_norm(x, norm[0].shape, norm[0], norm[1], eps)
+
+
+register("bert")(Bert)
