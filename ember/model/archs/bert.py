@@ -144,6 +144,9 @@ class NoCache:
     def get(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         raise EmberError("an encoder stores no keys or values")
 
+    def view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        return None  # nothing stored
+
     def init(
         self,
         *,
