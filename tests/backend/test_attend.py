@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from native_isas import ISAS
 
 from ember.backend import attend, native
 from ember.batch import Batch
@@ -15,15 +16,6 @@ from ember.nn import attention
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native library was not built")
 
-ISAS = [
-    pytest.param(
-        isa,
-        marks=pytest.mark.skipif(
-            isa not in native.runnable_isas(), reason=f"this CPU or build cannot run {isa}"
-        ),
-    )
-    for isa in native.ISAS
-]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (query heads, KV heads, key size, value size, cells): tiles of 4 and their rests, D % 8 != 0,
 # value sizes below, at and past the 64 lanes held in registers

@@ -7,6 +7,7 @@ generic path."""
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
+from native_isas import ISAS
 from quant_data import gguf_reference, quantized, random_blocks
 
 from ember.backend import native
@@ -20,15 +21,6 @@ SIMPLE = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.IQ4_NL]
 K_TYPES = [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS]
 FLOAT = [QT.F16, QT.BF16]
 AFFINE = {QT.Q4_1, QT.Q5_1}
-ISAS = [
-    pytest.param(
-        isa,
-        marks=pytest.mark.skipif(
-            isa not in native.runnable_isas(), reason=f"this CPU or build cannot run {isa}"
-        ),
-    )
-    for isa in native.ISAS
-]
 ROWS = [0, 1, 2, 7, 9, 16]
 
 
