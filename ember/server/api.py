@@ -276,9 +276,30 @@ class GenerateRequest(Generation):
     images: list[Image] = Field(default_factory=list)
 
 
+ToolChoice = str | dict[str, Any]  # "auto", "none", "required", or {"function": {"name": ...}}
+
+
 class ChatRequest(Generation):
     messages: list[ChatMessage] = Field(default_factory=list)
     tools: list[Tool] = Field(default_factory=list)
+    # Ember's extensions (Ollama has neither); /v1, /v1/responses and /v1/messages map theirs here
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    def chosen_tools(self) -> list[Tool]:
+        """The tools tool_choice leaves: "none" hides them, a named function leaves that one."""
+        choice = self.tool_choice
+        if choice == "none":
+            return []
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name")
+            chosen = [t for t in self.tools if t.function.name == name]
+            if not chosen:
+                raise RequestError(f"tool_choice names an unknown function {name!r}", "tool_choice")
+            return chosen
+        if choice not in (None, "auto", "required"):
+            raise RequestError(f"invalid tool_choice {choice!r}", "tool_choice")
+        return self.tools
 
 
 class EmbedRequest(Named):

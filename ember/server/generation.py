@@ -55,6 +55,7 @@ async def chat(state: ServerState, req: ChatRequest) -> AsyncGenerator[Chunk, No
     start = time.perf_counter_ns()
     plan = state.plan(req.model, req.options)
     images = any(m.images for m in req.messages)
+    req = req.model_copy(update={"tools": req.chosen_tools()})
     tools = bool(req.tools)
     check_capabilities(
         req.model, plan.model, think=req.think, tools=tools, images=images, what="chat"

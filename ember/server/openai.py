@@ -22,7 +22,6 @@ from ember.server.api import (
     GenerateRequest,
     RequestError,
     RequestOptions,
-    Tool,
     ToolCall,
     ToolCallFunction,
 )
@@ -46,16 +45,12 @@ def _stream_error(err: APIError) -> dict[str, Any]:
     return error_body(err.status, err.message)
 
 
-class ChatCompletion(ChatCompletionRequest):
-    tool_choice: str | dict[str, Any] | None = None  # "none", "auto", "required", or a function
-
-
 # --- /v1/chat/completions ---
 
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    req = await body_of(request, ChatCompletion)
+    req = await body_of(request, ChatCompletionRequest)
     _check_choices(req)
     native = _native_chat(req)
     state = state_of(request)
@@ -72,11 +67,13 @@ async def chat_completions(request: Request) -> Response:
     return sse_response(reply.chat_stream(prepend(first, chunks)), _stream_error)
 
 
-def _native_chat(req: ChatCompletion) -> ChatRequest:
+def _native_chat(req: ChatCompletionRequest) -> ChatRequest:
     return ChatRequest.model_construct(
         model=req.model,
         messages=[_chat_message(m) for m in req.ollama_messages()],
-        tools=_chosen_tools(req.tools, req.tool_choice),
+        tools=req.tools,
+        tool_choice=req.tool_choice,
+        parallel_tool_calls=req.parallel_tool_calls,
         format=req.ollama_format(),
         options=RequestOptions.model_validate(req.ollama_options()),
         stream=req.stream,
@@ -100,22 +97,6 @@ def _chat_message(m: Message) -> ChatMessage:
         tool_name=m.tool_name,
         tool_call_id=m.tool_call_id,
     )
-
-
-def _chosen_tools(tools: list[Tool], choice: str | dict[str, Any] | None) -> list[Tool]:
-    """tool_choice as far as a prompt can honour it: "none" hides the tools, a named function
-    leaves only that one; "auto" and "required" show them all."""
-    if choice == "none":
-        return []
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
-        chosen = [t for t in tools if t.function.name == name]
-        if not chosen:
-            raise RequestError(f"tool_choice names an unknown function {name!r}", "tool_choice")
-        return chosen
-    if choice not in (None, "auto", "required"):
-        raise RequestError(f"invalid tool_choice {choice!r}", "tool_choice")
-    return tools
 
 
 def _check_choices(req: ChatCompletionRequest | CompletionRequest) -> None:
@@ -166,12 +147,14 @@ class _Reply:
         choices = []
         for index, native in enumerate(natives):
             message = _message(native["message"])
-            choices.append({
-                "index": index,
-                "message": message,
-                "finish_reason": _finish_reason(native, bool(message.get("tool_calls"))),
-                "logprobs": _chat_logprobs(native),
-            })
+            choices.append(
+                {
+                    "index": index,
+                    "message": message,
+                    "finish_reason": _finish_reason(native, bool(message.get("tool_calls"))),
+                    "logprobs": _chat_logprobs(native),
+                }
+            )
         return {**self._object("chat.completion", choices), "usage": usage(*natives)}
 
     async def chat_stream(self, chunks: AsyncGenerator[Chunk, None]) -> AsyncGenerator[Chunk, None]:

@@ -114,6 +114,8 @@ class ChatCompletionRequest(Sampling):
     max_completion_tokens: Int | None = None  # newer clients send this for max_tokens
     response_format: ResponseFormat | None = None
     tools: list[Tool] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] | None = None  # "none", "auto", "required", or a function
+    parallel_tool_calls: bool = True
     reasoning_effort: Literal["high", "medium", "low", "max", "none"] | None = None
     reasoning: Reasoning | None = None
     logprobs: bool = False
