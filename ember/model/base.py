@@ -7,6 +7,10 @@ import torch
 from ember.batch import Batch
 from ember.kvcache import Cache
 
+# how an embedding pools its tokens' hidden states (llama.cpp's llama_pooling_type); a model
+# may say which by a `pooling_type` attribute, and the mean is the default
+POOLING_MEAN, POOLING_CLS = 1, 2
+
 
 @runtime_checkable
 class Model(Protocol):

@@ -21,7 +21,7 @@ from ember import envconfig
 from ember.batch import Batch
 from ember.errors import EmberError
 from ember.kvcache import KV_TYPES as KV_CACHE_TYPES
-from ember.model import Model
+from ember.model import POOLING_CLS, Model
 from ember.runner.inputcache import InputCache
 from ember.runner.memory import reserve
 from ember.runner.sequence import CLOSED, LENGTH, STOP, Piece, Request, Sequence, TokenLogprob
@@ -84,6 +84,7 @@ class Engine:
         self.num_ctx = min(num_ctx, model.context_length)  # per sequence
         self.num_batch = min(num_batch, self.num_ctx)
         self.kv_type = kv_type
+        self._pools_first = getattr(model, "pooling_type", None) == POOLING_CLS
         self.cache = model.make_cache()
         self.inputs = InputCache(
             self.cache, num_ctx=self.num_ctx, num_slots=num_parallel, multiuser=multiuser
@@ -323,14 +324,18 @@ class Engine:
         return self.tokenizer.token_bytes(token).decode("utf-8", errors="replace")
 
     def _pool(self, p: Part, hidden: torch.Tensor) -> None:
-        """Adds an embedding sequence's hidden states; the mean once its prompt is done."""
+        """Adds an embedding sequence's hidden states; the mean once its prompt is done, or the
+        first token's row where the model pools by its [CLS] token."""
         seq = p.seq
-        rows = hidden[p.output : p.output + p.count].sum(dim=0)
-        seq.pooled = rows if seq.pooled is None else seq.pooled + rows
+        rows = hidden[p.output : p.output + p.count]
+        if self._pools_first:
+            seq.pooled = rows[0] if seq.pooled is None else seq.pooled
+        else:
+            seq.pooled = rows.sum(dim=0) if seq.pooled is None else seq.pooled + rows.sum(dim=0)
         if not seq.pending:
             seq.first_token = _now()
-            mean = (seq.pooled / len(seq.prompt)).tolist()
-            self._finish(seq, STOP, embedding=mean)
+            pooled = seq.pooled if self._pools_first else seq.pooled / len(seq.prompt)
+            self._finish(seq, STOP, embedding=pooled.tolist())
 
     def _finish(self, seq: Sequence, reason: str, *, embedding: list[float] | None = None) -> None:
         if reason != STOP or not seq.stops.is_stopped:  # text held back is final now

@@ -133,13 +133,33 @@ def test_engine_embeddings_are_the_mean_batched_or_alone(tiny: tuple[Path, Path]
         assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
 
 
-def test_cls_pooling_converts_but_does_not_load(tmp_path: Path) -> None:
-    hf = save_tiny_bert(tmp_path / "hf", pooling="cls")
-    convert_directory(hf, tmp_path / "model.gguf")
+def test_cls_pooling_embeds_the_first_token(tmp_path: Path) -> None:
+    from transformers import BertModel
+
+    hf_dir = save_tiny_bert(tmp_path / "hf", pooling="cls")
+    convert_directory(hf_dir, tmp_path / "model.gguf")
     gguf = GGUFFile.open(tmp_path / "model.gguf")
     assert gguf.metadata["bert.pooling_type"] == 2
-    with pytest.raises(ModelLoadError, match="pooling"):
-        load_model(gguf)
+    hf = BertModel.from_pretrained(hf_dir, attn_implementation="eager").eval()
+    model, tokenizer = load_model(gguf), Tokenizer.from_metadata(gguf.metadata)
+    texts = SENTENCES[:4]
+    engine = Engine(model, tokenizer, num_parallel=2, num_ctx=64, num_batch=16)
+    try:
+        got = embed(engine, tokenizer, texts)
+    finally:
+        engine.close()
+    for text, vector in zip(texts, got, strict=True):
+        expected = hf_hidden(hf, tokenizer.encode(text))[0]  # the [CLS] token's state
+        assert torch.allclose(torch.tensor(vector), expected / expected.norm(), atol=1e-5), text
+
+
+def test_an_unknown_pooling_type_does_not_load(tmp_path: Path, monkeypatch) -> None:
+    import ember.convert.bert
+
+    monkeypatch.setattr(ember.convert.bert, "pooling_type", lambda directory: 3)  # "last"
+    convert_directory(save_tiny_bert(tmp_path / "hf"), tmp_path / "model.gguf")
+    with pytest.raises(ModelLoadError, match="pooling type 3"):
+        load_model(GGUFFile.open(tmp_path / "model.gguf"))
 
 
 def test_a_missing_pooling_config_is_an_error(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """BERT encoders (all-MiniLM-L6-v2 and its kin), an embedding-only architecture: learned absolute
 positions and token types, bidirectional attention over one sequence's whole input, post-
 LayerNorm layers with biases, exact (erf) GELU. `hidden` gives each token's final hidden state;
-the runner mean-pools them (`bert.pooling_type` 1) and the server L2-normalises the mean.
+the runner pools them by the mean (`bert.pooling_type` 1) or takes the first token's ([CLS],
+`bert.pooling_type` 2), and the server L2-normalises the result.
 
 Nothing is cached between batches: the runner puts each input of a non-causal model whole in
 one batch (`is_causal`), and the attention mask keeps the batch's sequences apart."""
@@ -15,11 +16,10 @@ from ember.batch import Batch
 from ember.errors import EmberError
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache
+from ember.model.base import POOLING_CLS, POOLING_MEAN
 from ember.model.config import Config, ModelLoadError
 from ember.model.registry import register
 from ember.model.weights import Weights
-
-POOLING_MEAN = 1
 
 
 class EmbeddingOnlyError(EmberError):
@@ -36,6 +36,7 @@ class BertOptions:
     eps: float
     context_length: int
     type_vocab: int
+    pooling_type: int
 
     @classmethod
     def from_config(cls, c: Config) -> "BertOptions":
@@ -45,8 +46,8 @@ class BertOptions:
         if c.metadata.get("bert.attention.causal", False) is not False:
             raise ModelLoadError("bert: only bidirectional (non-causal) attention is supported")
         pooling = c.metadata.get("bert.pooling_type", POOLING_MEAN)
-        if pooling != POOLING_MEAN:  # the runner pools by the mean over the input's tokens
-            raise ModelLoadError(f"bert: pooling type {pooling!r} is not supported (only mean)")
+        if pooling not in (POOLING_MEAN, POOLING_CLS):  # the two the runner pools by
+            raise ModelLoadError(f"bert: pooling type {pooling!r} is not supported (mean or CLS)")
         return cls(
             num_layers=c.uint("block_count", maximum=1024),
             hidden=hidden,
@@ -56,6 +57,7 @@ class BertOptions:
             eps=c.float("attention.layer_norm_epsilon", 1e-12),
             context_length=c.uint("context_length", 512, maximum=1 << 20),
             type_vocab=c.uint("tokenizer.ggml.token_type_count", 2, absolute=True),
+            pooling_type=pooling,
         )
 
 
@@ -89,11 +91,11 @@ class Block:
 
 class Bert:
     is_causal = False  # the runner keeps each input whole in one batch
-    pooling_type = POOLING_MEAN
 
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         w = Weights(gguf)
         o = self.options = BertOptions.from_config(config)
+        self.pooling_type = o.pooling_type  # read by the runner's engine
         self.vocab_size = w.vocab_size()
         self.context_length = o.context_length
         self.token_embd = w.embedding("token_embd.weight", self.vocab_size, o.hidden)
