@@ -4,8 +4,9 @@
 
 /health (status and load progress), /load (parallel, batch size, KV size and type, threads),
 /completion (NDJSON stream of pieces, then a final record), /embedding, /rerank (a
-cross-encoder's score of each document against a query), /tokenize, /detokenize. Bodies are JSON with snake_case keys; errors are {"error": ...} with 400 for bad
-input, 409 before a load, 507 when the load does not fit in memory, 500 otherwise.
+cross-encoder's score of each document against a query), /tokenize, /detokenize. Bodies are
+JSON with snake_case keys; errors are {"error": ...} with 400 for bad input, 409 before a load,
+507 when the load does not fit in memory, 500 otherwise.
 """
 
 import asyncio
@@ -223,7 +224,9 @@ async def embedding(request: Request) -> dict[str, Any]:
         raise HTTPError(400, "embedding content must be a non-empty string or list of them")
     if isinstance(engine.model, Ranker):
         raise HTTPError(400, "this model is a reranker: it scores pairs, it does not embed")
-    requests = [SeqRequest(tokenizer.encode(t), embedding=True, truncate=req.truncate) for t in texts]
+    requests = [
+        SeqRequest(tokenizer.encode(text), embedding=True, truncate=req.truncate) for text in texts
+    ]
     finals = await _run_all(engine, requests)
     failed = next((d for d in finals if d.embedding is None), None)
     if failed is not None:

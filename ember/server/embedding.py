@@ -9,7 +9,7 @@ from fastapi import Request
 
 from ember.runner.client import RunnerError
 from ember.server.api import RequestOptions
-from ember.server.errors import APIError
+from ember.server.errors import APIError, unsupported
 from ember.server.state import ServerState, runner_failure
 from ember.server.streaming import until_disconnected
 
@@ -36,6 +36,8 @@ async def embed(
     """Every input's vector, in order; no inputs still loads the model (Ollama's load form)."""
     start = time.perf_counter_ns()
     plan = state.plan(name, options)
+    if "rerank" in plan.model.capabilities:  # a cross-encoder scores pairs; it has no vectors
+        raise unsupported(name, "embedding")
     async with state.lease(plan, keep_alive) as lease:
         vectors: list[list[float]] = []
         count = 0

@@ -103,7 +103,7 @@ def test_scores_of_20_documents_equal_hf(tiny: tuple[Path, Path]) -> None:
     worst = max(abs(a - b) for a, b in zip(together, expected, strict=True))
     assert worst < 1e-4, worst
     assert ranking(together) == ranking(expected)
-    assert len(set(ranking(expected)[:5])) == 5
+    assert max(expected) - min(expected) > 0.5  # the order is not a tie broken by index
     assert max(abs(a - b) for a, b in zip(alone, together, strict=False)) < 1e-5
 
 
