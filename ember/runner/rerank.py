@@ -5,12 +5,18 @@ from ember.runner.sequence import Request
 from ember.tokenizer import Tokenizer
 
 
-def pair_request(tokenizer: Tokenizer, query: str, document: str, *, truncate: bool) -> Request:
-    """The embedding request whose pooled score ranks document against query."""
+def pair_request(
+    tokenizer: Tokenizer, query: str, document: str, *, num_ctx: int, truncate: bool
+) -> Request:
+    """The embedding request whose pooled score ranks document against query. A pair longer
+    than num_ctx loses the end of its document, its closing [SEP] kept (HF's "only_second"
+    truncation); without `truncate` it is refused when submitted."""
     first = tokenizer.encode(query)  # [CLS] query [SEP]
     second = tokenizer.encode(document, add_special=False)
     vocab = tokenizer.vocabulary
-    if vocab.add_eos and vocab.eos_id is not None:
-        second.append(vocab.eos_id)  # the closing [SEP]
+    closing = [vocab.eos_id] if vocab.add_eos and vocab.eos_id is not None else []
+    if truncate and len(first) + len(second) + len(closing) > num_ctx:
+        second = second[: max(num_ctx - len(first) - len(closing), 0)]
+    second += closing
     types = (0,) * len(first) + (1,) * len(second)
     return Request(first + second, embedding=True, truncate=truncate, token_types=types)

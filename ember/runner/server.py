@@ -247,7 +247,8 @@ async def rerank(request: Request) -> dict[str, Any]:
     if not isinstance(engine.model, Ranker):
         raise HTTPError(400, "this model does not rerank")
     requests = [
-        pair_request(tokenizer, req.query, doc, truncate=req.truncate) for doc in req.documents
+        pair_request(tokenizer, req.query, doc, num_ctx=engine.num_ctx, truncate=req.truncate)
+        for doc in req.documents
     ]
     finals = await _run_all(engine, requests)
     failed = next((d for d in finals if d.score is None), None)

@@ -94,6 +94,7 @@ async def embeddings(request: Request) -> dict[str, Any]:
     req = await body_of(request, EmbeddingRequest)
     state = state_of(request)
     plan = state.plan(req.model, req.options)
+    embedding.check_can_embed(req.model, plan)
     async with state.lease(plan, req.keep_alive) as lease:
         if not req.prompt:
             return {"embedding": []}

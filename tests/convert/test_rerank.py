@@ -74,7 +74,7 @@ def test_pairs_encode_as_hf(tiny: tuple[Path, Path]) -> None:
     hf = HFTokenizer.from_file(str(tiny[0] / "tokenizer.json"))
     ours = Tokenizer.from_metadata(GGUFFile.open(tiny[1]).metadata)
     for document in DOCUMENTS:
-        request = pair_request(ours, QUERY, document, truncate=True)
+        request = pair_request(ours, QUERY, document, num_ctx=64, truncate=True)
         expected = hf.encode(QUERY, document)
         assert list(request.inputs) == expected.ids, document
         assert list(request.token_types) == expected.type_ids, document
@@ -107,8 +107,33 @@ def test_scores_of_20_documents_equal_hf(tiny: tuple[Path, Path]) -> None:
     assert max(abs(a - b) for a, b in zip(alone, together, strict=False)) < 1e-5
 
 
+def test_a_long_document_loses_its_end_as_hf_truncates_it(tiny: tuple[Path, Path]) -> None:
+    from transformers import BertForSequenceClassification, BertTokenizerFast
+
+    hf_dir, path = tiny
+    long_document = " ".join(DOCUMENTS)  # well past the model's 64 positions
+    hf = BertForSequenceClassification.from_pretrained(hf_dir, attn_implementation="eager").eval()
+    hf_tok = BertTokenizerFast(tokenizer_file=str(hf_dir / "tokenizer.json"))
+    enc = hf_tok(QUERY, long_document, truncation="only_second", max_length=64, return_tensors="pt")
+    with torch.no_grad():
+        expected = float(hf(**enc).logits[0, 0])
+    gguf = GGUFFile.open(path)
+    model, tokenizer = load_model(gguf), Tokenizer.from_metadata(gguf.metadata)
+    request = pair_request(tokenizer, QUERY, long_document, num_ctx=64, truncate=True)
+    assert list(request.inputs) == enc["input_ids"][0].tolist()
+    engine = Engine(model, tokenizer, num_parallel=1, num_ctx=64, num_batch=64)
+    try:
+        (got,) = scores(engine, tokenizer, [long_document])
+    finally:
+        engine.close()
+    assert abs(got - expected) < 1e-4
+
+
 def scores(engine: Engine, tokenizer: Tokenizer, documents: list[str]) -> list[float]:
-    seqs = [engine.submit(pair_request(tokenizer, QUERY, d, truncate=True)) for d in documents]
+    pairs = [
+        pair_request(tokenizer, QUERY, d, num_ctx=engine.num_ctx, truncate=True) for d in documents
+    ]
+    seqs = [engine.submit(pair) for pair in pairs]
     out = []
     for seq in seqs:
         while not isinstance(event := seq.events.get(timeout=60), Done):

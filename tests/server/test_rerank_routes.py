@@ -79,5 +79,7 @@ def test_a_reranker_neither_embeds_nor_generates(client: TestClient) -> None:
     )
     reply = client.post("/v1/embeddings", json={"model": "ranker", "input": "a"})
     assert reply.status_code == 400
+    reply = client.post("/api/embeddings", json={"model": "ranker", "prompt": "a"})
+    assert reply.status_code == 400
     reply = client.post("/api/generate", json={"model": "ranker", "prompt": "Hi"})
     assert (reply.status_code, reply.json()["error"]) == (400, '"ranker" does not support generate')
