@@ -154,10 +154,20 @@ def _from(client: Client, source: str, base: Path) -> dict[str, Any]:
 
 
 # The files of an HF model directory that a conversion reads (as Ollama's create uploads).
-HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
-            "chat_template.jinja", "preprocessor_config.json", "processor_config.json",
-            "modules.json")  # fmt: skip
+HF_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "modules.json",
+    "README.md",
+)  # fmt: skip  (README: a Qwen3-Reranker says so there)
 
 
 def _upload_directory(client: Client, path: Path, source: str) -> dict[str, str]:

@@ -9,8 +9,9 @@ from ember.kvcache import Cache
 
 # how an embedding pools its tokens' hidden states (llama.cpp's llama_pooling_type); a model
 # may say which by a `pooling_type` attribute, and the mean is the default. RANK: a cross-encoder
-# (a Ranker) scores its pooled first token instead of returning it
-POOLING_MEAN, POOLING_CLS, POOLING_RANK = 1, 2, 4
+# (a Ranker) scores its pooled first token instead of returning it; a causal Ranker pools its
+# LAST token
+POOLING_MEAN, POOLING_CLS, POOLING_LAST, POOLING_RANK = 1, 2, 3, 4
 
 
 @runtime_checkable
@@ -45,3 +46,11 @@ class Ranker(Protocol):
 
     def score(self, pooled: torch.Tensor) -> torch.Tensor:
         """Relevance scores (n,) of pooled hidden states (n, C), one per input."""
+
+
+@runtime_checkable
+class PromptRanker(Ranker, Protocol):
+    """A reranker that reads one prompt per pair (Qwen3-Reranker), not a token pair (BERT)."""
+
+    def rerank_prompt(self, query: str, document: str) -> str:
+        """The text whose last token's score ranks document against query."""

@@ -21,7 +21,7 @@ from ember import envconfig
 from ember.batch import Batch
 from ember.errors import EmberError
 from ember.kvcache import KV_TYPES as KV_CACHE_TYPES
-from ember.model import POOLING_CLS, POOLING_RANK, Model, Ranker
+from ember.model import POOLING_CLS, POOLING_LAST, POOLING_MEAN, POOLING_RANK, Model, Ranker
 from ember.runner.inputcache import InputCache
 from ember.runner.memory import reserve
 from ember.runner.sequence import CLOSED, LENGTH, STOP, Piece, Request, Sequence, TokenLogprob
@@ -84,8 +84,8 @@ class Engine:
         self.num_ctx = min(num_ctx, model.context_length)  # per sequence
         self.num_batch = min(num_batch, self.num_ctx)
         self.kv_type = kv_type
-        pooling = getattr(model, "pooling_type", None)
-        self._pools_first = pooling in (POOLING_CLS, POOLING_RANK)
+        pooling = getattr(model, "pooling_type", POOLING_MEAN)
+        self._pooling = POOLING_CLS if pooling == POOLING_RANK else pooling  # rank: its [CLS]
         self._ranker = model if isinstance(model, Ranker) else None  # scores what it pools
         self.cache = model.make_cache()
         self.inputs = InputCache(
@@ -337,16 +337,19 @@ class Engine:
 
     def _pool(self, p: Part, hidden: torch.Tensor) -> None:
         """Adds an embedding sequence's hidden states; the mean once its prompt is done, or the
-        first token's row where the model pools by its [CLS] token."""
+        first token's row where the model pools by its [CLS] token, or the last token's."""
         seq = p.seq
         rows = hidden[p.output : p.output + p.count]
-        if self._pools_first:
+        if self._pooling == POOLING_CLS:
             seq.pooled = rows[0] if seq.pooled is None else seq.pooled
+        elif self._pooling == POOLING_LAST:
+            seq.pooled = rows[-1]
         else:
             seq.pooled = rows.sum(dim=0) if seq.pooled is None else seq.pooled + rows.sum(dim=0)
         if not seq.pending:
             seq.first_token = _now()
-            pooled = seq.pooled if self._pools_first else seq.pooled / len(seq.prompt)
+            is_mean = self._pooling not in (POOLING_CLS, POOLING_LAST)
+            pooled = seq.pooled / len(seq.prompt) if is_mean else seq.pooled
             if self._ranker is None:
                 self._finish(seq, STOP, embedding=pooled.tolist())
                 return

@@ -1,8 +1,27 @@
 """A reranker's inputs: a query and one document as the token pair a cross-encoder reads
-(BERT's `[CLS] query [SEP] document [SEP]`, token types 0 for the query's part, 1 after)."""
+(BERT's `[CLS] query [SEP] document [SEP]`, token types 0 for the query's part, 1 after), or as
+the one prompt a causal reranker reads (Qwen3-Reranker's template)."""
 
+from ember.model import Model, PromptRanker
 from ember.runner.sequence import Request
 from ember.tokenizer import Tokenizer
+
+
+def rerank_request(
+    model: Model,
+    tokenizer: Tokenizer,
+    query: str,
+    document: str,
+    *,
+    num_ctx: int,
+    truncate: bool,
+) -> Request:
+    """The embedding request whose pooled score ranks document against query; a prompt too
+    long for num_ctx loses its end (a pair: its document's end, see pair_request)."""
+    if isinstance(model, PromptRanker):
+        ids = tokenizer.encode(model.rerank_prompt(query, document))
+        return Request(ids, embedding=True, truncate=truncate)
+    return pair_request(tokenizer, query, document, num_ctx=num_ctx, truncate=truncate)
 
 
 def pair_request(

@@ -33,7 +33,7 @@ from ember.options import Options
 from ember.runner.engine import KV_TYPES, Engine
 from ember.runner.memory import InsufficientMemoryError
 from ember.runner.multimodal import ImageModel, PromptInputs, image_bytes, prompt_inputs
-from ember.runner.rerank import pair_request
+from ember.runner.rerank import rerank_request
 from ember.runner.sequence import Done, Event, Piece, Sequence
 from ember.runner.sequence import Request as SeqRequest
 from ember.sample.grammar import Grammar
@@ -247,7 +247,9 @@ async def rerank(request: Request) -> dict[str, Any]:
     if not isinstance(engine.model, Ranker):
         raise HTTPError(400, "this model does not rerank")
     requests = [
-        pair_request(tokenizer, req.query, doc, num_ctx=engine.num_ctx, truncate=req.truncate)
+        rerank_request(
+            engine.model, tokenizer, req.query, doc, num_ctx=engine.num_ctx, truncate=req.truncate
+        )
         for doc in req.documents
     ]
     finals = await _run_all(engine, requests)
