@@ -156,3 +156,26 @@ def test_a_classifier_of_two_labels_is_not_converted(tmp_path: Path) -> None:
     (hf / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConvertError, match="single-label"):
         convert_directory(hf, tmp_path / "model.gguf")
+
+
+def test_runner_routes_rerank_only_with_a_ranker(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    from bert_dirs import save_tiny_bert
+    from fastapi.testclient import TestClient
+
+    from ember.runner.server import create_app
+
+    load = {"parallel": 2, "kv_size": 128, "batch_size": 64}
+    body = {"query": QUERY, "documents": DOCUMENTS[:3]}
+    with TestClient(create_app(str(tiny[1]))) as runner:
+        assert runner.post("/load", json=load).status_code == 200
+        reply = runner.post("/rerank", json=body).json()
+        assert len(reply["scores"]) == 3 and reply["prompt_eval_count"] > 3
+        refused = runner.post("/embedding", json={"content": "hello"})
+        assert refused.status_code == 400 and "reranker" in refused.json()["error"]
+        empty = runner.post("/rerank", json={"query": QUERY, "documents": []})
+        assert empty.status_code == 400
+    convert_directory(save_tiny_bert(tmp_path / "hf"), tmp_path / "embed.gguf")
+    with TestClient(create_app(str(tmp_path / "embed.gguf"))) as runner:
+        assert runner.post("/load", json=load).status_code == 200
+        refused = runner.post("/rerank", json=body)
+        assert refused.status_code == 400 and "does not rerank" in refused.json()["error"]
