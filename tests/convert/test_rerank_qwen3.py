@@ -1,6 +1,6 @@
 """A Qwen3-Reranker (a Qwen3ForCausalLM whose README says so, as llama.cpp tells it) converted
 from a tiny random-weight HF checkpoint: pooling type rank, labels yes/no and the rerank
-template in its GGUF; the runner's prompt ids equal HF's tokenizer's, and the scores of 20
+template in its GGUF; the runner's prompt ids equal HF's tokenizer's, and the scores of 10
 documents through the engine (p("yes") over {"yes", "no"} at the last token, four sequences to
 a batch) equal HF's within 1e-4, in the same order."""
 
@@ -50,17 +50,18 @@ def test_the_readme_makes_a_reranker(tiny) -> None:
     assert md["tokenizer.chat_template.rerank"] == RERANK_TEMPLATE
 
 
-def test_scores_of_20_documents_equal_hf(tiny) -> None:
+def test_scores_of_10_documents_equal_hf(tiny) -> None:
     hf, hf_tokenizer, path = tiny
     yes, no = hf_tokenizer.convert_tokens_to_ids(["yes", "no"])
     gguf = GGUFFile.open(path)
     model, tokenizer = load_model(gguf), Tokenizer.from_metadata(gguf.metadata)
     assert isinstance(model, PromptRanker)
+    documents = DOCUMENTS[:10]  # prompts of ~250 tokens each: ten tell enough
     requests = [
-        rerank_request(model, tokenizer, QUERY, d, num_ctx=512, truncate=True) for d in DOCUMENTS
+        rerank_request(model, tokenizer, QUERY, d, num_ctx=512, truncate=True) for d in documents
     ]
     expected = []
-    for document, request in zip(DOCUMENTS, requests, strict=True):
+    for document, request in zip(documents, requests, strict=True):
         prompt = RERANK_TEMPLATE.format(query=QUERY, document=document)
         ids = hf_tokenizer(prompt)["input_ids"]
         assert list(request.inputs) == ids, document
