@@ -22,6 +22,9 @@ class Batch:
     multimodal: tuple[int, ...] = ()  # indices of inputs that carry encoder (image) data
     # what each of those inputs carries (the model's own type: an image's embeddings), or ()
     multimodal_data: tuple[object, ...] = ()
+    # each token's segment (BERT's token type: 0 the first text of a pair, 1 the second), or ()
+    # when every token is of type 0
+    token_types: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -31,6 +34,8 @@ class Batch:
             raise ValueError("batch outputs and multimodal entries must index tokens of the batch")
         if self.multimodal_data and len(self.multimodal_data) != len(self.multimodal):
             raise ValueError("a batch needs data for each multimodal entry, or none")
+        if self.token_types and len(self.token_types) != n:
+            raise ValueError("a batch needs one token type per token, or none")
 
     @classmethod
     def single(cls, tokens: list[int], start: int, *, seq: int = 0) -> "Batch":

@@ -153,11 +153,12 @@ def _from(client: Client, source: str, base: Path) -> dict[str, Any]:
     return {"from": source}
 
 
-# The files of an HF model directory that a conversion reads (as Ollama's create uploads).
+# The files of an HF model directory that a conversion reads (as Ollama's create uploads;
+# README.md too: a Qwen3-Reranker is told by its title there, as llama.cpp tells it).
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
             "chat_template.jinja", "preprocessor_config.json", "processor_config.json",
-            "modules.json")  # fmt: skip
+            "modules.json", "README.md")  # fmt: skip
 
 
 def _upload_directory(client: Client, path: Path, source: str) -> dict[str, str]:

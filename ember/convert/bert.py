@@ -1,7 +1,9 @@
 """BERT encoders (sentence-transformers' all-MiniLM-L6-v2 and its kin) as llama.cpp's converter
 writes them: architecture `bert`, learned absolute positions and token types, post-LayerNorm
 layers with biases, `bert.pooling_type` from the sentence-transformers Pooling module, and a
-WordPiece vocabulary in "phantom space" form (`▁word` starts a word, `##piece` loses its `##`)."""
+WordPiece vocabulary in "phantom space" form (`▁word` starts a word, `##piece` loses its `##`).
+A BertForSequenceClassification with one label (a cross-encoder) keeps its pooler and classifier
+as `cls` and `cls.output`, with pooling type rank, the names llama.cpp's rank pooling reads."""
 
 import json
 import re
@@ -12,7 +14,7 @@ from ember.convert.decoder import TextDecoder
 from ember.convert.source import ConvertError, HFConfig, read_json
 from ember.convert.spm_model import CONTROL, NORMAL, UNUSED
 
-POOLING_NONE, POOLING_MEAN, POOLING_CLS = 0, 1, 2  # llama.cpp's enum llama_pooling_type
+POOLING_NONE, POOLING_MEAN, POOLING_CLS, POOLING_RANK = 0, 1, 2, 4  # enum llama_pooling_type
 _SKIPPED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
 _TOP = {
     "embeddings.word_embeddings.weight": "token_embd.weight",
@@ -110,9 +112,50 @@ class BertEncoder(TextDecoder):
 
     def directory_metadata(self, directory: Path) -> dict[str, Any]:
         self.pooling_type = pooling_type(directory)
+        return self.vocabulary(directory)
+
+    def vocabulary(self, directory: Path) -> dict[str, Any]:
         return bert_vocabulary(directory, vocab_size=self.vocab_size) | {
             "tokenizer.ggml.token_type_count": self.type_vocab
         }
+
+
+_HEAD = {
+    "pooler.dense.weight": "cls.weight",
+    "pooler.dense.bias": "cls.bias",
+    "classifier.weight": "cls.output.weight",
+    "classifier.bias": "cls.output.bias",
+}
+
+
+class BertCrossEncoder(BertEncoder):
+    """A BertForSequenceClassification with one label (sentence-transformers' CrossEncoder):
+    the encoder, its pooler (`cls`) and its classifier (`cls.output`); pooling type rank."""
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        labels = config.get("id2label") or {}
+        if not isinstance(labels, dict) or len(labels) != 1:
+            raise ConvertError("only single-label BertForSequenceClassification (a reranker)")
+        self.labels = [str(v) for _, v in sorted(labels.items())]
+        self.pooling_type = POOLING_RANK
+
+    def rename(self, hf_name: str) -> str | None:
+        head = _HEAD.get(hf_name.removeprefix("bert."))
+        return head if head is not None else super().rename(hf_name)
+
+    def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+        shapes, required = super().shapes()
+        c = self.hidden
+        head = {"cls.weight": (c, c), "cls.bias": (c,), "cls.output.weight": (1, c)}
+        head["cls.output.bias"] = (1,)
+        return shapes | head, required | set(head)
+
+    def metadata(self) -> dict[str, Any]:
+        return super().metadata() | {f"{self.arch}.classifier.output_labels": self.labels}
+
+    def directory_metadata(self, directory: Path) -> dict[str, Any]:
+        return self.vocabulary(directory)  # no Pooling module: the pooling is rank
 
 
 def pooling_type(directory: Path) -> int:

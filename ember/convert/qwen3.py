@@ -1,5 +1,8 @@
-"""Qwen3 (dense) checkpoints: the qwen2 layout without biases, with per-head q/k RMSNorms."""
+"""Qwen3 (dense) checkpoints: the qwen2 layout without biases, with per-head q/k RMSNorms. A
+Qwen3-Reranker (told by its README's title, as llama.cpp tells it) is the same checkpoint with
+pooling type rank, the labels "yes" and "no", and its prompt as `tokenizer.chat_template.rerank`."""
 
+from pathlib import Path
 from typing import Any
 
 from ember.convert.llama import LlamaDecoder
@@ -18,3 +21,25 @@ class Qwen3Decoder(Qwen2Decoder):
         meta = LlamaDecoder.metadata(self)
         del meta["qwen3.vocab_size"]
         return meta
+
+    def directory_metadata(self, directory: Path) -> dict[str, Any]:
+        meta = super().directory_metadata(directory)
+        readme = directory / "README.md"
+        if readme.is_file() and "# Qwen3-Reranker" in readme.read_text(errors="replace")[: 1 << 20]:
+            meta |= {
+                f"{self.arch}.pooling_type": POOLING_RANK,
+                f"{self.arch}.classifier.output_labels": ["yes", "no"],
+                "tokenizer.chat_template.rerank": RERANK_TEMPLATE,
+            }
+        return meta
+
+
+POOLING_RANK = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK
+# Qwen3-Reranker's prompt with its default instruction; {query} and {document} are filled in
+RERANK_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that "
+    "answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)

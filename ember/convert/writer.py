@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 import torch
 
-from ember.convert.bert import BertEncoder
+from ember.convert.bert import BertCrossEncoder, BertEncoder
 from ember.convert.decoder import TextDecoder
 from ember.convert.gemma2 import Gemma2Decoder
 from ember.convert.gemma3 import Gemma3Decoder
@@ -27,6 +27,7 @@ from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
 
 CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "BertModel": BertEncoder,
+    "BertForSequenceClassification": BertCrossEncoder,
     "GraniteForCausalLM": GraniteDecoder,
     "LlamaForCausalLM": LlamaDecoder,
     "MistralForCausalLM": LlamaDecoder,

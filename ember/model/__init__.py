@@ -1,15 +1,28 @@
 """Models: the Model seam, the architecture registry, strict weight binding."""
 
-from ember.model.base import POOLING_CLS, POOLING_MEAN, Model, forward
+from ember.model.base import (
+    POOLING_CLS,
+    POOLING_LAST,
+    POOLING_MEAN,
+    POOLING_RANK,
+    Model,
+    PromptRanker,
+    Ranker,
+    forward,
+)
 from ember.model.config import Config, ModelLoadError
 from ember.model.registry import load_model, register
 
 __all__ = [
     "POOLING_CLS",
+    "POOLING_LAST",
     "POOLING_MEAN",
+    "POOLING_RANK",
     "Config",
     "Model",
     "ModelLoadError",
+    "PromptRanker",
+    "Ranker",
     "forward",
     "load_model",
     "register",

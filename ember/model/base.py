@@ -8,8 +8,10 @@ from ember.batch import Batch
 from ember.kvcache import Cache
 
 # how an embedding pools its tokens' hidden states (llama.cpp's llama_pooling_type); a model
-# may say which by a `pooling_type` attribute, and the mean is the default
-POOLING_MEAN, POOLING_CLS = 1, 2
+# may say which by a `pooling_type` attribute, and the mean is the default. RANK: a cross-encoder
+# (a Ranker) scores its pooled first token instead of returning it; a causal Ranker pools its
+# LAST token
+POOLING_MEAN, POOLING_CLS, POOLING_LAST, POOLING_RANK = 1, 2, 3, 4
 
 
 @runtime_checkable
@@ -36,3 +38,19 @@ def forward(model: Model, cache: Cache, batch: Batch) -> torch.Tensor:
     cache.start_forward(batch)
     with torch.inference_mode():
         return model.forward(batch, cache)
+
+
+@runtime_checkable
+class Ranker(Protocol):
+    """A cross-encoder (a reranker): its pooled input is scored, not returned as a vector."""
+
+    def score(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Relevance scores (n,) of pooled hidden states (n, C), one per input."""
+
+
+@runtime_checkable
+class PromptRanker(Ranker, Protocol):
+    """A reranker that reads one prompt per pair (Qwen3-Reranker), not a token pair (BERT)."""
+
+    def rerank_prompt(self, query: str, document: str) -> str:
+        """The text whose last token's score ranks document against query."""

@@ -140,6 +140,13 @@ class RunnerClient:
     async def embedding(self, content: str | list[str], *, truncate: bool = True) -> dict[str, Any]:
         return await self._post("/embedding", {"content": content, "truncate": truncate})
 
+    async def rerank(
+        self, query: str, documents: list[str], *, truncate: bool = True
+    ) -> dict[str, Any]:
+        """{"scores": each document's relevance to query, in order; "prompt_eval_count"}."""
+        body = {"query": query, "documents": documents, "truncate": truncate}
+        return await self._post("/rerank", body)
+
     async def tokenize(self, content: str, *, add_special: bool = True) -> list[int]:
         body = await self._post("/tokenize", {"content": content, "add_special": add_special})
         return list(body["tokens"])

@@ -21,7 +21,7 @@ from ember import envconfig
 from ember.batch import Batch
 from ember.errors import EmberError
 from ember.kvcache import KV_TYPES as KV_CACHE_TYPES
-from ember.model import POOLING_CLS, Model
+from ember.model import POOLING_CLS, POOLING_LAST, POOLING_MEAN, POOLING_RANK, Model, Ranker
 from ember.runner.inputcache import InputCache
 from ember.runner.memory import reserve
 from ember.runner.sequence import CLOSED, LENGTH, STOP, Piece, Request, Sequence, TokenLogprob
@@ -84,7 +84,9 @@ class Engine:
         self.num_ctx = min(num_ctx, model.context_length)  # per sequence
         self.num_batch = min(num_batch, self.num_ctx)
         self.kv_type = kv_type
-        self._pools_first = getattr(model, "pooling_type", None) == POOLING_CLS
+        pooling = getattr(model, "pooling_type", POOLING_MEAN)
+        self._pooling = POOLING_CLS if pooling == POOLING_RANK else pooling  # rank: its [CLS]
+        self._ranker = model if isinstance(model, Ranker) else None  # scores what it pools
         self.cache = model.make_cache()
         self.inputs = InputCache(
             self.cache, num_ctx=self.num_ctx, num_slots=num_parallel, multiuser=multiuser
@@ -264,6 +266,8 @@ class Engine:
         sequences: list[int] = []
         outputs: list[int] = []
         multimodal: list[tuple[int, object]] = []
+        types: list[int] = []
+        has_types = any(p.seq.token_types for p in parts)
         for p in parts:
             seq, start = p.seq, len(p.seq.slot.inputs)
             carried = enumerate(seq.carried[: p.count], start=p.first)
@@ -271,6 +275,8 @@ class Engine:
             tokens += seq.pending[: p.count]
             positions += range(start, start + p.count)
             sequences += [seq.slot.id] * p.count
+            if has_types:  # an encoder's input is whole in its batch: its types from 0
+                types += seq.token_types[start : start + p.count] or [0] * p.count
             if seq.embedding:
                 p.output = len(outputs)
                 outputs += range(p.first, p.first + p.count)
@@ -279,7 +285,13 @@ class Engine:
                 outputs.append(p.first + p.count - 1)
         indices, data = zip(*multimodal, strict=True) if multimodal else ((), ())
         return Batch(
-            tuple(tokens), tuple(positions), tuple(sequences), tuple(outputs), indices, data
+            tuple(tokens),
+            tuple(positions),
+            tuple(sequences),
+            tuple(outputs),
+            indices,
+            data,
+            tuple(types),
         )
 
     def _forward(self, batch: Batch) -> torch.Tensor:
@@ -325,26 +337,41 @@ class Engine:
 
     def _pool(self, p: Part, hidden: torch.Tensor) -> None:
         """Adds an embedding sequence's hidden states; the mean once its prompt is done, or the
-        first token's row where the model pools by its [CLS] token."""
+        first token's row where the model pools by its [CLS] token, or the last token's."""
         seq = p.seq
         rows = hidden[p.output : p.output + p.count]
-        if self._pools_first:
+        if self._pooling == POOLING_CLS:
             seq.pooled = rows[0] if seq.pooled is None else seq.pooled
+        elif self._pooling == POOLING_LAST:
+            seq.pooled = rows[-1]
         else:
             seq.pooled = rows.sum(dim=0) if seq.pooled is None else seq.pooled + rows.sum(dim=0)
         if not seq.pending:
             seq.first_token = _now()
-            pooled = seq.pooled if self._pools_first else seq.pooled / len(seq.prompt)
-            self._finish(seq, STOP, embedding=pooled.tolist())
+            is_mean = self._pooling not in (POOLING_CLS, POOLING_LAST)
+            pooled = seq.pooled / len(seq.prompt) if is_mean else seq.pooled
+            if self._ranker is None:
+                self._finish(seq, STOP, embedding=pooled.tolist())
+                return
+            with torch.inference_mode():
+                score = float(self._ranker.score(pooled[None])[0])
+            self._finish(seq, STOP, score=score)
 
-    def _finish(self, seq: Sequence, reason: str, *, embedding: list[float] | None = None) -> None:
+    def _finish(
+        self,
+        seq: Sequence,
+        reason: str,
+        *,
+        embedding: list[float] | None = None,
+        score: float | None = None,
+    ) -> None:
         if reason != STOP or not seq.stops.is_stopped:  # text held back is final now
             tail = seq.stops.push(seq.decoder.flush()) + seq.stops.flush()
             if tail or seq.held_logprobs:
                 seq.send(Piece(tail, tuple(seq.held_logprobs)))
         seq.held_logprobs.clear()
         self._release(seq)
-        seq.done(reason, embedding=embedding)
+        seq.done(reason, embedding=embedding, score=score)
 
     def _fail(self, seq: Sequence, message: str) -> None:
         self.cache.remove(seq.slot.id, 0, None)  # its cells may hold half a batch

@@ -45,6 +45,8 @@ class Request:
     multimodal: dict[int, object] = field(default_factory=dict)
     # input index where an image's span begins -> the image's hash (prefix matching)
     image_hashes: dict[int, int] = field(default_factory=dict)
+    # each input's token type (BERT's segment of a text pair), or () for all type 0
+    token_types: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ class Done:
     embedding: list[float] | None = None
     error: str | None = None
     prompt_count: int = 0  # the whole prompt (after truncation), cached prefix included
+    score: float | None = None  # a ranker's relevance score (an embedding request on a Ranker)
 
 
 Event = Piece | Done
@@ -115,6 +118,10 @@ class Sequence:
         opts, inputs = request.options, list(request.inputs)
         if not inputs:
             raise EmberError("the prompt is empty")
+        if request.token_types and (
+            len(request.token_types) != len(inputs) or not request.embedding
+        ):  # an embedding's inputs are only ever cut at the end, their types with them
+            raise EmberError("token types go with an embedding request, one per input")
         self.request = request
         self.num_keep = min(len(inputs) if opts.num_keep < 0 else opts.num_keep, num_ctx - 1)
         same_batch, multimodal = dict(request.same_batch), dict(request.multimodal)
@@ -133,6 +140,7 @@ class Sequence:
             multimodal = _without_cut(multimodal, self.num_keep, cut)
             image_hashes = _without_cut(image_hashes, self.num_keep, cut)
         self.prompt = inputs
+        self.token_types = request.token_types[: len(inputs)]  # cut as an embedding's inputs
         self.same_batch = same_batch  # keyed by position in the sequence
         self.multimodal = multimodal
         self.image_hashes = image_hashes
@@ -167,7 +175,9 @@ class Sequence:
             except RuntimeError:  # the consumer's event loop is gone: nobody to wake
                 self.on_event = None
 
-    def done(self, reason: str, *, embedding: list[float] | None = None) -> Done:
+    def done(
+        self, reason: str, *, embedding: list[float] | None = None, score: float | None = None
+    ) -> Done:
         end = time.perf_counter_ns()
         first = self.first_token or end
         event = Done(
@@ -178,6 +188,7 @@ class Sequence:
             eval_duration=end - first,
             embedding=embedding,
             prompt_count=len(self.prompt),
+            score=score,
         )
         self.send(event)
         return event

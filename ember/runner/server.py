@@ -3,9 +3,10 @@
     python -m ember runner --model PATH --port N
 
 /health (status and load progress), /load (parallel, batch size, KV size and type, threads),
-/completion (NDJSON stream of pieces, then a final record), /embedding, /tokenize,
-/detokenize. Bodies are JSON with snake_case keys; errors are {"error": ...} with 400 for bad
-input, 409 before a load, 507 when the load does not fit in memory, 500 otherwise.
+/completion (NDJSON stream of pieces, then a final record), /embedding, /rerank (a
+cross-encoder's score of each document against a query), /tokenize, /detokenize. Bodies are
+JSON with snake_case keys; errors are {"error": ...} with 400 for bad input, 409 before a load,
+507 when the load does not fit in memory, 500 otherwise.
 """
 
 import asyncio
@@ -27,11 +28,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ember.backend.threads import in_fresh_thread
 from ember.errors import EmberError
 from ember.gguf import GGUFFile
-from ember.model import load_model
+from ember.model import Ranker, load_model
 from ember.options import Options
 from ember.runner.engine import KV_TYPES, Engine
 from ember.runner.memory import InsufficientMemoryError
 from ember.runner.multimodal import ImageModel, PromptInputs, image_bytes, prompt_inputs
+from ember.runner.rerank import rerank_request
 from ember.runner.sequence import Done, Event, Piece, Sequence
 from ember.runner.sequence import Request as SeqRequest
 from ember.sample.grammar import Grammar
@@ -68,6 +70,13 @@ class CompletionRequest(BaseModel):
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     content: str | list[str]
+    truncate: bool = True
+
+
+class RerankRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    query: str
+    documents: list[str]
     truncate: bool = True
 
 
@@ -137,7 +146,7 @@ def create_app(path: str, projector: str | None = None) -> FastAPI:
     app = FastAPI(title="ember runner", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runner = Runner(path, projector)
     app.add_api_route("/health", health, methods=["GET"])
-    for route in (load, completion, embedding, tokenize, detokenize):
+    for route in (load, completion, embedding, rerank, tokenize, detokenize):
         app.add_api_route(f"/{route.__name__}", route, methods=["POST"])
     app.add_exception_handler(HTTPError, _http_error)  # type: ignore[arg-type]
     return app
@@ -213,16 +222,12 @@ async def embedding(request: Request) -> dict[str, Any]:
     texts = [req.content] if isinstance(req.content, str) else req.content
     if not texts or not all(texts):
         raise HTTPError(400, "embedding content must be a non-empty string or list of them")
-    subs: list[tuple[Sequence, asyncio.Event]] = []
-    try:
-        for text in texts:  # all submitted at once: they share batches
-            sub = SeqRequest(tokenizer.encode(text), embedding=True, truncate=req.truncate)
-            subs.append(_subscribe(engine, sub))
-    except EmberError as err:
-        for seq, _ in subs:
-            seq.cancel()
-        raise HTTPError(400, str(err)) from None
-    finals = [await _last(seq, wake) for seq, wake in subs]
+    if isinstance(engine.model, Ranker):
+        raise HTTPError(400, "this model is a reranker: it scores pairs, it does not embed")
+    requests = [
+        SeqRequest(tokenizer.encode(text), embedding=True, truncate=req.truncate) for text in texts
+    ]
+    finals = await _run_all(engine, requests)
     failed = next((d for d in finals if d.embedding is None), None)
     if failed is not None:
         raise HTTPError(500, failed.error or "no embedding came back")
@@ -231,6 +236,41 @@ async def embedding(request: Request) -> dict[str, Any]:
     if isinstance(req.content, str):
         return {"embedding": vectors[0], "prompt_eval_count": count}
     return {"embeddings": vectors, "prompt_eval_count": count}
+
+
+async def rerank(request: Request) -> dict[str, Any]:
+    """{"scores": one per document, in order; "prompt_eval_count": the pairs' tokens}."""
+    req = await _body(request, RerankRequest)
+    engine, tokenizer = _ready(_runner(request))
+    if not req.query or not req.documents or not all(req.documents):
+        raise HTTPError(400, "rerank needs a query and a non-empty list of non-empty documents")
+    if not isinstance(engine.model, Ranker):
+        raise HTTPError(400, "this model does not rerank")
+    requests = [
+        rerank_request(
+            engine.model, tokenizer, req.query, doc, num_ctx=engine.num_ctx, truncate=req.truncate
+        )
+        for doc in req.documents
+    ]
+    finals = await _run_all(engine, requests)
+    failed = next((d for d in finals if d.score is None), None)
+    if failed is not None:
+        raise HTTPError(500, failed.error or "no score came back")
+    scores = [d.score for d in finals]
+    return {"scores": scores, "prompt_eval_count": sum(d.prompt_count for d in finals)}
+
+
+async def _run_all(engine: Engine, requests: list[SeqRequest]) -> list[Done]:
+    """Every request's final record; all are submitted at once, so they share batches."""
+    subs: list[tuple[Sequence, asyncio.Event]] = []
+    try:
+        for sub in requests:
+            subs.append(_subscribe(engine, sub))
+    except EmberError as err:
+        for seq, _ in subs:
+            seq.cancel()
+        raise HTTPError(400, str(err)) from None
+    return [await _last(seq, wake) for seq, wake in subs]
 
 
 async def tokenize(request: Request) -> dict[str, Any]:

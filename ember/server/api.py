@@ -318,6 +318,25 @@ class EmbeddingRequest(Named):
     options: RequestOptions | None = None
 
 
+def _documents(value: Any) -> Any:
+    # Cohere's v1 also takes {"text": ...} objects where v2, Jina and llama-server take strings
+    if isinstance(value, list):
+        return [d["text"] if isinstance(d, dict) and "text" in d else d for d in value]
+    return value
+
+
+class RerankRequest(Named):
+    """/api/rerank and /v1/rerank: llama-server's and Cohere's / Jina's body."""
+
+    query: str = ""
+    documents: Annotated[list[str], BeforeValidator(_documents)] = Field(default_factory=list)
+    top_n: Int | None = Field(None, ge=0)  # 0 or none: every document
+    return_documents: bool = False
+    truncate: bool | None = None
+    keep_alive: KeepAlive | None = None
+    options: RequestOptions | None = None
+
+
 class ShowRequest(Named):
     system: str = ""
     template: str = ""

@@ -9,8 +9,8 @@ from fastapi import Request
 
 from ember.runner.client import RunnerError
 from ember.server.api import RequestOptions
-from ember.server.errors import APIError
-from ember.server.state import ServerState, runner_failure
+from ember.server.errors import APIError, unsupported
+from ember.server.state import Plan, ServerState, runner_failure
 from ember.server.streaming import until_disconnected
 
 
@@ -36,6 +36,7 @@ async def embed(
     """Every input's vector, in order; no inputs still loads the model (Ollama's load form)."""
     start = time.perf_counter_ns()
     plan = state.plan(name, options)
+    check_can_embed(name, plan)
     async with state.lease(plan, keep_alive) as lease:
         vectors: list[list[float]] = []
         count = 0
@@ -52,6 +53,12 @@ async def embed(
         time.perf_counter_ns() - start,
         lease.load_duration,
     )
+
+
+def check_can_embed(name: str, plan: Plan) -> None:
+    """A 400 for a cross-encoder: it scores pairs and has no vectors to give."""
+    if "rerank" in plan.model.capabilities:
+        raise unsupported(name, "embedding")
 
 
 def normalize(vector: list[float], dimensions: int | None = None) -> list[float]:

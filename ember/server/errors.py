@@ -20,3 +20,8 @@ class APIError(EmberError):
 
 def not_found(name: str) -> APIError:
     return APIError(404, f"model '{name}' not found")
+
+
+def unsupported(name: str, capability: str) -> APIError:
+    """A request for what the model cannot do: `"name" does not support chat` (Ollama's)."""
+    return APIError(400, f'"{name}" does not support {capability}')

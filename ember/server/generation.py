@@ -16,7 +16,7 @@ from typing import Any
 from ember.errors import EmberError
 from ember.runner.client import RunnerError
 from ember.server.api import ChatRequest, GenerateRequest, Generation
-from ember.server.errors import RUNNER_STOPPED_MESSAGE, APIError
+from ember.server.errors import RUNNER_STOPPED_MESSAGE, APIError, unsupported
 from ember.server.model import ServedModel
 from ember.server.output import OutputParser, Part, logprobs
 from ember.server.prompt import Completion, Prompt, chat_prompt, generate_prompt
@@ -30,10 +30,6 @@ Chunk = dict[str, Any]
 def now() -> str:
     """created_at as Ollama writes it (RFC 3339, UTC)."""
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
-
-
-def unsupported(name: str, capability: str) -> APIError:
-    return APIError(400, f'"{name}" does not support {capability}')
 
 
 def check_capabilities(

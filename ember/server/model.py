@@ -16,6 +16,7 @@ from typing import Any
 from ember import catalog
 from ember.errors import ModelNotFoundError
 from ember.gguf import GGUFError, GGUFFile
+from ember.model import POOLING_RANK
 from ember.server.errors import APIError, not_found
 from ember.server.prompt import ChatTemplate, FillInMiddle, Message, fill_in_middle
 from ember.server.thinking import ThinkingTags, infer_tags
@@ -45,6 +46,7 @@ class GGUFFacts:
     fim: FillInMiddle | None  # the model can fill a gap (Ollama's "insert")
     has_vision: bool = False  # the file holds a vision tower (Ollama's single-file convention)
     is_embedding: bool = False  # an embedding-only model (a pooling type): it cannot complete
+    is_rerank: bool = False  # a cross-encoder (pooling type rank): it only reranks
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +55,8 @@ class ServedModel:
     model_path: Path
     template: ChatTemplate
     parameters: dict[str, Any]  # Modelfile PARAMETERs: defaults under the request's options
-    capabilities: frozenset[str]  # completion, tools, thinking, insert, vision; or embedding
+    capabilities: frozenset[str]  # completion, tools, thinking, insert, vision; or embedding,
+    # or rerank
     tool_format: ToolCallFormat
     thinking_tags: ThinkingTags | None
     digest: str
@@ -209,6 +212,7 @@ def read_facts(path: Path) -> GGUFFacts:
         fim=fill_in_middle([str(t) for t in vocab]),
         has_vision=f"{arch}.vision.block_count" in md,
         is_embedding=f"{arch}.pooling_type" in md,
+        is_rerank=md.get(f"{arch}.pooling_type") == POOLING_RANK,
     )
 
 
@@ -247,7 +251,7 @@ def _served(facts: GGUFFacts, *, template: str | None, system: str, **fields: An
     if facts.has_vision or fields.get("projector_paths"):
         capabilities.add("vision")
     if facts.is_embedding:  # as Ollama: an embedding model (a pooling type) only embeds
-        capabilities = {"embedding"}
+        capabilities = {"rerank" if facts.is_rerank else "embedding"}
     return ServedModel(
         model_path=fields.pop("path"),
         template=chat,

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ember.gguf import GGUFError, GGUFFile
+from ember.model import POOLING_RANK
 from ember.server.prompt import fill_in_middle
 from ember.server.thinking import can_think
 from ember.server.tools import can_use_tools
@@ -61,10 +62,11 @@ def _shortest(value: Any) -> Any:
 
 def capabilities(metadata: dict[str, Any], model: StoredModel) -> list[str]:
     """Ollama's capability names the model has: an embedding model (a pooling type) only
-    embeds; others complete, and tools, thinking and vision come from template and files."""
+    embeds, a cross-encoder (pooling type rank) only reranks; others complete, and tools,
+    thinking and vision come from template and files."""
     arch = metadata.get("general.architecture", "")
     if f"{arch}.pooling_type" in metadata:
-        return ["embedding"]
+        return ["rerank" if metadata[f"{arch}.pooling_type"] == POOLING_RANK else "embedding"]
     found = ["completion"]
     # a GGUF imported without TEMPLATE is served with the file's own chat template
     source = model.template or metadata.get("tokenizer.chat_template")

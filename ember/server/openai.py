@@ -15,13 +15,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ember.server import embedding, generation
+from ember.server import embedding, generation, rerank
 from ember.server.api import (
     ChatMessage,
     ChatRequest,
     GenerateRequest,
     RequestError,
     RequestOptions,
+    RerankRequest,
     ToolCall,
     ToolCallFunction,
 )
@@ -336,6 +337,15 @@ def _encoded(vector: list[float], encoding: str) -> list[float] | str:
     if encoding == "base64":  # little-endian float32, as OpenAI's clients decode it
         return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
     return vector
+
+
+# --- /v1/rerank (llama-server's and Cohere's; OpenAI has none) ---
+
+
+@router.post("/rerank")
+async def rerank_documents(request: Request) -> dict[str, Any]:
+    req = await body_of(request, RerankRequest)
+    return await rerank.rerank(state_of(request), request, req)
 
 
 # --- /v1/models ---

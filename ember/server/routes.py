@@ -1,6 +1,6 @@
 """The native API: /, /api/version, /api/generate, /api/chat, /api/embed, /api/embeddings,
-/api/ps. Bodies are parsed with api.parse_body; errors are raised as APIError or RequestError
-and answered by the app's handlers. Model management lives in model_routes.py."""
+/api/rerank, /api/ps. Bodies are parsed with api.parse_body; errors are raised as APIError or
+RequestError and answered by the app's handlers. Model management lives in model_routes.py."""
 
 import time
 from datetime import datetime
@@ -12,12 +12,13 @@ from pydantic import BaseModel
 
 from ember import OLLAMA_API_VERSION, __version__
 from ember.runner.client import RunnerError
-from ember.server import embedding, generation
+from ember.server import embedding, generation, rerank
 from ember.server.api import (
     ChatRequest,
     EmbeddingRequest,
     EmbedRequest,
     GenerateRequest,
+    RerankRequest,
     parse_body,
 )
 from ember.server.scheduler import Loaded
@@ -93,6 +94,7 @@ async def embeddings(request: Request) -> dict[str, Any]:
     req = await body_of(request, EmbeddingRequest)
     state = state_of(request)
     plan = state.plan(req.model, req.options)
+    embedding.check_can_embed(req.model, plan)
     async with state.lease(plan, req.keep_alive) as lease:
         if not req.prompt:
             return {"embedding": []}
@@ -101,6 +103,13 @@ async def embeddings(request: Request) -> dict[str, Any]:
         except RunnerError as err:
             raise await runner_failure(err, lease.runner) from None
     return {"embedding": result["embedding"]}
+
+
+@router.post("/api/rerank")
+async def rerank_documents(request: Request) -> dict[str, Any]:
+    """Not Ollama's: llama-server's and Cohere's rerank (ember/server/rerank.py)."""
+    req = await body_of(request, RerankRequest)
+    return await rerank.rerank(state_of(request), request, req)
 
 
 @router.get("/api/ps")

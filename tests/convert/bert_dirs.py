@@ -18,11 +18,30 @@ def save_tiny_bert(out: Path, *, pooling: str = "mean", seed: int = 0) -> Path:
     """A 2-layer BertModel whose every weight is random (no constant LayerNorm or bias init),
     with its WordPiece tokenizer.json, tokenizer_config.json and a sentence-transformers
     Pooling module."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import BertConfig, BertModel
+    from transformers import BertModel
+
+    _randomized(BertModel(_tiny_config(seed))).save_pretrained(out)
+    _save_tokenizer(out)
+    _save_pooling(out, pooling)
+    return out
+
+
+def save_tiny_cross_encoder(out: Path, *, seed: int = 0) -> Path:
+    """A 2-layer BertForSequenceClassification with one label (sentence-transformers'
+    CrossEncoder), every weight random, pooler and classifier included, and its tokenizer."""
+    from transformers import BertForSequenceClassification
+
+    config = _tiny_config(seed, num_labels=1)
+    _randomized(BertForSequenceClassification(config)).save_pretrained(out)
+    _save_tokenizer(out)
+    return out
+
+
+def _tiny_config(seed: int, **extra: int):  # type: ignore[no-untyped-def]
+    from transformers import BertConfig
 
     torch.manual_seed(seed)
-    config = BertConfig(
+    return BertConfig(
         vocab_size=len(VOCAB) + 3,  # rows past the vocabulary, as padded checkpoints have
         hidden_size=32,
         num_hidden_layers=2,
@@ -30,27 +49,40 @@ def save_tiny_bert(out: Path, *, pooling: str = "mean", seed: int = 0) -> Path:
         intermediate_size=64,
         max_position_embeddings=64,
         type_vocab_size=2,
+        **extra,
     )
-    model = BertModel(config).eval()
+
+
+def _randomized(model):  # type: ignore[no-untyped-def]
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "LayerNorm.weight" in name:
                 p.copy_(1 + 0.2 * torch.randn_like(p))
             else:
                 p.copy_(0.3 * torch.randn_like(p))
-    model.save_pretrained(out)
+    return model.eval()
+
+
+def _save_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
     tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(VOCAB)}, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.add_special_tokens(SPECIALS)
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)],
     )
     tok.save(str(out / "tokenizer.json"))
     (out / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     names = dict(zip(("pad", "unk", "cls", "sep", "mask"), SPECIALS, strict=True))
     tok_config = {f"{k}_token": v for k, v in names.items()} | {"do_lower_case": True}
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config))
+
+
+def _save_pooling(out: Path, pooling: str) -> None:
     kinds = ["Transformer", "Pooling"]
     modules = [
         {"idx": i, "name": str(i), "path": ["", "1_Pooling"][i],
@@ -66,7 +98,6 @@ def save_tiny_bert(out: Path, *, pooling: str = "mean", seed: int = 0) -> Path:
     (out / "1_Pooling" / "config.json").write_text(
         json.dumps({"word_embedding_dimension": 32} | modes)
     )
-    return out
 
 
 def minilm_dir() -> Path | None:

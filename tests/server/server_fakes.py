@@ -94,6 +94,13 @@ class FakeRunner:
             return {"embedding": vectors[0], "prompt_eval_count": 1}
         return {"embeddings": vectors, "prompt_eval_count": len(texts)}
 
+    async def rerank(
+        self, query: str, documents: list[str], *, truncate: bool = True
+    ) -> dict[str, Any]:
+        """Each document's score is its length (a longer one ranks higher)."""
+        count = sum(len(query.split()) + len(d.split()) for d in documents)
+        return {"scores": [float(len(d)) for d in documents], "prompt_eval_count": count}
+
     async def tokenize(self, content: str, *, add_special: bool = True) -> list[int]:
         return list(range(len(content.split())))
 
@@ -149,6 +156,7 @@ MODELS = {
         capabilities=frozenset({"completion", "thinking"}),
         thinking_tags=THINK,
     ),
+    "ranker": served("ranker", capabilities=frozenset({"rerank"})),
 }
 
 

@@ -2,7 +2,8 @@
 positions and token types, bidirectional attention over one sequence's whole input, post-
 LayerNorm layers with biases, exact (erf) GELU. `hidden` gives each token's final hidden state;
 the runner pools them by the mean (`bert.pooling_type` 1) or takes the first token's ([CLS],
-`bert.pooling_type` 2), and the server L2-normalises the result.
+`bert.pooling_type` 2), and the server L2-normalises the result. A cross-encoder
+(`bert.pooling_type` 4, rank) scores its [CLS] state with the pooler and classifier heads.
 
 Nothing is cached between batches: the runner puts each input of a non-causal model whole in
 one batch (`is_causal`), and the attention mask keeps the batch's sequences apart."""
@@ -16,7 +17,7 @@ from ember.batch import Batch
 from ember.errors import EmberError
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache
-from ember.model.base import POOLING_CLS, POOLING_MEAN
+from ember.model.base import POOLING_CLS, POOLING_MEAN, POOLING_RANK
 from ember.model.config import Config, ModelLoadError
 from ember.model.registry import register
 from ember.model.weights import Weights
@@ -46,8 +47,10 @@ class BertOptions:
         if c.metadata.get("bert.attention.causal", False) is not False:
             raise ModelLoadError("bert: only bidirectional (non-causal) attention is supported")
         pooling = c.metadata.get("bert.pooling_type", POOLING_MEAN)
-        if pooling not in (POOLING_MEAN, POOLING_CLS):  # the two the runner pools by
-            raise ModelLoadError(f"bert: pooling type {pooling!r} is not supported (mean or CLS)")
+        if pooling not in (POOLING_MEAN, POOLING_CLS, POOLING_RANK):  # what the runner pools by
+            raise ModelLoadError(
+                f"bert: pooling type {pooling!r} is not supported (mean, CLS or rank)"
+            )
         return cls(
             num_layers=c.uint("block_count", maximum=1024),
             hidden=hidden,
@@ -100,8 +103,8 @@ class Bert:
         self.context_length = o.context_length
         self.token_embd = w.embedding("token_embd.weight", self.vocab_size, o.hidden)
         self.position_embd = w.tensor("position_embd.weight", (o.context_length, o.hidden))
-        # every token is of type 0 ("sentence A"), as llama.cpp and Ollama run BERT
-        self.token_type = w.tensor("token_types.weight", (o.type_vocab, o.hidden))[0]
+        # a batch without token types is all "sentence A" (type 0), as llama.cpp runs BERT
+        self.token_types = w.tensor("token_types.weight", (o.type_vocab, o.hidden))
         self.embd_norm = _norm(w, "token_embd_norm", o.hidden)
         self.blocks = [Block(w, i, o) for i in range(o.num_layers)]
 
@@ -123,7 +126,7 @@ class Bert:
         if int(positions.max()) >= o.context_length:
             raise EmberError(f"a BERT input holds at most {o.context_length} tokens")
         x = self.token_embd.lookup(torch.tensor(batch.tokens))
-        x = x + self.position_embd[positions] + self.token_type
+        x = x + self.position_embd[positions] + self._types(batch)
         x = _layer_norm(x, self.embd_norm, o.eps)
         same = sequences[:, None] == sequences[None, :]
         mask = None if bool(same.all()) else same  # (T, T): each token sees its own sequence
@@ -132,6 +135,38 @@ class Bert:
         if batch.outputs == tuple(range(len(batch))):
             return x
         return x[torch.tensor(batch.outputs, dtype=torch.long)]
+
+    def _types(self, batch: Batch) -> torch.Tensor:
+        """The token type embedding of each token (T, C), or type 0's row (C) for them all."""
+        if not batch.token_types:
+            return self.token_types[0]
+        types = torch.tensor(batch.token_types)
+        if int(types.max()) >= self.token_types.shape[0] or int(types.min()) < 0:
+            raise EmberError(f"a token type is outside 0..{self.token_types.shape[0] - 1}")
+        return self.token_types[types]
+
+
+class BertRanker(Bert):
+    """A BERT cross-encoder (BertForSequenceClassification with one label): the score of an
+    input is classifier(tanh(pooler(hidden[CLS]))), as HF's logits[:, 0]."""
+
+    def __init__(self, gguf: GGUFFile, config: Config) -> None:
+        super().__init__(gguf, config)
+        w, c = Weights(gguf), self.options.hidden
+        self.cls = w.tensor("cls.weight", (c, c)), w.tensor("cls.bias", (c,))  # the pooler
+        self.cls_output = w.tensor("cls.output.weight", (1, c)), w.tensor("cls.output.bias", (1,))
+
+    def score(self, pooled: torch.Tensor) -> torch.Tensor:
+        """(n, C) [CLS] states -> (n,) relevance scores (the raw logit, as llama-server's)."""
+        pooled = torch.tanh(F.linear(pooled, *self.cls))
+        return F.linear(pooled, *self.cls_output)[:, 0]
+
+
+def bert(gguf: GGUFFile, config: Config) -> Bert:
+    """The encoder of a `bert` file: a ranker where its pooling type says rank."""
+    if config.metadata.get("bert.pooling_type") == POOLING_RANK:
+        return BertRanker(gguf, config)
+    return Bert(gguf, config)
 
 
 class NoCache:
@@ -198,4 +233,4 @@ def _layer_norm(
     return F.layer_norm(x, norm[0].shape, norm[0], norm[1], eps)
 
 
-register("bert")(Bert)
+register("bert")(bert)

@@ -1,5 +1,7 @@
 """Qwen3 (dense): the qwen2 layout without q/k/v biases, with an RMSNorm over each head of the
-queries and keys before NeoX RoPE (QK-norm); the head size comes from `attention.key_length`."""
+queries and keys before NeoX RoPE (QK-norm); the head size comes from `attention.key_length`.
+A Qwen3-Reranker (`qwen3.pooling_type` rank) scores a prompt by p("yes") against "no" at its
+last token."""
 
 import torch
 import torch.nn.functional as F
@@ -7,7 +9,8 @@ import torch.nn.functional as F
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache
 from ember.model.archs.llama import Llama, LlamaOptions
-from ember.model.config import Config
+from ember.model.base import POOLING_LAST, POOLING_RANK
+from ember.model.config import Config, ModelLoadError
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import Rotation, attention, rms_norm
@@ -51,7 +54,6 @@ class Qwen3Block:
         return x + self.ffn_down(F.silu(gate) * up)
 
 
-@register("qwen3")
 class Qwen3(Llama):
     is_neox_rope = True
 
@@ -64,3 +66,40 @@ class Qwen3(Llama):
         self.blocks = [Qwen3Block(w, i, o) for i in range(o.num_layers)]  # type: ignore[misc]
         self.output_norm = w.tensor("output_norm.weight", (o.hidden,))
         self.output = w.output_head(self.vocab_size, o.hidden)
+
+
+class Qwen3Ranker(Qwen3):
+    """Qwen3-Reranker: the runner pools the last token of `rerank_prompt`; its score is the
+    softmax over the logits of the two label tokens ("yes", "no"), p(yes)."""
+
+    pooling_type = POOLING_LAST
+
+    def __init__(self, gguf: GGUFFile, config: Config) -> None:
+        super().__init__(gguf, config)
+        labels = config.metadata.get("qwen3.classifier.output_labels")
+        tokens = config.metadata.get("tokenizer.ggml.tokens") or []
+        ids = {t: i for i, t in enumerate(tokens) if t in ("yes", "no")}
+        if labels != ["yes", "no"] or len(ids) != 2:
+            raise ModelLoadError('a Qwen3 reranker needs the labels and tokens "yes" and "no"')
+        self.label_ids = [ids["yes"], ids["no"]]
+        template = config.metadata.get("tokenizer.chat_template.rerank")
+        if not isinstance(template, str) or "{query}" not in template:
+            raise ModelLoadError("a Qwen3 reranker needs tokenizer.chat_template.rerank")
+        self.template = template
+
+    def rerank_prompt(self, query: str, document: str) -> str:
+        # filled piece by piece: braces in the query must not reach the document's placeholder
+        head, _, tail = self.template.partition("{query}")
+        return head + query + tail.replace("{document}", document, 1)
+
+    def score(self, pooled: torch.Tensor) -> torch.Tensor:
+        """(n, C) last-token states -> (n,) p(yes) over {yes, no}."""
+        return torch.softmax(self.logits(pooled)[:, self.label_ids], dim=-1)[:, 0]
+
+
+@register("qwen3")
+def qwen3(gguf: GGUFFile, config: Config) -> Qwen3:
+    """A Qwen3 file's model: its reranker where its pooling type says rank."""
+    if config.metadata.get("qwen3.pooling_type") == POOLING_RANK:
+        return Qwen3Ranker(gguf, config)
+    return Qwen3(gguf, config)
