@@ -80,7 +80,7 @@ class TextDecoder:
 
     def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
         """(shape of every tensor the file may hold, the names it must hold)."""
-        c, f, v = self.hidden, self.ffn, self.vocab_size
+        c, v = self.hidden, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         shapes: dict[str, tuple[int, ...]] = {
             "token_embd.weight": (v, c),
@@ -93,8 +93,7 @@ class TextDecoder:
         per_layer = {
             "attn_norm.weight": (c,), "attn_q.weight": (q, c), "attn_k.weight": (kv, c),
             "attn_v.weight": (kv, c), "attn_output.weight": (c, q), "ffn_norm.weight": (c,),
-            "ffn_gate.weight": (f, c), "ffn_up.weight": (f, c), "ffn_down.weight": (c, f),
-        }  # fmt: skip
+        } | self.ffn_shapes()  # fmt: skip
         extra = self.layer_shapes()
         for i in range(self.num_layers):
             for name, shape in (per_layer | extra).items():
@@ -102,6 +101,16 @@ class TextDecoder:
             required |= {f"blk.{i}.{n}" for n in per_layer}
             required |= {f"blk.{i}.{n}" for n in extra if not n.endswith(".bias")}
         return shapes, required
+
+    def ffn_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The feed-forward tensors of a layer: a SwiGLU MLP (an MoE converter has experts)."""
+        c, f = self.hidden, self.ffn
+        return {"ffn_gate.weight": (f, c), "ffn_up.weight": (f, c), "ffn_down.weight": (c, f)}
+
+    def stacked(self, hf_name: str) -> tuple[str, int] | None:
+        """The GGUF tensor this HF tensor is one slice of, and its index there (an expert of an
+        MoE layer, stacked along a first dimension); None for a tensor of its own."""
+        return None
 
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         """Tensors of a layer beyond the llama set (biases are optional)."""

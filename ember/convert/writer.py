@@ -23,6 +23,7 @@ from ember.convert.olmo2 import Olmo2Decoder
 from ember.convert.phi3 import Phi3Decoder
 from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.qwen3 import Qwen3Decoder
+from ember.convert.qwen3moe import Qwen3MoeDecoder
 from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
 
 CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
@@ -35,6 +36,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Phi3ForCausalLM": Phi3Decoder,
     "Qwen2ForCausalLM": Qwen2Decoder,
     "Qwen3ForCausalLM": Qwen3Decoder,
+    "Qwen3MoeForCausalLM": Qwen3MoeDecoder,
     "Gemma2ForCausalLM": Gemma2Decoder,
     "Gemma3ForCausalLM": Gemma3Decoder,
     "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
@@ -88,7 +90,12 @@ def convert_directory(
 def _plan(decoder: TextDecoder, tensors: Tensors) -> list[Planned]:
     shapes, required = decoder.shapes()
     plan: dict[str, Planned] = {}
+    slices: dict[str, dict[int, str]] = {}  # stacked GGUF name -> index -> HF name
     for hf_name in tensors:
+        stack = decoder.stacked(hf_name)
+        if stack is not None:
+            slices.setdefault(stack[0], {})[stack[1]] = hf_name
+            continue
         name = decoder.rename(hf_name)
         if name is None:
             continue
@@ -102,6 +109,8 @@ def _plan(decoder: TextDecoder, tensors: Tensors) -> list[Planned]:
             )
         dtype = tensors.dtype(hf_name) if len(shape) > 1 else torch.float32
         plan[name] = Planned(name, shape, dtype, _loader(decoder, tensors, hf_name, name))
+    for name, parts in slices.items():
+        plan[name] = _plan_stack(decoder, tensors, name, parts, shapes.get(name, ()))
     for name, value in decoder.extra_tensors().items():
         plan[name] = Planned(name, tuple(value.shape), torch.float32, _constant(value))
     missing = sorted(required - set(plan))
@@ -110,6 +119,36 @@ def _plan(decoder: TextDecoder, tensors: Tensors) -> list[Planned]:
             f"the safetensors files lack {len(missing)} tensors, e.g. {missing[0]!r}"
         )
     return list(plan.values())
+
+
+def _plan_stack(
+    decoder: TextDecoder,
+    tensors: Tensors,
+    name: str,
+    parts: dict[int, str],
+    shape: tuple[int, ...],
+) -> Planned:
+    """One GGUF tensor stacked from HF tensors of equal shape (the experts of an MoE layer)."""
+    count = shape[0] if shape else 0
+    if sorted(parts) != list(range(count)):
+        raise ConvertError(
+            f"{name!r} stacks {count} tensors (one per expert); the safetensors files have "
+            f"slices {sorted(parts)[:8]} ({len(parts)} in all)"
+        )
+    names = [parts[i] for i in range(count)]
+    for hf_name in names:
+        if tensors.shape(hf_name) != shape[1:]:
+            raise ConvertError(
+                f"tensor {hf_name!r} has shape {list(tensors.shape(hf_name))}, the config "
+                f"implies {list(shape[1:])}"
+            )
+    dtypes = {tensors.dtype(n) for n in names}
+    dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+
+    def load() -> torch.Tensor:
+        return torch.stack([decoder.transform(name, tensors.load(n)).to(dtype) for n in names])
+
+    return Planned(name, shape, dtype, load)
 
 
 def _loader(

@@ -4,7 +4,13 @@ loudly."""
 import torch
 
 from ember.backend.quant import dequantize
-from ember.backend.weights import AnyLinear, Embedding, concat_linear, linear_from_gguf
+from ember.backend.weights import (
+    AnyLinear,
+    Embedding,
+    concat_linear,
+    expert_linears,
+    linear_from_gguf,
+)
 from ember.gguf import GGUFFile, TensorInfo
 from ember.model.config import ModelLoadError
 
@@ -54,6 +60,14 @@ class Weights:
         where all have one type, else the parts side by side (never expanded)."""
         parts = [self.linear(n, o, in_features) for n, o in zip(names, outs, strict=True)]
         return concat_linear(parts)
+
+    def experts(
+        self, name: str, num_experts: int, out_features: int, in_features: int
+    ) -> list[AnyLinear]:
+        """A 3-D stack of expert weights (experts, out, in), one projection per expert, each
+        kept as its slice of the file's blocks."""
+        info = self._info(name, (num_experts, out_features, in_features))
+        return expert_linears(self.gguf.raw(name), info.ggml_type, info.shape)
 
     def output_head(self, vocab_size: int, hidden: int) -> AnyLinear:
         """`output.weight`, or the token embeddings where the model ties them."""

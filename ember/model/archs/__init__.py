@@ -11,6 +11,7 @@ from ember.model.archs import (
     phi3,
     qwen2,
     qwen3,
+    qwen3moe,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "phi3",
     "qwen2",
     "qwen3",
+    "qwen3moe",
 ]
