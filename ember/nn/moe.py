@@ -27,6 +27,13 @@ def softmax_top_k(logits: torch.Tensor, k: int, *, is_normalized: bool) -> Routi
     return Routing(experts, weights)
 
 
+def top_k_softmax(logits: torch.Tensor, k: int) -> Routing:
+    """gpt-oss's router (its bias already in the logits): the k largest logits, and a softmax
+    over those k only."""
+    top, experts = torch.topk(logits, k, dim=-1)  # (T, K)
+    return Routing(experts, torch.softmax(top, dim=-1))
+
+
 class Experts(Protocol):
     def __call__(self, expert: int, x: torch.Tensor) -> torch.Tensor:
         """The output (n, C) of one expert over the rows x (n, C) routed to it."""

@@ -2,7 +2,7 @@
 
 import torch
 
-from ember.nn.moe import Routing, mixture, softmax_top_k
+from ember.nn.moe import Routing, mixture, softmax_top_k, top_k_softmax
 
 NUM_EXPERTS, HIDDEN = 6, 8
 
@@ -48,6 +48,13 @@ def test_softmax_top_k_picks_the_most_probable_and_may_rescale_them():
     assert torch.allclose(plain.weights, torch.softmax(logits, -1)[:, [1, 2]])
     rescaled = softmax_top_k(logits, 2, is_normalized=True)
     assert torch.allclose(rescaled.weights.sum(-1), torch.ones(1))
+
+
+def test_top_k_softmax_weighs_only_the_chosen_logits():
+    logits = torch.tensor([[0.5, 3.0, -2.0, 1.0], [2.0, 0.0, 1.0, 4.0]])
+    routing = top_k_softmax(logits, 2)
+    assert routing.experts.tolist() == [[1, 3], [3, 0]]
+    assert torch.allclose(routing.weights[0], torch.softmax(torch.tensor([3.0, 1.0]), -1))
 
 
 def test_a_batch_without_rows_runs_no_expert():
