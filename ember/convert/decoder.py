@@ -2,6 +2,7 @@
 config implies (checked before anything is written), and the common hyperparameters."""
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -107,6 +108,12 @@ class TextDecoder:
         c, f = self.hidden, self.ffn
         return {"ffn_gate.weight": (f, c), "ffn_up.weight": (f, c), "ffn_down.weight": (c, f)}
 
+    def split(self, hf_name: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        """The GGUF tensors made of one HF tensor, each by a function of it (slices, transposes
+        that a meta tensor can run for its shape): the renamed tensor itself by default."""
+        name = self.rename(hf_name)
+        return {} if name is None else {name: _same}
+
     def stacked(self, hf_name: str) -> tuple[str, int] | None:
         """The GGUF tensor this HF tensor is one slice of, and its index there (an expert of an
         MoE layer, stacked along a first dimension); None for a tensor of its own."""
@@ -141,3 +148,7 @@ class TextDecoder:
             f"{a}.attention.head_count_kv": self.num_kv_heads,
             f"{a}.attention.layer_norm_rms_epsilon": c.float("rms_norm_eps", 1e-6),
         }
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

@@ -16,6 +16,7 @@ from ember.convert.decoder import TextDecoder
 from ember.convert.gemma2 import Gemma2Decoder
 from ember.convert.gemma3 import Gemma3Decoder
 from ember.convert.gemma3_vision import Gemma3VisionDecoder
+from ember.convert.gptoss import GptOssDecoder
 from ember.convert.granite import GraniteDecoder
 from ember.convert.llama import LlamaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
@@ -29,6 +30,7 @@ from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
 CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "BertModel": BertEncoder,
     "BertForSequenceClassification": BertCrossEncoder,
+    "GptOssForCausalLM": GptOssDecoder,
     "GraniteForCausalLM": GraniteDecoder,
     "LlamaForCausalLM": LlamaDecoder,
     "MistralForCausalLM": LlamaDecoder,
@@ -96,19 +98,10 @@ def _plan(decoder: TextDecoder, tensors: Tensors) -> list[Planned]:
         if stack is not None:
             slices.setdefault(stack[0], {})[stack[1]] = hf_name
             continue
-        name = decoder.rename(hf_name)
-        if name is None:
-            continue
-        if name in plan:
-            raise ConvertError(f"two tensors map to {name!r}")
-        shape = tensors.shape(hf_name)
-        if shapes.get(name) != shape:
-            raise ConvertError(
-                f"tensor {hf_name!r} has shape {list(shape)}, the config implies "
-                f"{list(shapes.get(name, ()))}"
-            )
-        dtype = tensors.dtype(hf_name) if len(shape) > 1 else torch.float32
-        plan[name] = Planned(name, shape, dtype, _loader(decoder, tensors, hf_name, name))
+        for name, part in decoder.split(hf_name).items():
+            if name in plan:
+                raise ConvertError(f"two tensors map to {name!r}")
+            plan[name] = _plan_one(decoder, tensors, hf_name, name, part, shapes.get(name, ()))
     for name, parts in slices.items():
         plan[name] = _plan_stack(decoder, tensors, name, parts, shapes.get(name, ()))
     for name, value in decoder.extra_tensors().items():
@@ -119,6 +112,26 @@ def _plan(decoder: TextDecoder, tensors: Tensors) -> list[Planned]:
             f"the safetensors files lack {len(missing)} tensors, e.g. {missing[0]!r}"
         )
     return list(plan.values())
+
+
+def _plan_one(
+    decoder: TextDecoder,
+    tensors: Tensors,
+    hf_name: str,
+    name: str,
+    part: Callable[[torch.Tensor], torch.Tensor],
+    shape: tuple[int, ...],
+) -> Planned:
+    """The GGUF tensor `part` makes of an HF tensor, its shape checked without reading it."""
+    hf_shape = tensors.shape(hf_name)
+    got = tuple(part(torch.empty(hf_shape, device="meta")).shape)
+    if got != shape:
+        what = f"tensor {hf_name!r} has shape {list(hf_shape)}"
+        if got != hf_shape:
+            what += f" (as {name!r}: {list(got)})"
+        raise ConvertError(f"{what}, the config implies {list(shape)}")
+    dtype = tensors.dtype(hf_name) if len(shape) > 1 else torch.float32
+    return Planned(name, shape, dtype, lambda: decoder.transform(name, part(tensors.load(hf_name))))
 
 
 def _plan_stack(
@@ -149,12 +162,6 @@ def _plan_stack(
         return torch.stack([decoder.transform(name, tensors.load(n)).to(dtype) for n in names])
 
     return Planned(name, shape, dtype, load)
-
-
-def _loader(
-    decoder: TextDecoder, tensors: Tensors, hf_name: str, name: str
-) -> Callable[[], torch.Tensor]:
-    return lambda: decoder.transform(name, tensors.load(hf_name))
 
 
 def _constant(value: torch.Tensor) -> Callable[[], torch.Tensor]:

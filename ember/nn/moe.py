@@ -51,6 +51,27 @@ class SwiGLUExperts:
         return self.down[expert](F.silu(self.gate[expert](x)) * self.up[expert](x))
 
 
+class ClampedSwiGLUExperts:
+    """gpt-oss's experts: biased projections, the gate clamped above and the up clamped both
+    ways at `limit`, then down((up + 1) * gate * sigmoid(alpha * gate)) + bias."""
+
+    def __init__(
+        self, linears: Sequence[Sequence[AnyLinear]], biases: Sequence[torch.Tensor], *,
+        alpha: float, limit: float,
+    ) -> None:  # fmt: skip
+        """linears: the gate, up and down projections of each expert; biases: theirs, each
+        (experts, out)."""
+        (self.gate, self.up, self.down), self.biases = linears, biases
+        self.alpha, self.limit = alpha, limit
+
+    def __call__(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        gate_bias, up_bias, down_bias = (b[expert] for b in self.biases)
+        gate = (self.gate[expert](x) + gate_bias).clamp(max=self.limit)
+        up = (self.up[expert](x) + up_bias).clamp(-self.limit, self.limit)
+        glu = gate * torch.sigmoid(gate * self.alpha)
+        return self.down[expert]((up + 1) * glu) + down_bias
+
+
 def mixture(x: torch.Tensor, routing: Routing, experts: Experts) -> torch.Tensor:
     """x (T, C) through the experts routing names: sum over k of weight * expert(x)."""
     num_tokens, num_k = routing.experts.shape

@@ -44,6 +44,14 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "tie_word_embeddings": False, "moe_intermediate_size": 32, "num_experts": 8,
         "num_experts_per_tok": 2, "norm_topk_prob": True,
     }),
+    # even layers slide over 6 tokens; YaRN x4 past 32 positions (ggml's rounded ramp)
+    "gpt-oss": ("GptOssForCausalLM", "GptOssConfig", {
+        "tie_word_embeddings": False, "intermediate_size": 32, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "sliding_window": 6, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "original_max_position_embeddings": 32, "truncate": True,
+        },
+    }),
 }  # fmt: skip
 ZERO_CENTRED_NORMS = {"gemma2"}  # RMSNorm multiplies by (1 + w)
 
