@@ -4,10 +4,10 @@
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
-
 from ember.nn import RoPE
 from ember.nn.yarn import yarn_attention_factor, yarn_factors
+
+transformers = pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize(
@@ -17,7 +17,7 @@ def test_yarn_frequencies_and_scale_equal_transformers(dim, base, factor, origin
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     rope = {"rope_type": "yarn", "rope_theta": base, "factor": factor, "truncate": True,
-            "original_max_position_embeddings": original, "beta_fast": 32.0, "beta_slow": 1.0}  # fmt: skip
+            "original_max_position_embeddings": original}  # fmt: skip
     config = transformers.GptOssConfig(head_dim=dim, rope_parameters=rope)
     inv_freq, scale = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
     ours = RoPE(dim, base, True, factors=yarn_factors(dim, base, factor, original)).inv_freq()
