@@ -34,6 +34,13 @@ class Weights:
             )
         return info
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape (torch order), for a size the metadata leaves out."""
+        info = self.gguf.tensors.get(name)
+        if info is None:
+            raise ModelLoadError(f"the model file lacks the tensor {name!r}")
+        return info.shape
+
     def vocab_size(self) -> int:
         """The number of rows of the token embedding table."""
         info = self.gguf.tensors.get("token_embd.weight")

@@ -51,25 +51,52 @@ class SwiGLUExperts:
         return self.down[expert](F.silu(self.gate[expert](x)) * self.up[expert](x))
 
 
-class ClampedSwiGLUExperts:
-    """gpt-oss's experts: biased projections, the gate clamped above and the up clamped both
-    ways at `limit`, then down((up + 1) * gate * sigmoid(alpha * gate)) + bias."""
+class GateUp(Protocol):
+    def __call__(self, expert: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One expert's gate and up projections (with their biases) of the rows x (n, C)."""
+
+
+class SeparateGateUp:
+    """llama.cpp's layout: `ffn_gate_exps` and `ffn_up_exps`, each with its bias (E, F)."""
 
     def __init__(
-        self, linears: Sequence[Sequence[AnyLinear]], biases: Sequence[torch.Tensor], *,
+        self, gate: Sequence[AnyLinear], up: Sequence[AnyLinear], gate_bias: torch.Tensor,
+        up_bias: torch.Tensor,
+    ) -> None:  # fmt: skip
+        self.gate, self.up, self.gate_bias, self.up_bias = gate, up, gate_bias, up_bias
+
+    def __call__(self, expert: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate = self.gate[expert](x) + self.gate_bias[expert]
+        return gate, self.up[expert](x) + self.up_bias[expert]
+
+
+class InterleavedGateUp:
+    """OpenAI's and Ollama's layout: one `ffn_gate_up_exps` whose rows alternate gate, up."""
+
+    def __init__(self, gate_up: Sequence[AnyLinear], bias: torch.Tensor) -> None:
+        self.gate_up, self.bias = gate_up, bias
+
+    def __call__(self, expert: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.gate_up[expert](x) + self.bias[expert]
+        return y[:, ::2], y[:, 1::2]
+
+
+class ClampedSwiGLUExperts:
+    """gpt-oss's experts: the gate clamped above and the up clamped both ways at `limit`, then
+    down((up + 1) * gate * sigmoid(alpha * gate)) + its bias (E, C)."""
+
+    def __init__(
+        self, gate_up: GateUp, down: Sequence[AnyLinear], down_bias: torch.Tensor, *,
         alpha: float, limit: float,
     ) -> None:  # fmt: skip
-        """linears: the gate, up and down projections of each expert; biases: theirs, each
-        (experts, out)."""
-        (self.gate, self.up, self.down), self.biases = linears, biases
+        self.gate_up, self.down, self.down_bias = gate_up, down, down_bias
         self.alpha, self.limit = alpha, limit
 
     def __call__(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        gate_bias, up_bias, down_bias = (b[expert] for b in self.biases)
-        gate = (self.gate[expert](x) + gate_bias).clamp(max=self.limit)
-        up = (self.up[expert](x) + up_bias).clamp(-self.limit, self.limit)
+        gate, up = self.gate_up(expert, x)
+        gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
         glu = gate * torch.sigmoid(gate * self.alpha)
-        return self.down[expert]((up + 1) * glu) + down_bias
+        return self.down[expert]((up + 1) * glu) + self.down_bias[expert]
 
 
 def mixture(x: torch.Tensor, routing: Routing, experts: Experts) -> torch.Tensor:

@@ -84,28 +84,41 @@ def test_two_sequences_in_one_batch_equal_each_alone(converted, model):
     assert (both - alone).abs().max() < 1e-4
 
 
-def test_mxfp4_expert_stacks_equal_transformers_on_the_dequantized_weights(converted, tmp_path):
-    path, hf = converted
+def read_gguf(path) -> tuple[gguf.GGUFReader, dict[str, np.ndarray]]:
     reader = gguf.GGUFReader(path)
-    writer = gguf.GGUFWriter(tmp_path / "mxfp4.gguf", "gpt-oss")
+    shape = lambda t: tuple(int(n) for n in reversed(t.shape))  # noqa: E731
+    return reader, {t.name: np.array(t.data).reshape(shape(t)) for t in reader.tensors}
+
+
+def write_gguf(reader, out, arch: str, tensors: dict, *, drop=(), prefix="gpt-oss.") -> None:
+    """A GGUF of `reader`'s keys (those in `drop` left out, `gpt-oss.` renamed `arch.`) and
+    `tensors`: name -> float array, or (bytes, their GGML type)."""
+    writer = gguf.GGUFWriter(out, arch)
     for field in reader.fields.values():
-        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
-            writer.add_key_value(field.name, field.contents(), field.types[0], field.types[-1])
-    stacks = {}
-    for t in reader.tensors:
-        data = np.array(t.data).reshape(tuple(int(n) for n in reversed(t.shape)))
-        if t.name.endswith("_exps.weight"):
-            q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.MXFP4)
-            stacks[t.name] = torch.from_numpy(
-                gguf.quants.dequantize(q, gguf.GGMLQuantizationType.MXFP4).copy()
-            )
-            writer.add_tensor(t.name, q, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
-        else:
-            writer.add_tensor(t.name, data)
+        name = field.name
+        if name.startswith("GGUF.") or name == "general.architecture" or name in drop:
+            continue
+        key = arch + "." + name.removeprefix(prefix) if name.startswith(prefix) else name
+        writer.add_key_value(key, field.contents(), field.types[0], field.types[-1])
+    for name, value in tensors.items():
+        data, raw = value if isinstance(value, tuple) else (value, None)
+        writer.add_tensor(name, data, raw_dtype=raw)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def test_mxfp4_expert_stacks_equal_transformers_on_the_dequantized_weights(converted, tmp_path):
+    path, hf = converted
+    reader, tensors = read_gguf(path)
+    mxfp4, stacks = gguf.GGMLQuantizationType.MXFP4, {}
+    for name, data in tensors.items():
+        if name.endswith("_exps.weight"):
+            q = gguf.quants.quantize(data, mxfp4)
+            stacks[name] = torch.from_numpy(gguf.quants.dequantize(q, mxfp4).copy())
+            tensors[name] = (q, mxfp4)
+    write_gguf(reader, tmp_path / "mxfp4.gguf", "gpt-oss", tensors)
     with GGUFFile.open(tmp_path / "mxfp4.gguf") as f:
         assert f.tensors["blk.1.ffn_down_exps.weight"].ggml_type == GGMLType.MXFP4
     reference = copy.deepcopy(hf)
@@ -118,3 +131,40 @@ def test_mxfp4_expert_stacks_equal_transformers_on_the_dequantized_weights(conve
             layer.mlp.experts.down_proj.copy_(down.mT)
     quantized = run(load_model(GGUFFile.open(tmp_path / "mxfp4.gguf")), [PROMPT])
     assert (quantized - hf_logits(reference, PROMPT)).abs().max() < 1e-4
+
+
+def ollama_layout(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The tensors as Ollama's gptoss files name and lay them out."""
+    renamed = {"attn_output": "attn_out", "post_attention_norm": "ffn_norm"}
+    out = {}
+    for name, data in tensors.items():
+        if not name.startswith("blk."):
+            out[name] = data
+            continue
+        _, layer, base, kind = name.split(".")
+        p = f"blk.{layer}."
+        if base == "attn_q":
+            out[f"{p}attn_qkv.{kind}"] = np.concatenate(
+                [tensors[f"{p}attn_{n}.{kind}"] for n in "qkv"]
+            )
+        elif base == "ffn_gate_exps":  # rows gate 0, up 0, gate 1, up 1...
+            both = np.stack([data, tensors[f"{p}ffn_up_exps.{kind}"]], axis=2)  # (E, F, 2[, C])
+            out[f"{p}ffn_gate_up_exps.{kind}"] = both.reshape(data.shape[0], -1, *data.shape[2:])
+        elif base == "attn_sinks":
+            out[p + "attn_sinks"] = data
+        elif base not in ("attn_k", "attn_v", "ffn_up_exps"):
+            out[f"{p}{renamed.get(base, base)}.{kind}"] = data
+    return out
+
+
+def test_ollamas_tensor_names_give_the_same_logits(converted, model, tmp_path):
+    """Ollama's gptoss files (arch `gptoss`): fused `attn_qkv`, `attn_out`, `attn_sinks`,
+    `ffn_norm`, gate and up interleaved in `ffn_gate_up_exps`, YaRN's type and the expert size
+    left out. Built here from the converted file by those rules (no real one is at hand)."""
+    reader, tensors = read_gguf(converted[0])
+    drop = ("gpt-oss.rope.scaling.type", "gpt-oss.expert_feed_forward_length")
+    write_gguf(reader, tmp_path / "ollama.gguf", "gptoss", ollama_layout(tensors), drop=drop)
+    with GGUFFile.open(tmp_path / "ollama.gguf") as f:
+        assert "blk.0.ffn_gate_up_exps.weight" in f.tensors and "blk.0.attn_sinks" in f.tensors
+    ollama = load_model(GGUFFile.open(tmp_path / "ollama.gguf"))
+    assert (run(ollama, [LONG]) - run(model, [LONG])).abs().max() < 1e-5

@@ -15,7 +15,14 @@ from ember.model.config import Config, ModelLoadError
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import RoPE, Rotation, rms_norm
-from ember.nn.moe import ClampedSwiGLUExperts, mixture, top_k_softmax
+from ember.nn.moe import (
+    ClampedSwiGLUExperts,
+    GateUp,
+    InterleavedGateUp,
+    SeparateGateUp,
+    mixture,
+    top_k_softmax,
+)
 from ember.nn.sinks import sink_attention
 from ember.nn.yarn import yarn_attention_factor, yarn_factors
 
@@ -39,13 +46,15 @@ class GptOssOptions:
     rope_scale: float  # YaRN's factor on cosines and sines (1.0 without YaRN)
 
     @classmethod
-    def from_config(cls, c: Config) -> "GptOssOptions":
+    def from_config(cls, c: Config, w: Weights) -> "GptOssOptions":
         hidden, num_heads = c.uint("embedding_length"), c.uint("attention.head_count")
         head_dim = c.uint("attention.key_length", hidden // num_heads)
-        base, scaling = c.float("rope.freq_base", 150000.0), c.string("rope.scaling.type", "none")
+        base = c.float("rope.freq_base", 150000.0)
+        # Ollama's gptoss files give YaRN's factor without naming the type
+        factor = c.float("rope.scaling.factor", 1.0)
+        scaling = c.string("rope.scaling.type", "yarn" if factor > 1.0 else "none")
         factors, rope_scale = None, 1.0
         if scaling == "yarn":
-            factor = c.float("rope.scaling.factor")
             original = c.uint("rope.scaling.original_context_length", maximum=1 << 28)
             factors = yarn_factors(head_dim, base, factor, original)
             rope_scale = yarn_attention_factor(factor)
@@ -63,32 +72,43 @@ class GptOssOptions:
             context_length=c.uint("context_length", 131072, maximum=1 << 28),
             num_experts=num_experts,
             num_experts_used=c.uint("expert_used_count", maximum=num_experts),
-            expert_ffn=c.uint("expert_feed_forward_length"),
+            expert_ffn=c.uint(
+                "expert_feed_forward_length", w.shape("blk.0.ffn_down_exps.weight")[-1]
+            ),
             rope=RoPE(head_dim, base, True, factors=factors),
             rope_scale=rope_scale,
         )
 
 
 class Block:
+    """One layer, from llama.cpp's tensor names or Ollama's (fused `attn_qkv`, `attn_out`,
+    `attn_sinks`, `ffn_norm`, interleaved `ffn_gate_up_exps`)."""
+
     def __init__(self, w: Weights, i: int, o: GptOssOptions) -> None:
-        p, c, e, f = f"blk.{i}.", o.hidden, o.num_experts, o.expert_ffn
+        p, c = f"blk.{i}.", o.hidden
         self.splits = [o.num_heads * o.head_dim, *[o.num_kv_heads * o.head_dim] * 2]
-        names = [p + f"attn_{n}.weight" for n in "qkv"]
         self.attn_norm = w.tensor(p + "attn_norm.weight", (c,))
-        self.attn_qkv = w.fused(names, self.splits, c)
-        self.qkv_bias = torch.cat(
-            [w.tensor(p + f"attn_{n}.bias", (s,)) for n, s in zip("qkv", self.splits, strict=True)]
-        )
-        self.attn_output = w.linear(p + "attn_output.weight", c, self.splits[0])
-        self.attn_output_bias = w.tensor(p + "attn_output.bias", (c,))
-        self.attn_sinks = w.tensor(p + "attn_sinks.weight", (o.num_heads,))
-        self.post_attention_norm = w.tensor(p + "post_attention_norm.weight", (c,))
-        self.ffn_gate_inp = w.linear(p + "ffn_gate_inp.weight", e, c)
-        self.ffn_gate_inp_bias = w.tensor(p + "ffn_gate_inp.bias", (e,))
-        shapes = {"gate": (f, c), "up": (f, c), "down": (c, f)}
+        if w.has(p + "attn_qkv.weight"):
+            self.attn_qkv = w.linear(p + "attn_qkv.weight", sum(self.splits), c)
+            self.qkv_bias = w.tensor(p + "attn_qkv.bias", (sum(self.splits),))
+        else:
+            names = [p + f"attn_{n}.weight" for n in "qkv"]
+            self.attn_qkv = w.fused(names, self.splits, c)
+            biases = zip("qkv", self.splits, strict=True)
+            self.qkv_bias = torch.cat([w.tensor(p + f"attn_{n}.bias", (s,)) for n, s in biases])
+        out = p + ("attn_out" if w.has(p + "attn_out.weight") else "attn_output")
+        self.attn_output = w.linear(out + ".weight", c, self.splits[0])
+        self.attn_output_bias = w.tensor(out + ".bias", (c,))
+        sinks = p + ("attn_sinks" if w.has(p + "attn_sinks") else "attn_sinks.weight")
+        self.attn_sinks = w.tensor(sinks, (o.num_heads,))
+        norm = p + ("ffn_norm" if w.has(p + "ffn_norm.weight") else "post_attention_norm")
+        self.post_attention_norm = w.tensor(norm + ".weight", (c,))
+        self.ffn_gate_inp = w.linear(p + "ffn_gate_inp.weight", o.num_experts, c)
+        self.ffn_gate_inp_bias = w.tensor(p + "ffn_gate_inp.bias", (o.num_experts,))
         self.experts = ClampedSwiGLUExperts(
-            [w.experts(p + f"ffn_{n}_exps.weight", e, *s) for n, s in shapes.items()],
-            [w.tensor(p + f"ffn_{n}_exps.bias", (e, s[0])) for n, s in shapes.items()],
+            _gate_up(w, p, o),
+            w.experts(p + "ffn_down_exps.weight", o.num_experts, c, o.expert_ffn),
+            w.tensor(p + "ffn_down_exps.bias", (o.num_experts, c)),
             alpha=SWIGLU_ALPHA,
             limit=SWIGLU_LIMIT,
         )
@@ -115,11 +135,21 @@ class Block:
         return x + mixture(h, routing, self.experts)
 
 
+def _gate_up(w: Weights, p: str, o: GptOssOptions) -> GateUp:
+    e, f, c = o.num_experts, o.expert_ffn, o.hidden
+    if w.has(p + "ffn_gate_up_exps.weight"):
+        fused = w.experts(p + "ffn_gate_up_exps.weight", e, 2 * f, c)
+        return InterleavedGateUp(fused, w.tensor(p + "ffn_gate_up_exps.bias", (e, 2 * f)))
+    gate, up = (w.experts(p + f"ffn_{n}_exps.weight", e, f, c) for n in ("gate", "up"))
+    gate_bias, up_bias = (w.tensor(p + f"ffn_{n}_exps.bias", (e, f)) for n in ("gate", "up"))
+    return SeparateGateUp(gate, up, gate_bias, up_bias)
+
+
 @register("gpt-oss", "gptoss")
 class GptOss:
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         w = Weights(gguf)
-        o = self.options = GptOssOptions.from_config(config)
+        o = self.options = GptOssOptions.from_config(config, w)
         self.vocab_size = w.vocab_size()
         self.context_length = o.context_length
         self.token_embd = w.embedding("token_embd.weight", self.vocab_size, o.hidden)
