@@ -3,6 +3,7 @@ config implies (checked before anything is written), and the common hyperparamet
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,6 +36,16 @@ _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 # Prefixes of the text model inside multimodal checkpoints (transformers 5 and 4).
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
                   ("language_model.lm_head.", "lm_head."))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Combined:
+    """A GGUF tensor built from several HF tensors at once (gpt-oss's MXFP4 blocks and scales)."""
+
+    sources: tuple[str, ...]  # the HF tensors, handed to build in this order
+    shape: tuple[int, ...]  # the GGUF tensor's shape, in elements
+    ggml_type: int  # its block type: build returns its bytes
+    build: Callable[[list[torch.Tensor]], torch.Tensor]
 
 
 class TextDecoder:
@@ -113,6 +124,11 @@ class TextDecoder:
         that a meta tensor can run for its shape): the renamed tensor itself by default."""
         name = self.rename(hf_name)
         return {} if name is None else {name: _same}
+
+    def combined(self, hf_names: list[str]) -> dict[str, Combined]:
+        """GGUF tensors that several HF tensors make together, by GGUF name; their sources are
+        not planned one by one."""
+        return {}
 
     def stacked(self, hf_name: str) -> tuple[str, int] | None:
         """The GGUF tensor this HF tensor is one slice of, and its index there (an expert of an

@@ -1,6 +1,7 @@
-"""gpt-oss checkpoints (float ones; MXFP4 `_blocks`/`_scales` checkpoints are not read yet):
-biased attention with a sink per head, a biased router, and experts stored whole in 3-D tensors
-(gate and up interleaved, transposed) that become llama.cpp's `ffn_{gate,up,down}_exps`."""
+"""gpt-oss checkpoints: biased attention with a sink per head, a biased router, and experts
+stored whole in 3-D tensors (gate and up interleaved) that become llama.cpp's
+`ffn_{gate,up,down}_exps`: float ones transposed, MXFP4 ones (`*_blocks` + `*_scales`, as
+released) repacked into GGUF's MXFP4 blocks without a change of value."""
 
 import re
 from collections.abc import Callable
@@ -8,10 +9,12 @@ from typing import Any
 
 import torch
 
-from ember.convert.decoder import TextDecoder
+from ember.convert.decoder import Combined, TextDecoder
 from ember.convert.source import ConvertError, HFConfig
+from ember.gguf import GGMLType
 
 _EXPERTS = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias)?")
+_PACKED = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)_blocks")
 _SINKS = re.compile(r"model\.layers\.(\d+)\.self_attn\.sinks")
 _NAMES = {
     "input_layernorm": "attn_norm",
@@ -77,6 +80,25 @@ class GptOssDecoder(TextDecoder):
             f"{p}ffn_up_exps.weight": lambda t: _odd(t).transpose(-1, -2),
         }
 
+    def combined(self, hf_names: list[str]) -> dict[str, Combined]:
+        out, names = {}, set(hf_names)
+        for m in filter(None, map(_PACKED.fullmatch, hf_names)):
+            blocks = m.group(0)
+            scales = blocks.removesuffix("_blocks") + "_scales"
+            if scales not in names:
+                raise ConvertError(f"{blocks!r} comes without {scales!r}")
+            p, e, c, f = f"blk.{m.group(1)}.", self.num_experts, self.hidden, self.ffn
+            if m.group(2) == "down_proj":
+                out[p + "ffn_down_exps.weight"] = _mxfp4((blocks, scales), (e, c, f), slice(None))
+            else:  # rows alternate gate, up
+                out[p + "ffn_gate_exps.weight"] = _mxfp4(
+                    (blocks, scales), (e, f, c), slice(0, None, 2)
+                )
+                out[p + "ffn_up_exps.weight"] = _mxfp4(
+                    (blocks, scales), (e, f, c), slice(1, None, 2)
+                )
+        return out
+
     def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
         shapes, required = super().shapes()
         shapes = {n: s for n, s in shapes.items() if not n.endswith("ffn_norm.weight")}
@@ -121,3 +143,18 @@ class GptOssDecoder(TextDecoder):
                 ),
             }
         return meta
+
+
+def _mxfp4(sources: tuple[str, str], shape: tuple[int, int, int], rows: slice) -> Combined:
+    return Combined(
+        sources, shape, GGMLType.MXFP4, lambda t: mxfp4_blocks(t[0][:, rows], t[1][:, rows])
+    )
+
+
+def mxfp4_blocks(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """OpenAI's MXFP4 (blocks (..., G, 16): value 2i in the low nibble of byte i, 2i + 1 in its
+    high one; scales (..., G): the E8M0 exponents) as GGUF's MXFP4 bytes (..., G * 17): each
+    block its exponent, then byte j holding value j low and value j + 16 high."""
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2)  # (..., G, 32)
+    packed = codes[..., :16] | (codes[..., 16:] << 4)
+    return torch.cat([scales[..., None], packed], dim=-1).flatten(-2).contiguous()

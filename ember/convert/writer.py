@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ember.convert.bert import BertCrossEncoder, BertEncoder
-from ember.convert.decoder import TextDecoder
+from ember.convert.decoder import Combined, TextDecoder
 from ember.convert.gemma2 import Gemma2Decoder
 from ember.convert.gemma3 import Gemma3Decoder
 from ember.convert.gemma3_vision import Gemma3VisionDecoder
@@ -54,6 +54,7 @@ class Planned:
     shape: tuple[int, ...]
     dtype: torch.dtype
     load: Callable[[], torch.Tensor]
+    ggml_type: int | None = None  # a block type whose bytes load returns (MXFP4)
 
 
 def converter_for(config: HFConfig) -> TextDecoder:
@@ -93,7 +94,11 @@ def _plan(decoder: TextDecoder, tensors: Tensors) -> list[Planned]:
     shapes, required = decoder.shapes()
     plan: dict[str, Planned] = {}
     slices: dict[str, dict[int, str]] = {}  # stacked GGUF name -> index -> HF name
-    for hf_name in tensors:
+    combined = decoder.combined(list(tensors))
+    consumed = {n for c in combined.values() for n in c.sources}
+    for name, c in combined.items():
+        plan[name] = _plan_combined(tensors, name, c, shapes.get(name, ()))
+    for hf_name in (n for n in tensors if n not in consumed):
         stack = decoder.stacked(hf_name)
         if stack is not None:
             slices.setdefault(stack[0], {})[stack[1]] = hf_name
@@ -132,6 +137,24 @@ def _plan_one(
         raise ConvertError(f"{what}, the config implies {list(shape)}")
     dtype = tensors.dtype(hf_name) if len(shape) > 1 else torch.float32
     return Planned(name, shape, dtype, lambda: decoder.transform(name, part(tensors.load(hf_name))))
+
+
+def _plan_combined(tensors: Tensors, name: str, c: Combined, shape: tuple[int, ...]) -> Planned:
+    if c.shape != shape:
+        raise ConvertError(
+            f"{name!r} would have shape {list(c.shape)}, the config implies {list(shape)}"
+        )
+    want = tuple(
+        gguf.quants.quant_shape_to_byte_shape(c.shape, gguf.GGMLQuantizationType(c.ggml_type))
+    )
+
+    def load() -> torch.Tensor:
+        data = c.build([tensors.load(n) for n in c.sources])
+        if tuple(data.shape) != want or data.dtype != torch.uint8:
+            raise ConvertError(f"{', '.join(c.sources)} do not make the {list(shape)} {name!r}")
+        return data
+
+    return Planned(name, shape, torch.uint8, load, c.ggml_type)
 
 
 def _plan_stack(
@@ -182,6 +205,11 @@ def _write(out: Path, arch: str, meta: dict[str, Any], plan: list[Planned]) -> N
     for key, value in meta.items():
         _add(writer, key, value)
     for p in plan:
+        if p.ggml_type is not None:  # blocks: the shape in bytes, as gguf-py takes it
+            qtype = gguf.GGMLQuantizationType(p.ggml_type)
+            shape = tuple(gguf.quants.quant_shape_to_byte_shape(p.shape, qtype))
+            writer.add_tensor_info(p.name, shape, np.dtype(np.uint8), int(np.prod(shape)), qtype)
+            continue
         kind = _numpy_dtype(p.dtype)
         nbytes = int(np.prod(p.shape)) * kind.itemsize
         raw = gguf.GGMLQuantizationType.BF16 if p.dtype == torch.bfloat16 else None
@@ -190,7 +218,8 @@ def _write(out: Path, arch: str, meta: dict[str, Any], plan: list[Planned]) -> N
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for p in plan:
-        writer.write_tensor_data(_as_numpy(p.load(), p.dtype))
+        data = p.load()
+        writer.write_tensor_data(data.numpy() if p.ggml_type else _as_numpy(data, p.dtype))
     writer.close()
 
 

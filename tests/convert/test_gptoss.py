@@ -86,8 +86,13 @@ def test_two_sequences_in_one_batch_equal_each_alone(converted, model):
 
 def read_gguf(path) -> tuple[gguf.GGUFReader, dict[str, np.ndarray]]:
     reader = gguf.GGUFReader(path)
-    shape = lambda t: tuple(int(n) for n in reversed(t.shape))  # noqa: E731
-    return reader, {t.name: np.array(t.data).reshape(shape(t)) for t in reader.tensors}
+    tensors = {}
+    for t in reader.tensors:  # float ones in their shape; blocks as gguf-py gives their bytes
+        data = np.array(t.data)
+        if t.tensor_type == gguf.GGMLQuantizationType.F32:
+            data = data.reshape(tuple(int(n) for n in reversed(t.shape)))
+        tensors[t.name] = data
+    return reader, tensors
 
 
 def write_gguf(reader, out, arch: str, tensors: dict, *, drop=(), prefix="gpt-oss.") -> None:
@@ -168,3 +173,51 @@ def test_ollamas_tensor_names_give_the_same_logits(converted, model, tmp_path):
         assert "blk.0.ffn_gate_up_exps.weight" in f.tensors and "blk.0.attn_sinks" in f.tensors
     ollama = load_model(GGUFFile.open(tmp_path / "ollama.gguf"))
     assert (run(ollama, [LONG]) - run(model, [LONG])).abs().max() < 1e-5
+
+
+def openai_mxfp4(ggml: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF MXFP4 bytes (..., G * 17) as OpenAI's checkpoints store them: blocks (..., G, 16)
+    with values 2i and 2i + 1 in byte i, and scales (..., G)."""
+    b = torch.from_numpy(ggml.copy()).unflatten(-1, (-1, 17))
+    codes = torch.cat([b[..., 1:] & 0x0F, b[..., 1:] >> 4], dim=-1)  # (..., G, 32) in order
+    return codes[..., 0::2] | (codes[..., 1::2] << 4), b[..., 0].contiguous()
+
+
+def test_an_mxfp4_checkpoint_converts_to_the_same_blocks(converted, tmp_path):
+    """A checkpoint stored as released (experts in MXFP4 `_blocks` / `_scales`): its GGUF holds
+    gguf-py's MXFP4 bytes of the same values, and transformers' own MXFP4 decoding of the
+    checkpoint equals gguf-py's of the file."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    root, mxfp4 = converted[0].parent, gguf.GGMLQuantizationType.MXFP4
+    _, tensors = read_gguf(converted[0])
+    weights = load_file(root / "hf" / "model.safetensors")
+    expected = {}
+    for i in range(2):
+        p, hf = f"blk.{i}.", f"model.layers.{i}.mlp.experts."
+        q = {n: gguf.quants.quantize(tensors[f"{p}ffn_{n}_exps.weight"], mxfp4)
+             for n in ("gate", "up", "down")}  # fmt: skip
+        expected |= {f"{p}ffn_{n}_exps.weight": v for n, v in q.items()}
+        gate_up = np.stack([q["gate"], q["up"]], axis=2).reshape(8, 64, -1)  # rows gate, up...
+        for name, data in (("gate_up_proj", gate_up), ("down_proj", q["down"])):
+            del weights[hf + name]
+            weights[hf + name + "_blocks"], weights[hf + name + "_scales"] = openai_mxfp4(data)
+    out = tmp_path / "hf"
+    out.mkdir()
+    save_file(weights, out / "model.safetensors")
+    for f in (root / "hf").iterdir():
+        if f.suffix != ".safetensors":
+            (out / f.name).write_bytes(f.read_bytes())
+    convert_directory(out, tmp_path / "model.gguf")
+    _, got = read_gguf(tmp_path / "model.gguf")
+    with GGUFFile.open(tmp_path / "model.gguf") as f:
+        assert f.tensors["blk.0.ffn_gate_exps.weight"].ggml_type == GGMLType.MXFP4
+    for name, data in expected.items():
+        assert np.array_equal(got[name].reshape(data.shape), data), name
+    hf = "model.layers.1.mlp.experts.gate_up_proj_"
+    theirs = convert_moe_packed_tensors(weights[hf + "blocks"], weights[hf + "scales"],
+                                        dtype=torch.float32)  # fmt: skip  # (E, C, 2F)
+    up = got["blk.1.ffn_up_exps.weight"].reshape(8, 32, -1)
+    ours = torch.from_numpy(gguf.quants.dequantize(up, mxfp4))
+    assert torch.equal(theirs[..., 1::2], ours.mT)
