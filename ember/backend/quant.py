@@ -276,6 +276,20 @@ def _iq4_xs(blocks: torch.Tensor) -> torch.Tensor:
     return (dl * _IQ4_VALUES[q]).view(n, 256)
 
 
+# MXFP4 (gpt-oss): 32 E2M1 values, doubled as ggml stores them, times one E8M0 power of two
+# halved (ggml_e8m0_to_fp32_half); the low nibbles are the first 16 values.
+_MXFP4_VALUES = torch.tensor(
+    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.float32
+)
+
+
+def _mxfp4(blocks: torch.Tensor) -> torch.Tensor:
+    e = blocks[:, :1].to(torch.int32)  # (n, 1)
+    bits = torch.where(e < 2, torch.full_like(e, 0x00200000) << e, (e - 1) << 23)
+    q = _unpack(blocks[:, 1:], _NIBBLE_SHIFTS, 0x0F, 16).long()
+    return bits.view(torch.float32) * _MXFP4_VALUES[q]
+
+
 Int4Split = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # codes, scales, zeros: (n, P, k)
 
 
@@ -353,4 +367,5 @@ _DECODERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
     GGMLType.Q6_K: _q6_k,
     GGMLType.IQ4_NL: _iq4_nl,
     GGMLType.IQ4_XS: _iq4_xs,
+    GGMLType.MXFP4: _mxfp4,
 }

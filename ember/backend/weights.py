@@ -220,6 +220,26 @@ def linear_from_gguf(
     return NativeLinear(raw, ggml_type, shape[0], shape[1])
 
 
+def expert_linears(
+    raw: torch.Tensor | np.ndarray, ggml_type: int, shape: tuple[int, ...]
+) -> list[AnyLinear]:
+    """One projection per expert of a stacked GGUF tensor, `shape` (experts, out, in): each a
+    view of its expert's blocks (no copy), so running an expert reads only its own bytes."""
+    if len(shape) != 3:
+        raise QuantError(f"a stack of expert weights is 3-D (experts, out, in), got {shape}")
+    num_experts, out_features, in_features = shape
+    data = as_byte_tensor(raw)
+    step = out_features * row_nbytes(ggml_type, in_features)
+    if data.numel() != num_experts * step:
+        raise QuantError(
+            f"a stack of shape {shape} has {num_experts * step} bytes, got {data.numel()}"
+        )
+    return [
+        linear_from_gguf(data[e * step : (e + 1) * step], ggml_type, (out_features, in_features))
+        for e in range(num_experts)
+    ]
+
+
 def concat_linear(parts: list[AnyLinear]) -> AnyLinear:
     """Fuse weights with the same `in` along `out` (q/k/v, gate/up): one call for all. Blocks
     of one type are stacked; dense parts are joined; a mix stays separate parts."""

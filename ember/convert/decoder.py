@@ -2,6 +2,8 @@
 config implies (checked before anything is written), and the common hyperparameters."""
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,6 +36,16 @@ _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 # Prefixes of the text model inside multimodal checkpoints (transformers 5 and 4).
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
                   ("language_model.lm_head.", "lm_head."))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Combined:
+    """A GGUF tensor built from several HF tensors at once (gpt-oss's MXFP4 blocks and scales)."""
+
+    sources: tuple[str, ...]  # the HF tensors, handed to build in this order
+    shape: tuple[int, ...]  # the GGUF tensor's shape, in elements
+    ggml_type: int  # its block type: build returns its bytes
+    build: Callable[[list[torch.Tensor]], torch.Tensor]
 
 
 class TextDecoder:
@@ -80,7 +92,7 @@ class TextDecoder:
 
     def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
         """(shape of every tensor the file may hold, the names it must hold)."""
-        c, f, v = self.hidden, self.ffn, self.vocab_size
+        c, v = self.hidden, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         shapes: dict[str, tuple[int, ...]] = {
             "token_embd.weight": (v, c),
@@ -93,8 +105,7 @@ class TextDecoder:
         per_layer = {
             "attn_norm.weight": (c,), "attn_q.weight": (q, c), "attn_k.weight": (kv, c),
             "attn_v.weight": (kv, c), "attn_output.weight": (c, q), "ffn_norm.weight": (c,),
-            "ffn_gate.weight": (f, c), "ffn_up.weight": (f, c), "ffn_down.weight": (c, f),
-        }  # fmt: skip
+        } | self.ffn_shapes()  # fmt: skip
         extra = self.layer_shapes()
         for i in range(self.num_layers):
             for name, shape in (per_layer | extra).items():
@@ -102,6 +113,27 @@ class TextDecoder:
             required |= {f"blk.{i}.{n}" for n in per_layer}
             required |= {f"blk.{i}.{n}" for n in extra if not n.endswith(".bias")}
         return shapes, required
+
+    def ffn_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The feed-forward tensors of a layer: a SwiGLU MLP (an MoE converter has experts)."""
+        c, f = self.hidden, self.ffn
+        return {"ffn_gate.weight": (f, c), "ffn_up.weight": (f, c), "ffn_down.weight": (c, f)}
+
+    def split(self, hf_name: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        """The GGUF tensors made of one HF tensor, each by a function of it (slices, transposes
+        that a meta tensor can run for its shape): the renamed tensor itself by default."""
+        name = self.rename(hf_name)
+        return {} if name is None else {name: _same}
+
+    def combined(self, hf_names: list[str]) -> dict[str, Combined]:
+        """GGUF tensors that several HF tensors make together, by GGUF name; their sources are
+        not planned one by one."""
+        return {}
+
+    def stacked(self, hf_name: str) -> tuple[str, int] | None:
+        """The GGUF tensor this HF tensor is one slice of, and its index there (an expert of an
+        MoE layer, stacked along a first dimension); None for a tensor of its own."""
+        return None
 
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         """Tensors of a layer beyond the llama set (biases are optional)."""
@@ -132,3 +164,7 @@ class TextDecoder:
             f"{a}.attention.head_count_kv": self.num_kv_heads,
             f"{a}.attention.layer_norm_rms_epsilon": c.float("rms_norm_eps", 1e-6),
         }
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

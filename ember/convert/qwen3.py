@@ -19,7 +19,7 @@ class Qwen3Decoder(Qwen2Decoder):
 
     def metadata(self) -> dict[str, Any]:
         meta = LlamaDecoder.metadata(self)
-        del meta["qwen3.vocab_size"]
+        del meta[f"{self.arch}.vocab_size"]
         return meta
 
     def directory_metadata(self, directory: Path) -> dict[str, Any]:

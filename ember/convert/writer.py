@@ -12,10 +12,11 @@ import numpy as np
 import torch
 
 from ember.convert.bert import BertCrossEncoder, BertEncoder
-from ember.convert.decoder import TextDecoder
+from ember.convert.decoder import Combined, TextDecoder
 from ember.convert.gemma2 import Gemma2Decoder
 from ember.convert.gemma3 import Gemma3Decoder
 from ember.convert.gemma3_vision import Gemma3VisionDecoder
+from ember.convert.gptoss import GptOssDecoder
 from ember.convert.granite import GraniteDecoder
 from ember.convert.llama import LlamaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
@@ -23,11 +24,13 @@ from ember.convert.olmo2 import Olmo2Decoder
 from ember.convert.phi3 import Phi3Decoder
 from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.qwen3 import Qwen3Decoder
+from ember.convert.qwen3moe import Qwen3MoeDecoder
 from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
 
 CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "BertModel": BertEncoder,
     "BertForSequenceClassification": BertCrossEncoder,
+    "GptOssForCausalLM": GptOssDecoder,
     "GraniteForCausalLM": GraniteDecoder,
     "LlamaForCausalLM": LlamaDecoder,
     "MistralForCausalLM": LlamaDecoder,
@@ -35,6 +38,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Phi3ForCausalLM": Phi3Decoder,
     "Qwen2ForCausalLM": Qwen2Decoder,
     "Qwen3ForCausalLM": Qwen3Decoder,
+    "Qwen3MoeForCausalLM": Qwen3MoeDecoder,
     "Gemma2ForCausalLM": Gemma2Decoder,
     "Gemma3ForCausalLM": Gemma3Decoder,
     "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
@@ -50,6 +54,7 @@ class Planned:
     shape: tuple[int, ...]
     dtype: torch.dtype
     load: Callable[[], torch.Tensor]
+    ggml_type: int | None = None  # a block type whose bytes load returns (MXFP4)
 
 
 def converter_for(config: HFConfig) -> TextDecoder:
@@ -88,20 +93,22 @@ def convert_directory(
 def _plan(decoder: TextDecoder, tensors: Tensors) -> list[Planned]:
     shapes, required = decoder.shapes()
     plan: dict[str, Planned] = {}
-    for hf_name in tensors:
-        name = decoder.rename(hf_name)
-        if name is None:
+    slices: dict[str, dict[int, str]] = {}  # stacked GGUF name -> index -> HF name
+    combined = decoder.combined(list(tensors))
+    consumed = {n for c in combined.values() for n in c.sources}
+    for name, c in combined.items():
+        plan[name] = _plan_combined(tensors, name, c, shapes.get(name, ()))
+    for hf_name in (n for n in tensors if n not in consumed):
+        stack = decoder.stacked(hf_name)
+        if stack is not None:
+            slices.setdefault(stack[0], {})[stack[1]] = hf_name
             continue
-        if name in plan:
-            raise ConvertError(f"two tensors map to {name!r}")
-        shape = tensors.shape(hf_name)
-        if shapes.get(name) != shape:
-            raise ConvertError(
-                f"tensor {hf_name!r} has shape {list(shape)}, the config implies "
-                f"{list(shapes.get(name, ()))}"
-            )
-        dtype = tensors.dtype(hf_name) if len(shape) > 1 else torch.float32
-        plan[name] = Planned(name, shape, dtype, _loader(decoder, tensors, hf_name, name))
+        for name, part in decoder.split(hf_name).items():
+            if name in plan:
+                raise ConvertError(f"two tensors map to {name!r}")
+            plan[name] = _plan_one(decoder, tensors, hf_name, name, part, shapes.get(name, ()))
+    for name, parts in slices.items():
+        plan[name] = _plan_stack(decoder, tensors, name, parts, shapes.get(name, ()))
     for name, value in decoder.extra_tensors().items():
         plan[name] = Planned(name, tuple(value.shape), torch.float32, _constant(value))
     missing = sorted(required - set(plan))
@@ -112,10 +119,72 @@ def _plan(decoder: TextDecoder, tensors: Tensors) -> list[Planned]:
     return list(plan.values())
 
 
-def _loader(
-    decoder: TextDecoder, tensors: Tensors, hf_name: str, name: str
-) -> Callable[[], torch.Tensor]:
-    return lambda: decoder.transform(name, tensors.load(hf_name))
+def _plan_one(
+    decoder: TextDecoder,
+    tensors: Tensors,
+    hf_name: str,
+    name: str,
+    part: Callable[[torch.Tensor], torch.Tensor],
+    shape: tuple[int, ...],
+) -> Planned:
+    """The GGUF tensor `part` makes of an HF tensor, its shape checked without reading it."""
+    hf_shape = tensors.shape(hf_name)
+    got = tuple(part(torch.empty(hf_shape, device="meta")).shape)
+    if got != shape:
+        what = f"tensor {hf_name!r} has shape {list(hf_shape)}"
+        if got != hf_shape:
+            what += f" (as {name!r}: {list(got)})"
+        raise ConvertError(f"{what}, the config implies {list(shape)}")
+    dtype = tensors.dtype(hf_name) if len(shape) > 1 else torch.float32
+    return Planned(name, shape, dtype, lambda: decoder.transform(name, part(tensors.load(hf_name))))
+
+
+def _plan_combined(tensors: Tensors, name: str, c: Combined, shape: tuple[int, ...]) -> Planned:
+    if c.shape != shape:
+        raise ConvertError(
+            f"{name!r} would have shape {list(c.shape)}, the config implies {list(shape)}"
+        )
+    want = tuple(
+        gguf.quants.quant_shape_to_byte_shape(c.shape, gguf.GGMLQuantizationType(c.ggml_type))
+    )
+
+    def load() -> torch.Tensor:
+        data = c.build([tensors.load(n) for n in c.sources])
+        if tuple(data.shape) != want or data.dtype != torch.uint8:
+            raise ConvertError(f"{', '.join(c.sources)} do not make the {list(shape)} {name!r}")
+        return data
+
+    return Planned(name, shape, torch.uint8, load, c.ggml_type)
+
+
+def _plan_stack(
+    decoder: TextDecoder,
+    tensors: Tensors,
+    name: str,
+    parts: dict[int, str],
+    shape: tuple[int, ...],
+) -> Planned:
+    """One GGUF tensor stacked from HF tensors of equal shape (the experts of an MoE layer)."""
+    count = shape[0] if shape else 0
+    if sorted(parts) != list(range(count)):
+        raise ConvertError(
+            f"{name!r} stacks {count} tensors (one per expert); the safetensors files have "
+            f"slices {sorted(parts)[:8]} ({len(parts)} in all)"
+        )
+    names = [parts[i] for i in range(count)]
+    for hf_name in names:
+        if tensors.shape(hf_name) != shape[1:]:
+            raise ConvertError(
+                f"tensor {hf_name!r} has shape {list(tensors.shape(hf_name))}, the config "
+                f"implies {list(shape[1:])}"
+            )
+    dtypes = {tensors.dtype(n) for n in names}
+    dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+
+    def load() -> torch.Tensor:
+        return torch.stack([decoder.transform(name, tensors.load(n)).to(dtype) for n in names])
+
+    return Planned(name, shape, dtype, load)
 
 
 def _constant(value: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -136,6 +205,11 @@ def _write(out: Path, arch: str, meta: dict[str, Any], plan: list[Planned]) -> N
     for key, value in meta.items():
         _add(writer, key, value)
     for p in plan:
+        if p.ggml_type is not None:  # blocks: the shape in bytes, as gguf-py takes it
+            qtype = gguf.GGMLQuantizationType(p.ggml_type)
+            shape = tuple(gguf.quants.quant_shape_to_byte_shape(p.shape, qtype))
+            writer.add_tensor_info(p.name, shape, np.dtype(np.uint8), int(np.prod(shape)), qtype)
+            continue
         kind = _numpy_dtype(p.dtype)
         nbytes = int(np.prod(p.shape)) * kind.itemsize
         raw = gguf.GGMLQuantizationType.BF16 if p.dtype == torch.bfloat16 else None
@@ -144,7 +218,8 @@ def _write(out: Path, arch: str, meta: dict[str, Any], plan: list[Planned]) -> N
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for p in plan:
-        writer.write_tensor_data(_as_numpy(p.load(), p.dtype))
+        data = p.load()
+        writer.write_tensor_data(data.numpy() if p.ggml_type else _as_numpy(data, p.dtype))
     writer.close()
 
 

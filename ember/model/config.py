@@ -56,3 +56,11 @@ class Config:
         if default is None:
             raise ModelLoadError(f"the model file lacks the key {key!r}")
         return default
+
+    def bool(self, key: str, default: bool, *, absolute: bool = False) -> bool:
+        value = self._lookup(key, absolute)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ModelLoadError(f"model key {key!r} must be true or false, got {value!r}")
+        return value

@@ -4,7 +4,13 @@ loudly."""
 import torch
 
 from ember.backend.quant import dequantize
-from ember.backend.weights import AnyLinear, Embedding, concat_linear, linear_from_gguf
+from ember.backend.weights import (
+    AnyLinear,
+    Embedding,
+    concat_linear,
+    expert_linears,
+    linear_from_gguf,
+)
 from ember.gguf import GGUFFile, TensorInfo
 from ember.model.config import ModelLoadError
 
@@ -27,6 +33,13 @@ class Weights:
                 f"tensor {name!r} has shape {info.shape}, the model expects {shape}"
             )
         return info
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape (torch order), for a size the metadata leaves out."""
+        info = self.gguf.tensors.get(name)
+        if info is None:
+            raise ModelLoadError(f"the model file lacks the tensor {name!r}")
+        return info.shape
 
     def vocab_size(self) -> int:
         """The number of rows of the token embedding table."""
@@ -54,6 +67,14 @@ class Weights:
         where all have one type, else the parts side by side (never expanded)."""
         parts = [self.linear(n, o, in_features) for n, o in zip(names, outs, strict=True)]
         return concat_linear(parts)
+
+    def experts(
+        self, name: str, num_experts: int, out_features: int, in_features: int
+    ) -> list[AnyLinear]:
+        """A 3-D stack of expert weights (experts, out, in), one projection per expert, each
+        kept as its slice of the file's blocks."""
+        info = self._info(name, (num_experts, out_features, in_features))
+        return expert_linears(self.gguf.raw(name), info.ggml_type, info.shape)
 
     def output_head(self, vocab_size: int, hidden: int) -> AnyLinear:
         """`output.weight`, or the token embeddings where the model ties them."""

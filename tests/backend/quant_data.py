@@ -5,7 +5,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf import quants
 
-QUANTIZABLE = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0]
+QUANTIZABLE = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.MXFP4]
 # Byte offsets of the fp16 scale fields in each block: random bytes there could be NaN or huge.
 F16_FIELDS = {
     QT.Q4_0: (0,),
@@ -20,6 +20,7 @@ F16_FIELDS = {
     QT.Q6_K: (208,),
     QT.IQ4_NL: (0,),
     QT.IQ4_XS: (0,),
+    QT.MXFP4: (),  # its scale is a byte exponent: every value is a finite power of two
 }
 
 

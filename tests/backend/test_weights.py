@@ -14,6 +14,7 @@ from ember.backend.weights import (
     LinearWeight,
     NativeLinear,
     concat_linear,
+    expert_linears,
     linear_from_gguf,
 )
 from ember.gguf import GGUFFile
@@ -149,3 +150,19 @@ def test_real_smollm2_layer_stays_blocks(smollm2_path: str) -> None:
         ids = torch.tensor([1, 2, 49151])
         full = dequantize(f.raw(emb_info.name), emb_info.ggml_type, emb_info.shape)
         assert torch.equal(emb.lookup(ids), full[ids])
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_K, QT.MXFP4, QT.F32], ids=lambda t: t.name)
+def test_expert_stacks_split_into_views_of_each_experts_blocks(qtype: QT) -> None:
+    """A 3-D stack (experts, out, in) becomes one weight per expert over its own slice of the
+    bytes: no copy for block types (F32 is expanded, as every F32 weight), the same values."""
+    shape = (3, 8, 256)
+    raw = quantized(qtype, (24, 256)) if qtype != QT.Q4_K else random_blocks(qtype, (24, 256))
+    experts = expert_linears(raw, qtype, shape)
+    whole = dequantize(raw, qtype, shape)
+    for e, linear in enumerate(experts):
+        assert torch.equal(linear.dequantize(), whole[e])
+        if isinstance(linear, NativeLinear):
+            assert linear.raw.data_ptr() == raw.ctypes.data + e * raw.nbytes // 3
+    with pytest.raises(QuantError, match="3-D"):
+        expert_linears(raw, qtype, (24, 256))

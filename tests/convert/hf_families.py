@@ -1,6 +1,7 @@
-"""Tiny random-weight HF models of the dense text families beyond llama/qwen2/gemma3 (qwen3,
-mistral, gemma2, olmo2, phi3, granite), saved as `save_pretrained` saves them with a byte-level
-BPE tokenizer (tinymodels' Qwen2-like vocabulary), for the converter tests."""
+"""Tiny random-weight HF models of the text families beyond llama/qwen2/gemma3 (qwen3,
+mistral, gemma2, olmo2, phi3, granite; qwen3moe with 8 experts, top-2), saved as
+`save_pretrained` saves them with a byte-level BPE tokenizer (tinymodels' Qwen2-like
+vocabulary), for the converter tests."""
 
 from __future__ import annotations
 
@@ -37,6 +38,18 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
             "short_factor": [1.0, 1.5, 2.0, 4.0], "long_factor": [2.0, 3.0, 5.0, 9.0],
             "original_max_position_embeddings": 64,
+        },
+    }),
+    "qwen3moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", {
+        "tie_word_embeddings": False, "moe_intermediate_size": 32, "num_experts": 8,
+        "num_experts_per_tok": 2, "norm_topk_prob": True,
+    }),
+    # even layers slide over 6 tokens; YaRN x4 past 32 positions (ggml's rounded ramp)
+    "gpt-oss": ("GptOssForCausalLM", "GptOssConfig", {
+        "tie_word_embeddings": False, "intermediate_size": 32, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "sliding_window": 6, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "original_max_position_embeddings": 32, "truncate": True,
         },
     }),
 }  # fmt: skip

@@ -74,9 +74,8 @@ def test_incremental_decode_equals_prefill(converted, family):
     assert (run(model, [PROMPT[:5]] + [[t] for t in PROMPT[5:]]) - full).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_two_sequences_in_one_batch_equal_each_alone(converted, family):
-    model = load(converted[family][0])
+def run_both(model) -> torch.Tensor:
+    """PROMPT and OTHER as two sequences of one batch; the logits of every token."""
     cache = model.make_cache()
     cache.init(max_sequences=2, capacity=64, max_batch=64)
     tokens = PROMPT + OTHER
@@ -84,7 +83,13 @@ def test_two_sequences_in_one_batch_equal_each_alone(converted, family):
                   positions=tuple(range(len(PROMPT))) + tuple(range(len(OTHER))),
                   sequences=(0,) * len(PROMPT) + (1,) * len(OTHER),
                   outputs=tuple(range(len(tokens))))  # fmt: skip
-    both = forward(model, cache, batch)
+    return forward(model, cache, batch)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_sequences_in_one_batch_equal_each_alone(converted, family):
+    model = load(converted[family][0])
+    both = run_both(model)
     alone = torch.cat([run(model, [PROMPT]), run(model, [OTHER])])
     assert (both - alone).abs().max() < 1e-4
 

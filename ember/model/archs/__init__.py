@@ -5,12 +5,14 @@ from ember.model.archs import (
     gemma2,
     gemma3,
     gemma3_vision,
+    gptoss,
     granite,
     llama,
     olmo2,
     phi3,
     qwen2,
     qwen3,
+    qwen3moe,
 )
 
 __all__ = [
@@ -18,10 +20,12 @@ __all__ = [
     "gemma2",
     "gemma3",
     "gemma3_vision",
+    "gptoss",
     "granite",
     "llama",
     "olmo2",
     "phi3",
     "qwen2",
     "qwen3",
+    "qwen3moe",
 ]

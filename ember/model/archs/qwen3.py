@@ -16,7 +16,9 @@ from ember.model.weights import Weights
 from ember.nn import Rotation, attention, rms_norm
 
 
-class Qwen3Block:
+class Qwen3Attention:
+    """The attention half of a qwen3 layer (QK-norm), which qwen3moe shares."""
+
     def __init__(self, w: Weights, i: int, o: LlamaOptions) -> None:
         p, q_out, kv_out = f"blk.{i}.", o.num_heads * o.head_dim, o.num_kv_heads * o.head_dim
         self.splits = [q_out, kv_out, o.num_kv_heads * o.value_dim]
@@ -28,6 +30,31 @@ class Qwen3Block:
         self.attn_k_norm = w.tensor(p + "attn_k_norm.weight", (o.head_dim,))
         self.attn_output = w.linear(p + "attn_output.weight", o.hidden, o.num_heads * o.value_dim)
         self.ffn_norm = w.tensor(p + "ffn_norm.weight", (o.hidden,))
+
+    def attend(
+        self,
+        x: torch.Tensor,
+        rot: Rotation,
+        cache: Cache,
+        o: LlamaOptions,
+        outputs: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """x (T, C) plus its attention output (only the `outputs` rows where given)."""
+        q, k, v = self.attn_qkv(rms_norm(x, self.attn_norm, o.eps)).split(self.splits, dim=-1)
+        q = rms_norm(q.unflatten(-1, (o.num_heads, o.head_dim)), self.attn_q_norm, o.eps)
+        k = rms_norm(k.unflatten(-1, (o.num_kv_heads, o.head_dim)), self.attn_k_norm, o.eps)
+        qk = rot(torch.cat([q, k], dim=1))  # Llama.hidden's rotation: q heads scaled, then k
+        v = v.unflatten(-1, (o.num_kv_heads, o.value_dim))
+        h = attention(qk[:, : o.num_heads], qk[:, o.num_heads :], v, cache, scale=1.0)
+        if outputs is not None:
+            h, x = h[outputs], x[outputs]
+        return x + self.attn_output(h)
+
+
+class Qwen3Block(Qwen3Attention):
+    def __init__(self, w: Weights, i: int, o: LlamaOptions) -> None:
+        super().__init__(w, i, o)
+        p = f"blk.{i}."
         self.ffn_gate_up = w.fused(
             [p + "ffn_gate.weight", p + "ffn_up.weight"], [o.ffn, o.ffn], o.hidden
         )
@@ -41,15 +68,7 @@ class Qwen3Block:
         o: LlamaOptions,
         outputs: torch.Tensor | None,
     ) -> torch.Tensor:
-        q, k, v = self.attn_qkv(rms_norm(x, self.attn_norm, o.eps)).split(self.splits, dim=-1)
-        q = rms_norm(q.unflatten(-1, (o.num_heads, o.head_dim)), self.attn_q_norm, o.eps)
-        k = rms_norm(k.unflatten(-1, (o.num_kv_heads, o.head_dim)), self.attn_k_norm, o.eps)
-        qk = rot(torch.cat([q, k], dim=1))  # Llama.hidden's rotation: q heads scaled, then k
-        v = v.unflatten(-1, (o.num_kv_heads, o.value_dim))
-        h = attention(qk[:, : o.num_heads], qk[:, o.num_heads :], v, cache, scale=1.0)
-        if outputs is not None:
-            h, x = h[outputs], x[outputs]
-        x = x + self.attn_output(h)
+        x = self.attend(x, rot, cache, o, outputs)
         gate, up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps)).chunk(2, dim=-1)
         return x + self.ffn_down(F.silu(gate) * up)
 
@@ -63,9 +82,12 @@ class Qwen3(Llama):
         self.vocab_size = w.vocab_size()
         self.context_length = o.context_length
         self.token_embd = w.embedding("token_embd.weight", self.vocab_size, o.hidden)
-        self.blocks = [Qwen3Block(w, i, o) for i in range(o.num_layers)]  # type: ignore[misc]
+        self.blocks = [self.make_block(w, i, o) for i in range(o.num_layers)]  # type: ignore[misc]
         self.output_norm = w.tensor("output_norm.weight", (o.hidden,))
         self.output = w.output_head(self.vocab_size, o.hidden)
+
+    def make_block(self, w: Weights, i: int, o: LlamaOptions) -> Qwen3Attention:
+        return Qwen3Block(w, i, o)
 
 
 class Qwen3Ranker(Qwen3):

@@ -1,0 +1,52 @@
+"""Qwen3 MoE checkpoints: qwen3's attention, and in every layer a router (`mlp.gate`) over
+experts whose per-expert HF tensors are stacked into llama.cpp's 3-D `ffn_*_exps` tensors."""
+
+import re
+from typing import Any
+
+from ember.convert.decoder import _LAYER
+from ember.convert.qwen3 import Qwen3Decoder
+from ember.convert.source import ConvertError, HFConfig
+
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+
+
+class Qwen3MoeDecoder(Qwen3Decoder):
+    arch = "qwen3moe"
+    layer_names = _LAYER | {"mlp.gate": "ffn_gate_inp"}
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        c = self.text
+        key = "num_experts" if c.get("num_experts") is not None else "num_local_experts"
+        self.num_experts = c.int(key, maximum=4096)
+        self.num_experts_used = c.int("num_experts_per_tok", maximum=self.num_experts)
+        self.expert_ffn = c.int("moe_intermediate_size")
+        self.is_normalized = c.bool("norm_topk_prob", False)
+        if c.get("mlp_only_layers", []) or c.get("decoder_sparse_step", 1) != 1:
+            raise ConvertError("qwen3moe: dense layers between the MoE layers are not supported")
+
+    def ffn_shapes(self) -> dict[str, tuple[int, ...]]:
+        c, f, e = self.hidden, self.expert_ffn, self.num_experts
+        return {
+            "ffn_gate_inp.weight": (e, c),
+            "ffn_gate_exps.weight": (e, f, c),
+            "ffn_up_exps.weight": (e, f, c),
+            "ffn_down_exps.weight": (e, c, f),
+        }
+
+    def stacked(self, hf_name: str) -> tuple[str, int] | None:
+        match = _EXPERT.fullmatch(hf_name)
+        if match is None:
+            return None
+        layer, expert, kind = match.groups()
+        return f"blk.{layer}.ffn_{kind}_exps.weight", int(expert)
+
+    def metadata(self) -> dict[str, Any]:
+        a = self.arch
+        return super().metadata() | {
+            f"{a}.expert_count": self.num_experts,
+            f"{a}.expert_used_count": self.num_experts_used,
+            f"{a}.expert_feed_forward_length": self.expert_ffn,
+            f"{a}.expert_weights_norm": self.is_normalized,
+        }
