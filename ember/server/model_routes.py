@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import httpx
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
@@ -36,6 +37,7 @@ from ember.store import (
     get_model,
     list_models,
 )
+from ember.store.allowlist import RegistryNotAllowedError, check_allowed, named_host
 from ember.store.catalogue_import import catalogue_entry, pip_install, pull_catalogue
 from ember.store.names import DEFAULT_HOST
 
@@ -72,6 +74,8 @@ def status_of(err: Exception) -> int:
     """The HTTP status Ollama answers for an error of this kind."""
     if isinstance(err, ModelNotFoundError):
         return 404
+    if isinstance(err, RegistryNotAllowedError):
+        return 403
     if isinstance(err, BlobSizeError):
         return 413
     if isinstance(err, _BAD_REQUEST):
@@ -275,6 +279,7 @@ async def _receive_blob(request: Request, store: Store, expected: Digest) -> Non
 async def pull(request: Request) -> Response:
     try:
         body = await parse(request, api.PullRequest)
+        check_registry(body.model, insecure=body.insecure)
         name = parse_name(body.model)
     except EmberError as e:
         return error(status_of(e), message_of(e))
@@ -291,6 +296,7 @@ async def pull(request: Request) -> Response:
 async def push(request: Request) -> Response:
     try:
         body = await parse(request, api.PushRequest)
+        check_registry(body.model, insecure=body.insecure)
         name = parse_name(body.model)
         store = store_of(request)
         await run_in_threadpool(store.read_manifest, name)  # 404 before any stream
@@ -300,6 +306,23 @@ async def push(request: Request) -> Response:
     return await progress_response(items, stream=body.stream)
 
 
+def check_registry(text: str, *, insecure: bool) -> None:
+    """RegistryNotAllowedError (403) for a model name whose registry is not in
+    EMBER_REGISTRIES; checked on the text, before the name is parsed, so that a host named
+    as Docker names it (`example.com/model`) is refused as such rather than as a bad name."""
+    host = named_host(text)
+    if host is None or host.lower() == DEFAULT_HOST:
+        url = envconfig.registry_url()  # where names without a host of their own go
+    else:
+        scheme = "http" if insecure else text.partition("://")[0] if "://" in text else "https"
+        url = f"{scheme}://{host}"
+    try:
+        target = httpx.URL(url)
+    except httpx.InvalidURL:
+        return  # not a host at all: the name's parse says what is wrong with it
+    check_allowed(target, envconfig.registries())
+
+
 def _with_registry(
     store: Store,
     name: ModelName,
@@ -307,7 +330,8 @@ def _with_registry(
     run: Callable[[Registry], Iterator[Progress]],
 ) -> Iterator[Progress]:
     """A registry client for the name (EMBER_REGISTRY for names without a host of their own),
-    closed when the transfer ends or the client goes away."""
+    limited to EMBER_REGISTRIES, closed when the transfer ends or the client goes away."""
     base_url = envconfig.registry_url() if name.host.lower() == DEFAULT_HOST else None
-    with Registry(store, base_url=base_url, insecure=insecure) as registry:
+    allowed = envconfig.registries()
+    with Registry(store, base_url=base_url, insecure=insecure, allowed=allowed) as registry:
         yield from run(registry)
