@@ -150,12 +150,12 @@ def check_tls(tls: envconfig.TLSFiles) -> None:
 
 def serve() -> int:
     """Runs the server on EMBER_HOST until interrupted; HTTPS with EMBER_TLS_CERT/KEY."""
-    setup_logging()
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # every runner call is not news
-    address = envconfig.host()
     tls = envconfig.tls_files()  # before anything starts: one of the two alone is an error
     if tls is not None:
         check_tls(tls)
+    setup_logging()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # every runner call is not news
+    address = envconfig.host()
     app = build()
     where = address.hostport + (" (https)" if tls else "")
     log_startup(log, address=where, version=__version__)
