@@ -253,4 +253,3 @@ def test_closing_ends_waiting_requests_with_an_error(make):
     engine.close()
     _, done = collect(seq)
     assert done.error is not None
-

@@ -24,9 +24,7 @@ def scrape(client: TestClient, **headers: str) -> Samples:
     resp = client.get("/metrics", headers=headers)
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
     families = list(text_string_to_metric_families(resp.text))
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples
-    }
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
