@@ -279,8 +279,7 @@ async def _receive_blob(request: Request, store: Store, expected: Digest) -> Non
 async def pull(request: Request) -> Response:
     try:
         body = await parse(request, api.PullRequest)
-        check_registry(body.model, insecure=body.insecure)
-        name = parse_name(body.model)
+        name = registry_name(body.model, insecure=body.insecure, is_pull=True)
     except EmberError as e:
         return error(status_of(e), message_of(e))
     store = store_of(request)
@@ -296,8 +295,7 @@ async def pull(request: Request) -> Response:
 async def push(request: Request) -> Response:
     try:
         body = await parse(request, api.PushRequest)
-        check_registry(body.model, insecure=body.insecure)
-        name = parse_name(body.model)
+        name = registry_name(body.model, insecure=body.insecure, is_pull=False)
         store = store_of(request)
         await run_in_threadpool(store.read_manifest, name)  # 404 before any stream
     except EmberError as e:
@@ -306,16 +304,22 @@ async def push(request: Request) -> Response:
     return await progress_response(items, stream=body.stream)
 
 
-def check_registry(text: str, *, insecure: bool) -> None:
-    """RegistryNotAllowedError (403) for a model name whose registry is not in
-    EMBER_REGISTRIES; checked on the text, before the name is parsed, so that a host named
-    as Docker names it (`example.com/model`) is refused as such rather than as a bad name."""
+def registry_name(text: str, *, insecure: bool, is_pull: bool) -> ModelName:
+    """The name of a pull or push whose registry is in EMBER_REGISTRIES; else
+    RegistryNotAllowedError (403). A host the text names is checked before the name is parsed,
+    so that one named as Docker names it (`example.com/model`) is refused as such rather than
+    as a bad name; a pull of a bundled catalogue name reaches no registry."""
     host = named_host(text)
-    if host is None or host.lower() == DEFAULT_HOST:
-        url = envconfig.registry_url()  # where names without a host of their own go
-    else:
+    if host is not None and host.lower() != DEFAULT_HOST:
         scheme = "http" if insecure else text.partition("://")[0] if "://" in text else "https"
-        url = f"{scheme}://{host}"
+        _check_registry(f"{scheme}://{host}")
+    name = parse_name(text)
+    if name.host.lower() == DEFAULT_HOST and not (is_pull and catalogue_entry(name) is not None):
+        _check_registry(envconfig.registry_url())  # where names without a host of their own go
+    return name
+
+
+def _check_registry(url: str) -> None:
     try:
         target = httpx.URL(url)
     except httpx.InvalidURL:

@@ -219,3 +219,14 @@ def test_the_default_registry_pulls_while_another_is_refused(
     monkeypatch.setenv("EMBER_REGISTRIES", "registry.ollama.ai")
     resp = client.post("/api/pull", json={"model": "me/tiny"})
     assert resp.status_code == 403 and "127.0.0.1" in resp.json()["error"]
+    # a bundled name reaches no registry: it is not refused
+    installs: list[object] = []
+
+    def install(entry: object) -> None:
+        installs.append(entry)
+        raise RegistryError("no installs in this test")
+
+    client.app.state.catalogue_install = install  # type: ignore[attr-defined]
+    resp = client.post("/api/pull", json={"model": "smollm2:135m"})
+    assert resp.status_code == 200 and len(installs) == 1
+    assert resp.text.splitlines()[0] == '{"status": "pulling manifest"}'
