@@ -117,10 +117,16 @@ def server(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[S
     s.stop()
 
 
-def test_the_ollama_and_openai_clients_over_https(server: Server) -> None:
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[ollama.Client]:
+    # closed before the server stops: an open keep-alive connection holds its shutdown
+    with ollama.Client(host=server.url, verify=server.verify, timeout=120) as c:
+        yield c
+
+
+def test_the_ollama_and_openai_clients_over_https(server: Server, client: ollama.Client) -> None:
     version = httpx.get(f"{server.url}/api/version", verify=server.verify).json()
     assert version["version"].count(".") == 2
-    client = ollama.Client(host=server.url, verify=server.verify, timeout=120)
     assert client.list().models == []  # an empty store: the bundled models are not listed
     answer = client.generate(MODEL, "Say hi.", options=GREEDY)
     assert answer.done and answer.eval_count == GREEDY["num_predict"]
@@ -139,6 +145,7 @@ def test_the_ollama_and_openai_clients_over_https(server: Server) -> None:
     )
     assert reply.usage is not None and reply.usage.completion_tokens == 3
     assert MODEL in [m.id for m in oai.models.list()]
+    oai.close()
     # a client that does not trust the test CA is refused; plain http gets no answer
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
         httpx.get(f"{server.url}/api/version")
@@ -146,8 +153,7 @@ def test_the_ollama_and_openai_clients_over_https(server: Server) -> None:
         httpx.get(server.url.replace("https://", "http://") + "/api/version")
 
 
-def test_metrics_of_a_real_server_over_https(server: Server) -> None:
-    client = ollama.Client(host=server.url, verify=server.verify, timeout=120)
+def test_metrics_of_a_real_server_over_https(server: Server, client: ollama.Client) -> None:
     prompt = "List three colours of the rainbow."
     for _ in range(2):  # the second reuses the first one's cached prompt
         client.generate(MODEL, prompt, options=GREEDY, raw=True)
@@ -177,9 +183,13 @@ def test_metrics_of_a_real_server_over_https(server: Server) -> None:
 
 
 def test_ember_ps_over_https_trusts_ssl_cert_file(
-    server: Server, certs: Certs, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    server: Server,
+    client: ollama.Client,
+    certs: Certs,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
 ) -> None:
-    ollama.Client(host=server.url, verify=server.verify).generate(MODEL, "", keep_alive="5m")
+    client.generate(MODEL, "", keep_alive="5m")
     monkeypatch.setenv("EMBER_HOST", server.url)
     monkeypatch.delenv("EMBER_API_KEY", raising=False)
     monkeypatch.setenv("SSL_CERT_FILE", str(certs.ca))
