@@ -10,6 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ember.errors import OptionsError
 
@@ -56,6 +57,13 @@ def registry_url() -> str:
     """The registry that pulls and pushes of names without a host of their own use
     (EMBER_REGISTRY, a base URL such as http://127.0.0.1:5000; default Ollama's registry)."""
     return (_get("EMBER_REGISTRY") or DEFAULT_REGISTRY).rstrip("/")
+
+
+def registries() -> tuple[str, ...]:
+    """The registries pulls and pushes may reach (EMBER_REGISTRIES: comma-separated hosts, each
+    `host` for any port or `host:port`); default: the host of EMBER_REGISTRY."""
+    hosts = tuple(h.strip().lower() for h in _get("EMBER_REGISTRIES").split(",") if h.strip())
+    return hosts or (urlsplit(registry_url()).netloc.lower(),)
 
 
 def cache_dir() -> Path:
@@ -252,6 +260,34 @@ def api_key() -> str | None:
     return _get("EMBER_API_KEY") or None
 
 
+def metrics() -> bool:
+    """Serve Prometheus metrics on GET /metrics (EMBER_METRICS); off by default."""
+    return _bool("EMBER_METRICS")
+
+
+@dataclass(frozen=True, slots=True)
+class TLSFiles:
+    cert: Path  # the server's certificate chain (PEM)
+    key: Path  # its private key (PEM)
+
+
+def tls_files() -> TLSFiles | None:
+    """The certificate and key `ember serve` serves HTTPS with (EMBER_TLS_CERT, EMBER_TLS_KEY):
+    both or neither; None serves plain HTTP."""
+    cert, key = _get("EMBER_TLS_CERT"), _get("EMBER_TLS_KEY")
+    if bool(cert) != bool(key):
+        missing = "EMBER_TLS_KEY" if cert else "EMBER_TLS_CERT"
+        raise OptionsError(f"EMBER_TLS_CERT and EMBER_TLS_KEY go together: {missing} is not set")
+    return TLSFiles(Path(cert).expanduser(), Path(key).expanduser()) if cert else None
+
+
+def ca_file() -> Path | None:
+    """The CA bundle clients of the server trust instead of the default (SSL_CERT_FILE, as
+    OpenSSL and most HTTP clients read it)."""
+    text = _get("SSL_CERT_FILE")
+    return Path(text).expanduser() if text else None
+
+
 def keep_alive() -> float:
     """Seconds an idle model stays loaded (EMBER_KEEP_ALIVE, default 5m; negative: FOREVER)."""
     text = _get("EMBER_KEEP_ALIVE")
@@ -375,5 +411,8 @@ def server_settings() -> dict[str, str]:
         "EMBER_CPU_ISA": _get("EMBER_CPU_ISA"),  # as set: the system info line says what it does
         "EMBER_MULTIUSER_CACHE": str(multiuser_cache()).lower(),
         "EMBER_NOPRUNE": str(no_prune()).lower(),
+        "EMBER_METRICS": str(metrics()).lower(),
+        "EMBER_TLS_CERT": _get("EMBER_TLS_CERT"),
+        "EMBER_REGISTRIES": ",".join(registries()),
         "EMBER_DEBUG": logging.getLevelName(log_level()),
     }

@@ -3,6 +3,7 @@ uploads over httpx. Every failure becomes a CLIError of one line; nothing here p
 
 import hashlib
 import json
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,18 @@ def server_url() -> str:
     return f"{address.scheme}://{host}:{address.port}{path}"
 
 
+def tls_verify() -> ssl.SSLContext | bool:
+    """What an https server's certificate is checked against: the CAs in SSL_CERT_FILE when
+    it is set (a private CA), else httpx's default bundle."""
+    ca = envconfig.ca_file()
+    if ca is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(ca))
+    except (OSError, ssl.SSLError) as e:
+        raise CLIError(f"SSL_CERT_FILE {ca} cannot be used: {e}") from None
+
+
 class Client:
     """One connection pool to the server; generation streams have no read timeout."""
 
@@ -40,7 +53,9 @@ class Client:
         if key:
             headers["Authorization"] = f"Bearer {key}"
         timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT)
-        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        self.http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, verify=tls_verify()
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -52,9 +67,13 @@ class Client:
         self.close()
 
     def is_running(self) -> bool:
+        """Whether a server answers; a certificate not trusted raises CLIError (a server is
+        running: starting another would not help)."""
         try:
             return self.http.get("/", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
+        except httpx.HTTPError as e:
+            if "CERTIFICATE_VERIFY_FAILED" in str(e):
+                raise self._unreachable(e) from None
             return False
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -96,6 +115,11 @@ class Client:
         return digest
 
     def _unreachable(self, err: httpx.HTTPError) -> CLIError:
+        if "CERTIFICATE_VERIFY_FAILED" in str(err):
+            return CLIError(
+                f"the certificate of {self.base_url} is not trusted ({err}); "
+                "set SSL_CERT_FILE to the CA that signed it"
+            )
         if isinstance(err, httpx.ConnectError):
             return CLIError(f"could not connect to ember server at {self.base_url}: is it running?")
         return CLIError(f"the request to {self.base_url} failed: {err or type(err).__name__}")

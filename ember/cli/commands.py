@@ -62,7 +62,7 @@ def list_models(client: Client) -> str:
 
 def list_running(client: Client) -> str:
     models = client.request("GET", "/api/ps")["models"]
-    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]]
+    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "KV CACHE", "UNTIL"]]
     for m in models:
         vram, size = m.get("size_vram", 0), m.get("size", 0)
         processor = "100% GPU" if size and vram >= size else "100% CPU"
@@ -70,8 +70,18 @@ def list_running(client: Client) -> str:
             processor = f"{round(100 * (size - vram) / size)}%/{round(100 * vram / size)}% CPU/GPU"
         until = _until(m.get("expires_at", ""))
         context = str(m.get("context_length", ""))
-        rows.append([m["name"], m["digest"][:12], human_bytes(size), processor, context, until])
+        rows.append(
+            [m["name"], m["digest"][:12], human_bytes(size), processor, context, *_slots(m), until]
+        )
     return table(rows)
+
+
+def _slots(model: dict[str, Any]) -> tuple[str, str]:
+    """SLOTS as in use/total and the KV cache type: Ember's own /api/ps fields ("" from a
+    server that has none)."""
+    total, busy = model.get("num_parallel"), model.get("slots_in_use", 0)
+    slots = f"{busy}/{total}" if isinstance(total, int) else ""
+    return slots, str(model.get("kv_cache_type") or "")
 
 
 def _until(timestamp: str) -> str:

@@ -55,11 +55,18 @@ def log_path() -> Path:
 
 def ensure_server(client: Client) -> None:
     """Starts `ember serve` in the background when no server answers, and waits for it. Only
-    for a local address: a remote server is someone else's to start."""
+    for a local address (a remote server is someone else's to start), and for https only with
+    a certificate to serve it with."""
     if client.is_running():
         return
-    if not envconfig.host().is_loopback and envconfig.host().host not in ("", "0.0.0.0", "::"):
+    address = envconfig.host()
+    if not address.is_loopback and address.host not in ("", "0.0.0.0", "::"):
         raise CLIError(f"could not connect to ember server at {client.base_url}")
+    if address.scheme == "https" and envconfig.tls_files() is None:
+        raise CLIError(
+            f"could not connect to ember server at {client.base_url} (a local server is started "
+            "for https only with EMBER_TLS_CERT and EMBER_TLS_KEY set)"
+        )
     process = _spawn()
     deadline = time.monotonic() + START_TIMEOUT
     while not client.is_running():

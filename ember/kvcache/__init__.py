@@ -2,7 +2,7 @@
 cache (cross-attention), a per-layer-type wrapper; keys and values held as f32, f16, bf16, q8_0
 or q4_0 (store.py)."""
 
-from ember.kvcache.base import Cache, CacheFullError, ShiftFn
+from ember.kvcache.base import Cache, CacheFullError, CellCounter, ShiftFn
 from ember.kvcache.causal import CausalCache
 from ember.kvcache.encoder import EncoderCache
 from ember.kvcache.store import KV_TYPES, kv_type_name
@@ -13,6 +13,7 @@ __all__ = [
     "Cache",
     "CacheFullError",
     "CausalCache",
+    "CellCounter",
     "EncoderCache",
     "ShiftFn",
     "WrapperCache",

@@ -1,7 +1,7 @@
 """The Cache seam between models (put/get per layer) and the runner (cells, sequences, shifts)."""
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -62,3 +62,11 @@ class Cache(Protocol):
 
     def can_resume(self, seq: int, pos: int) -> bool:
         """Whether seq can continue from pos with what the cache still holds."""
+
+
+@runtime_checkable
+class CellCounter(Protocol):
+    """An optional capability of a cache: how full its pool of cells is (for metrics)."""
+
+    def cell_usage(self) -> tuple[int, int]:
+        """(cells holding a key of some sequence, cells in the pool)."""

@@ -173,6 +173,9 @@ class CausalCache:
                 if self.shift_fn is not None:
                     store.set_keys(index, self.shift_fn(layer, store.keys_f32(index), offsets))
 
+    def cell_usage(self) -> tuple[int, int]:
+        return int(np.count_nonzero(self.cell_seqs)), self.num_cells
+
     def _free_empty(self) -> None:
         self.cell_pos[self.cell_seqs == 0] = -1
 

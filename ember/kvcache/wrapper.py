@@ -5,7 +5,7 @@ from collections.abc import Sequence
 import torch
 
 from ember.batch import Batch
-from ember.kvcache.base import Cache
+from ember.kvcache.base import Cache, CellCounter
 
 
 class WrapperCache:
@@ -32,6 +32,11 @@ class WrapperCache:
     def planned_bytes(self, *, max_sequences: int, capacity: int, max_batch: int) -> int:
         size = {"max_sequences": max_sequences, "capacity": capacity, "max_batch": max_batch}
         return sum(c.planned_bytes(**size) for c in self.caches)
+
+    def cell_usage(self) -> tuple[int, int]:
+        """Summed over the caches that count their cells (an encoder cache does not)."""
+        usages = [c.cell_usage() for c in self.caches if isinstance(c, CellCounter)]
+        return sum(u for u, _ in usages), sum(t for _, t in usages)
 
     def start_forward(self, batch: Batch, *, reserve: bool = False) -> None:
         for c in self.caches:

@@ -21,6 +21,7 @@ from ember import envconfig
 from ember.batch import Batch
 from ember.errors import EmberError
 from ember.kvcache import KV_TYPES as KV_CACHE_TYPES
+from ember.kvcache import CellCounter
 from ember.model import POOLING_CLS, POOLING_LAST, POOLING_MEAN, POOLING_RANK, Model, Ranker
 from ember.runner.inputcache import InputCache
 from ember.runner.memory import reserve
@@ -48,6 +49,17 @@ def _close_all() -> None:
 
 class EngineClosedError(EmberError):
     """The engine was closed while a request waited or ran."""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """How busy an engine is, for the runner's /health (read without the loop's lock: a
+    snapshot that may be a step old)."""
+
+    num_slots: int
+    slots_busy: int
+    kv_cells_used: int  # cells holding some sequence's keys
+    kv_cells: int  # cells in the pool
 
 
 @dataclass(slots=True)
@@ -128,6 +140,14 @@ class Engine:
         """How many sequences are waiting or running."""
         with self._cond:
             return len(self._waiting) + len(self._active)
+
+    def usage(self) -> Usage:
+        slots = self.inputs.slots
+        if isinstance(self.cache, CellCounter):
+            used, total = self.cache.cell_usage()
+        else:  # a cache without a pool of cells: the tokens each slot holds
+            used, total = sum(len(s.inputs) for s in slots), self.num_ctx * len(slots)
+        return Usage(len(slots), sum(s.in_use for s in slots), used, total)
 
     def close(self) -> None:
         """Stops the loop; requests still waiting or running end with an error."""

@@ -77,6 +77,7 @@ class Done:
     error: str | None = None
     prompt_count: int = 0  # the whole prompt (after truncation), cached prefix included
     score: float | None = None  # a ranker's relevance score (an embedding request on a Ranker)
+    prompt_cached_count: int = 0  # prompt tokens found in the cache (not evaluated again)
 
 
 Event = Piece | Done
@@ -189,6 +190,7 @@ class Sequence:
             embedding=embedding,
             prompt_count=len(self.prompt),
             score=score,
+            prompt_cached_count=self.num_past,
         )
         self.send(event)
         return event

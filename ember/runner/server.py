@@ -2,11 +2,11 @@
 
     python -m ember runner --model PATH --port N
 
-/health (status and load progress), /load (parallel, batch size, KV size and type, threads),
-/completion (NDJSON stream of pieces, then a final record), /embedding, /rerank (a
-cross-encoder's score of each document against a query), /tokenize, /detokenize. Bodies are
-JSON with snake_case keys; errors are {"error": ...} with 400 for bad input, 409 before a load,
-507 when the load does not fit in memory, 500 otherwise.
+/health (status, load progress; once loaded, slots and KV cache cells in use), /load
+(parallel, batch size, KV size and type, threads), /completion (NDJSON stream of pieces, then a
+final record), /embedding, /rerank (a cross-encoder's score of each document against a query),
+/tokenize, /detokenize. Bodies are JSON with snake_case keys; errors are {"error": ...} with 400
+for bad input, 409 before a load, 507 when the load does not fit in memory, 500 otherwise.
 """
 
 import asyncio
@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 import torch
@@ -165,6 +166,7 @@ async def health(request: Request) -> dict[str, Any]:
         body["error"] = runner.error
     if runner.engine is not None:
         body["busy"] = runner.engine.busy()
+        body.update(asdict(runner.engine.usage()))
     return body
 
 
@@ -181,7 +183,14 @@ async def load(request: Request) -> JSONResponse:
         return _error(400, str(err))
     engine = runner.engine
     assert engine is not None
-    return JSONResponse({"success": True, "num_ctx": engine.num_ctx, "kv_bytes": engine.kv_bytes})
+    return JSONResponse(
+        {
+            "success": True,
+            "num_ctx": engine.num_ctx,
+            "kv_bytes": engine.kv_bytes,
+            "kv_cache_type": engine.kv_type,
+        }
+    )
 
 
 async def completion(request: Request) -> StreamingResponse:
@@ -375,6 +384,7 @@ async def _stream(seq: Sequence, wake: asyncio.Event) -> AsyncIterator[bytes]:
                 "eval_count": event.eval_count,
                 "eval_duration": event.eval_duration,
                 "prompt_count": event.prompt_count,
+                "prompt_cached_count": event.prompt_cached_count,
             }
         yield (json.dumps(record) + "\n").encode()
 

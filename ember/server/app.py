@@ -6,21 +6,25 @@ Settings are read here, from envconfig, once; the rest of the server gets them a
 import contextlib
 import importlib
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
 from ember import __version__, envconfig
+from ember.errors import OptionsError
 from ember.runner.client import RunnerClient
 from ember.server import middleware, openai, routes
 from ember.server.api import RequestError
 from ember.server.errors import APIError
 from ember.server.logging import log_startup, setup_logging
+from ember.server.metrics import RequestCounter
 from ember.server.model import Models
 from ember.server.scheduler import Defaults, Runner, Scheduler
 from ember.server.state import ServerState
@@ -52,9 +56,12 @@ def default_state() -> ServerState:
     return ServerState(Models(envconfig.models_dir()), scheduler, envconfig.context_length())
 
 
-def create_app(state: ServerState | None = None) -> FastAPI:
-    """The app without middleware (tests call it directly); see build()."""
+def create_app(state: ServerState | None = None, *, metrics: bool | None = None) -> FastAPI:
+    """The app without middleware (tests call it directly); see build(). metrics: serve GET
+    /metrics and count requests (None: as EMBER_METRICS says)."""
     state = state or default_state()
+    if metrics is None:
+        metrics = envconfig.metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,11 +76,20 @@ def create_app(state: ServerState | None = None) -> FastAPI:
     model_routes = _model_routes()
     if model_routes is not None:
         app.include_router(model_routes)
+    if metrics:
+        app.add_api_route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
+        app.add_middleware(RequestCounter, metrics=state.metrics)
     app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestError, _request_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _internal_error)
     return app
+
+
+async def _metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.ember
+    body = await state.metrics.exposition(state.scheduler)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 def _model_routes() -> Any:
@@ -120,12 +136,35 @@ async def _internal_error(request: Request, err: Exception) -> JSONResponse:
     return _body(request, 500, f"internal error: {type(err).__name__}: {err}")
 
 
+def check_tls(tls: envconfig.TLSFiles) -> None:
+    """OptionsError (one line) for a certificate and key that uvicorn would fail on."""
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(tls.cert, tls.key)
+    except FileNotFoundError as err:
+        raise OptionsError(f"EMBER_TLS_CERT/EMBER_TLS_KEY: no such file {err.filename}") from None
+    except (ssl.SSLError, OSError) as err:
+        raise OptionsError(
+            f"EMBER_TLS_CERT/EMBER_TLS_KEY: cannot use {tls.cert} with {tls.key}: {err}"
+        ) from None
+
+
 def serve() -> int:
-    """Runs the server on EMBER_HOST until interrupted."""
+    """Runs the server on EMBER_HOST until interrupted; HTTPS with EMBER_TLS_CERT/KEY."""
+    tls = envconfig.tls_files()  # before anything starts: one of the two alone is an error
+    if tls is not None:
+        check_tls(tls)
     setup_logging()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # every runner call is not news
     address = envconfig.host()
     app = build()
-    log_startup(log, address=address.hostport, version=__version__)
-    uvicorn.run(app, host=address.host or "0.0.0.0", port=address.port, log_config=None)
+    where = address.hostport + (" (https)" if tls else "")
+    log_startup(log, address=where, version=__version__)
+    uvicorn.run(
+        app,
+        host=address.host or "0.0.0.0",
+        port=address.port,
+        log_config=None,
+        ssl_certfile=str(tls.cert) if tls else None,
+        ssl_keyfile=str(tls.key) if tls else None,
+    )
     return 0

@@ -47,6 +47,7 @@ async def embed(
             except RunnerError as err:
                 raise await runner_failure(err, lease.runner) from None
             vectors, count = result["embeddings"], int(result.get("prompt_eval_count", 0))
+            state.metrics.prompt_tokens.labels(plan.model.name).inc(count)
     return Embedded(
         [normalize(v, dimensions) for v in vectors],
         count,

@@ -17,6 +17,7 @@ from ember.errors import EmberError
 from ember.runner.client import RunnerError
 from ember.server.api import ChatRequest, GenerateRequest, Generation
 from ember.server.errors import RUNNER_STOPPED_MESSAGE, APIError, unsupported
+from ember.server.metrics import CompletionObserver
 from ember.server.model import ServedModel
 from ember.server.output import OutputParser, Part, logprobs
 from ember.server.prompt import Completion, Prompt, chat_prompt, generate_prompt
@@ -65,7 +66,8 @@ async def chat(state: ServerState, req: ChatRequest) -> AsyncGenerator[Chunk, No
         prompt = await _chat_prompt(lease, plan, req)
         names = [t.function.name for t in req.tools]
         parser = _parser(plan.model, req, prompt.text, tool_names=names)
-        async for part, lps, final in _run(lease, plan, req, prompt, parser):
+        observer = state.metrics.completion(plan.model.name, start)
+        async for part, lps, final in _run(lease, plan, req, prompt, parser, observer):
             message: dict[str, Any] = {"role": "assistant", "content": part.content}
             if part.thinking:
                 message["thinking"] = part.thinking
@@ -102,7 +104,8 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
         prompt = await _generate_prompt(lease, plan, req)
         parser = _parser(plan.model, req, prompt.text)
         text: list[str] = []
-        async for part, lps, final in _run(lease, plan, req, prompt, parser):
+        observer = state.metrics.completion(plan.model.name, start)
+        async for part, lps, final in _run(lease, plan, req, prompt, parser, observer):
             text.append(part.content)
             fields: Chunk = {"response": part.content}
             if part.thinking:
@@ -212,9 +215,15 @@ async def _generate_prompt(lease: Lease, plan: Plan, req: GenerateRequest) -> Pr
 
 
 async def _run(
-    lease: Lease, plan: Plan, req: Generation, prompt: Prompt, parser: OutputParser
+    lease: Lease,
+    plan: Plan,
+    req: Generation,
+    prompt: Prompt,
+    parser: OutputParser,
+    observer: CompletionObserver,
 ) -> AsyncGenerator[tuple[Part, list[dict[str, Any]], dict[str, Any] | None], None]:
-    """(part, logprobs, None) per runner piece, then (rest, [], final record)."""
+    """(part, logprobs, None) per runner piece, then (rest, [], final record); the observer
+    sees every record (metrics)."""
     fields = runner_fields(lease, plan, req)
     if prompt.images:  # as Ollama's ImageData: base64 bytes and the N of the prompt's [img-N]
         fields["images"] = [
@@ -222,6 +231,7 @@ async def _run(
             for i, data in enumerate(prompt.images)
         ]
     async for record in runner_records(lease, prompt.text, fields):
+        observer.record(record)
         if record.get("done"):
             yield parser.flush(), [], record
             return

@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import httpx
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
@@ -36,6 +37,7 @@ from ember.store import (
     get_model,
     list_models,
 )
+from ember.store.allowlist import RegistryNotAllowedError, check_allowed, named_host
 from ember.store.catalogue_import import catalogue_entry, pip_install, pull_catalogue
 from ember.store.names import DEFAULT_HOST
 
@@ -72,6 +74,8 @@ def status_of(err: Exception) -> int:
     """The HTTP status Ollama answers for an error of this kind."""
     if isinstance(err, ModelNotFoundError):
         return 404
+    if isinstance(err, RegistryNotAllowedError):
+        return 403
     if isinstance(err, BlobSizeError):
         return 413
     if isinstance(err, _BAD_REQUEST):
@@ -275,7 +279,7 @@ async def _receive_blob(request: Request, store: Store, expected: Digest) -> Non
 async def pull(request: Request) -> Response:
     try:
         body = await parse(request, api.PullRequest)
-        name = parse_name(body.model)
+        name = registry_name(body.model, insecure=body.insecure, is_pull=True)
     except EmberError as e:
         return error(status_of(e), message_of(e))
     store = store_of(request)
@@ -291,13 +295,36 @@ async def pull(request: Request) -> Response:
 async def push(request: Request) -> Response:
     try:
         body = await parse(request, api.PushRequest)
-        name = parse_name(body.model)
+        name = registry_name(body.model, insecure=body.insecure, is_pull=False)
         store = store_of(request)
         await run_in_threadpool(store.read_manifest, name)  # 404 before any stream
     except EmberError as e:
         return error(status_of(e), message_of(e))
     items = _with_registry(store, name, body.insecure, lambda r: r.push(name))
     return await progress_response(items, stream=body.stream)
+
+
+def registry_name(text: str, *, insecure: bool, is_pull: bool) -> ModelName:
+    """The name of a pull or push whose registry is in EMBER_REGISTRIES; else
+    RegistryNotAllowedError (403). A host the text names is checked before the name is parsed,
+    so that one named as Docker names it (`example.com/model`) is refused as such rather than
+    as a bad name; a pull of a bundled catalogue name reaches no registry."""
+    host = named_host(text)
+    if host is not None and host.lower() != DEFAULT_HOST:
+        scheme = "http" if insecure else text.partition("://")[0] if "://" in text else "https"
+        _check_registry(f"{scheme}://{host}")
+    name = parse_name(text)
+    if name.host.lower() == DEFAULT_HOST and not (is_pull and catalogue_entry(name) is not None):
+        _check_registry(envconfig.registry_url())  # where names without a host of their own go
+    return name
+
+
+def _check_registry(url: str) -> None:
+    try:
+        target = httpx.URL(url)
+    except httpx.InvalidURL:
+        return  # not a host at all: the name's parse says what is wrong with it
+    check_allowed(target, envconfig.registries())
 
 
 def _with_registry(
@@ -307,7 +334,8 @@ def _with_registry(
     run: Callable[[Registry], Iterator[Progress]],
 ) -> Iterator[Progress]:
     """A registry client for the name (EMBER_REGISTRY for names without a host of their own),
-    closed when the transfer ends or the client goes away."""
+    limited to EMBER_REGISTRIES, closed when the transfer ends or the client goes away."""
     base_url = envconfig.registry_url() if name.host.lower() == DEFAULT_HOST else None
-    with Registry(store, base_url=base_url, insecure=insecure) as registry:
+    allowed = envconfig.registries()
+    with Registry(store, base_url=base_url, insecure=insecure, allowed=allowed) as registry:
         yield from run(registry)

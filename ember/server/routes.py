@@ -129,4 +129,9 @@ def _running(loaded: Loaded) -> dict[str, Any]:
         "expires_at": datetime.fromtimestamp(expires).astimezone().isoformat(),
         "size_vram": 0,  # the CPU holds it all
         "context_length": loaded.num_ctx,
+        # Ember's own fields (clients of Ollama's API ignore them): the slots the model got
+        # after any fallback to a smaller parallel, those serving a request, the KV type
+        "num_parallel": loaded.parallel,
+        "slots_in_use": loaded.busy,
+        "kv_cache_type": loaded.kv_cache_type,
     }

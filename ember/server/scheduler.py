@@ -52,6 +52,23 @@ class Runner(Protocol):
 StartRunner = Callable[..., Awaitable[Runner]]  # (model path, *projector paths)
 
 
+class Events(Protocol):
+    """What the scheduler tells an observer (the server's metrics); `info` is the loaded
+    model's info as acquire() was given it."""
+
+    def model_loaded(self, info: Any, seconds: float) -> None: ...
+
+    def runner_restarted(self, info: Any) -> None: ...
+
+
+class NoEvents:
+    def model_loaded(self, info: Any, seconds: float) -> None:
+        pass
+
+    def runner_restarted(self, info: Any) -> None:
+        pass
+
+
 async def start_process(model_path: str, *projectors: str) -> Runner:
     return await RunnerClient.start(model_path, *projectors)
 
@@ -117,7 +134,9 @@ class Loaded:
     parallel: int
     info: Any  # what /api/ps shows of the model (the server's ServedModel)
     kv_bytes: int = 0
+    kv_cache_type: str = ""  # as the runner reports it ("": not reported)
     refs: int = 0  # requests holding or waiting for a slot
+    busy: int = 0  # requests holding a slot
     keep_alive: float = 300.0
     expires_at: float = math.inf  # wall-clock seconds
     slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
@@ -167,6 +186,12 @@ class Scheduler:
         self._waiting = 0
         self._lock = asyncio.Lock()  # one load (or unload) at a time, as Ollama's processPending
         self._released = asyncio.Event()
+        self.events: Events = NoEvents()
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a load or for a slot."""
+        return self._waiting
 
     async def acquire(
         self, shape: Shape, *, info: Any = None, context_length: int = 0, keep_alive: float | None
@@ -191,6 +216,7 @@ class Scheduler:
             except BaseException:
                 self._drop_ref(loaded)
                 raise
+            loaded.busy += 1
         finally:
             self._waiting -= 1
         return Lease(self, loaded, load_duration)
@@ -245,6 +271,7 @@ class Scheduler:
         if current is not None:
             if not current.runner.alive():
                 log.warning("runner stopped; starting a new one", extra={"model": shape.model_path})
+                self.events.runner_restarted(current.info)
                 await self._close(current)
             elif shape.matches(current.shape):
                 current.info = info if info is not None else current.info
@@ -258,6 +285,12 @@ class Scheduler:
         return await self._load(self.defaults.complete(shape, context_length), info)
 
     async def _load(self, shape: Shape, info: Any) -> Loaded:
+        start = time.perf_counter()
+        loaded = await self._start_and_load(shape, info)
+        self.events.model_loaded(info, time.perf_counter() - start)
+        return loaded
+
+    async def _start_and_load(self, shape: Shape, info: Any) -> Loaded:
         attempt = 0
         while True:
             parallel = self.parallels[min(attempt, len(self.parallels) - 1)]
@@ -280,6 +313,7 @@ class Scheduler:
                 await runner.close()
                 raise
             loaded = Loaded(shape, runner, parallel, info, kv_bytes=int(result.get("kv_bytes", 0)))
+            loaded.kv_cache_type = str(result.get("kv_cache_type", self.defaults.kv_cache_type))
             loaded.slots = asyncio.Semaphore(parallel)
             self.loaded[shape.model_path] = loaded
             log.info(
@@ -326,6 +360,7 @@ class Scheduler:
             loaded.timer = None
 
     def _release(self, loaded: Loaded) -> None:
+        loaded.busy -= 1
         loaded.slots.release()
         self._drop_ref(loaded)
 

@@ -5,7 +5,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ember.errors import OptionsError
@@ -13,6 +13,7 @@ from ember.options import Options
 from ember.runner.client import RunnerError
 from ember.server.api import RequestOptions
 from ember.server.errors import MAX_QUEUE_MESSAGE, RUNNER_STOPPED_MESSAGE, APIError
+from ember.server.metrics import Metrics
 from ember.server.model import Models, ServedModel
 from ember.server.scheduler import Lease, QueueFullError, Runner, Scheduler, Shape
 
@@ -35,6 +36,10 @@ class ServerState:
     models: Models
     scheduler: Scheduler
     num_ctx: int = 4096  # EMBER_CONTEXT_LENGTH
+    metrics: Metrics = field(default_factory=Metrics)  # served only when EMBER_METRICS is on
+
+    def __post_init__(self) -> None:
+        self.scheduler.events = self.metrics  # loads and restarts
 
     def plan(self, name: str, options: RequestOptions | dict[str, Any] | None) -> Plan:
         """The model called name and the options of a request; 404 or 400 when they fail."""

@@ -12,13 +12,14 @@ import contextlib
 import ipaddress
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from ember.errors import ModelNotFoundError
+from ember.store.allowlist import check_allowed, check_redirect
 from ember.store.blobs import READ_CHUNK, BlobWriter
 from ember.store.errors import ManifestError, RegistryError, StoreError
 from ember.store.manifest import MANIFEST_MEDIA_TYPE, MAX_MANIFEST_BYTES, Layer, Manifest
@@ -28,13 +29,15 @@ from ember.store.store import Store, as_name
 Progress = dict[str, Any]
 PROGRESS_INTERVAL = 0.1  # seconds between two progress dicts of one blob
 MAX_ERROR_BODY = 4096  # what we read of an error answer
+MAX_REDIRECTS = 5
 _OK = (200, 201, 202, 204, 206)
 
 
 class Registry:
     """A registry client bound to a store. `base_url` overrides the registry the model name
     names (e.g. a mirror or a test registry); http is allowed for loopback hosts or with
-    `insecure`, as Ollama's --insecure."""
+    `insecure`, as Ollama's --insecure. `allowed`: the registry hosts it may reach (None: the
+    one the transfer starts at); a redirect elsewhere must lead to a public address."""
 
     def __init__(
         self,
@@ -44,8 +47,10 @@ class Registry:
         insecure: bool = False,
         client: httpx.Client | None = None,
         timeout: float = 60.0,
+        allowed: Sequence[str] | None = None,
     ) -> None:
         self.store = store
+        self.allowed = tuple(allowed) if allowed else None
         self.base_url = base_url.rstrip("/") if base_url else None
         self.insecure = insecure
         self.client = client or httpx.Client(timeout=timeout, headers={"User-Agent": "ember"})
@@ -88,7 +93,7 @@ class Registry:
     def _get_manifest(self, base: str, name: ModelName) -> bytes:
         url = f"{base}/v2/{name.repository}/manifests/{name.tag}"
         headers = {"Accept": MANIFEST_MEDIA_TYPE, "Accept-Encoding": "identity"}
-        with self._stream("GET", url, headers=headers) as resp:
+        with self._get(base, url, headers=headers) as resp:
             _check(resp, f"model '{name.display_shortest()}'")
             declared = _content_length(resp)
             if declared is not None and declared > MAX_MANIFEST_BYTES:
@@ -112,19 +117,19 @@ class Registry:
         with writer:
             yield progress(writer.written)
             if writer.written < layer.size:
-                yield from self._fetch(url, writer, progress)
+                yield from self._fetch(base, url, writer, progress)
             writer.commit()
         yield progress(layer.size)
 
     def _fetch(
-        self, url: str, writer: BlobWriter, progress: Callable[[int], Progress]
+        self, base: str, url: str, writer: BlobWriter, progress: Callable[[int], Progress]
     ) -> Iterator[Progress]:
         """Streams the blob into `writer`, resuming at what it holds."""
         headers = {"Accept-Encoding": "identity"}
         if writer.written:
             headers["Range"] = f"bytes={writer.written}-"
         try:
-            with self._stream("GET", url, headers=headers, follow_redirects=True) as resp:
+            with self._get(base, url, headers=headers) as resp:
                 _check(resp, f"blob {writer.expected}")
                 _start_at(resp, writer)
                 last = time.monotonic()
@@ -178,7 +183,7 @@ class Registry:
         if not location:
             raise RegistryError("the registry did not say where to upload (no Location header)")
         target = httpx.URL(base).join(location).copy_merge_params({"digest": str(layer.digest)})
-        self._check_scheme(target)
+        self._check_hop(base, target)
         yield progress(0)
         yield from self._put_blob(target, self.store.blob_path(layer.digest), progress)
         yield progress(layer.size)
@@ -218,7 +223,31 @@ class Registry:
         scheme = "http" if self.insecure else name.scheme
         base = self.base_url or f"{scheme}://{name.host}"
         self._check_scheme(httpx.URL(base))
+        check_allowed(httpx.URL(base), self._allowed(base))
         return base
+
+    def _allowed(self, base: str) -> tuple[str, ...]:
+        return self.allowed or (httpx.URL(base).netloc.decode(),)
+
+    def _check_hop(self, base: str, url: httpx.URL) -> None:
+        """A redirect or an upload location of the registry at base: http only where allowed,
+        and a host other than an allowed registry only at a public address."""
+        self._check_scheme(url)
+        check_redirect(url, self._allowed(base))
+
+    @contextlib.contextmanager
+    def _get(self, base: str, url: str, **kwargs: Any) -> Iterator[httpx.Response]:
+        """A streamed GET that follows redirects itself, so that each hop is checked."""
+        target = httpx.URL(url)
+        for _ in range(MAX_REDIRECTS + 1):
+            with self._stream("GET", target, **kwargs) as resp:
+                if not resp.is_redirect:
+                    yield resp
+                    return
+                location = resp.headers.get("Location", "")
+            target = target.join(location)
+            self._check_hop(base, target)
+        raise RegistryError(f"GET {url}: more than {MAX_REDIRECTS} redirects")
 
     def _check_scheme(self, url: httpx.URL) -> None:
         if url.scheme not in ("http", "https"):

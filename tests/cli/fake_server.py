@@ -121,6 +121,9 @@ class FakeServer:
                     "size_vram": 0,
                     "context_length": 4096,
                     "expires_at": "2999-01-01T00:00:00Z",
+                    "num_parallel": 4,  # Ember's own fields
+                    "slots_in_use": 1,
+                    "kv_cache_type": "q8_0",
                 }
                 for name in sorted(self.loaded)
             ]

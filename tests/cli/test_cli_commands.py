@@ -1,8 +1,10 @@
 """The `ember` commands as a user runs them, against a fake Ollama-API server (real model routes,
 fake generation): outputs, one-line errors and exit codes."""
 
+import re
 from pathlib import Path
 
+import pytest
 from cli_support import Ember, one_line_error
 from fake_server import FakeServer
 
@@ -115,8 +117,10 @@ def test_ps_and_stop(ember: Ember, fake: FakeServer) -> None:
     assert ember("run", "tiny", "hi").returncode == 0
     ember("run", "tiny", stdin="")  # an empty prompt loads the model
     listed = ember("ps").stdout.splitlines()
-    assert listed[0].split() == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]
+    header = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "KV CACHE", "UNTIL"]
+    assert re.split(r"\s{2,}", listed[0]) == header  # columns three spaces apart
     assert listed[1].startswith("tiny ") and "100% CPU" in listed[1]
+    assert listed[1].split()[6:9] == ["4096", "1/4", "q8_0"]  # context, slots, KV cache type
     assert "Forever" in listed[1]
     assert ember("stop", "tiny").returncode == 0
     assert fake.bodies("/api/generate")[-1] == {"model": "tiny", "keep_alive": 0}
@@ -154,7 +158,9 @@ def test_no_server_is_a_clear_error(tmp_path: Path) -> None:
     assert "could not connect to ember server" in result.stderr
 
 
-def test_push_to_a_loopback_registry(ember: Ember, tmp_path: Path, tiny_gguf: Path) -> None:
+def test_push_to_a_loopback_registry(
+    ember: Ember, tmp_path: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sys
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
@@ -163,6 +169,10 @@ def test_push_to_a_loopback_registry(ember: Ember, tmp_path: Path, tiny_gguf: Pa
     with RegistryServer(tmp_path / "registry") as registry:
         host = registry.url.removeprefix("http://")
         modelfile = write_modelfile(tmp_path / "work", tiny_gguf)
+        refused = ember("push", "--insecure", f"{host}/me/tiny:v1")  # not in EMBER_REGISTRIES
+        assert refused.returncode == 1 and one_line_error(refused.stderr)
+        assert "is not allowed" in refused.stderr
+        monkeypatch.setenv("EMBER_REGISTRIES", host)  # read by the fake server, in this process
         assert ember("create", f"{host}/me/tiny:v1", "-f", str(modelfile)).returncode == 0
         refused = ember("push", f"{host}/me/tiny:v1")  # https by default: the registry is http
         assert refused.returncode == 1 and one_line_error(refused.stderr.splitlines()[-1] + "\n")

@@ -9,7 +9,7 @@ import pytest
 from fakes import FakeModel, FakeTokenizer
 
 from ember.options import Options
-from ember.runner.engine import Engine
+from ember.runner.engine import Engine, Usage
 from ember.runner.sequence import Done, InputTooLongError, Piece, Request, Sequence
 
 TOK = FakeTokenizer()
@@ -137,11 +137,19 @@ def test_prefix_is_reused_and_one_token_always_evaluated(make):
     model.clear()
     _, done = collect(engine.submit(Request([*prompt[:8], 20, 21], opts(num_predict=1))))
     assert model.batches[0].tokens == (20, 21) and model.batches[0].positions == (8, 9)
-    assert done.prompt_eval_count == 2
+    assert (done.prompt_eval_count, done.prompt_cached_count, done.prompt_count) == (2, 8, 10)
     model.clear()
     collect(engine.submit(Request([*prompt[:8], 20, 21], opts(num_predict=1))))
     assert model.batches[0].tokens == (21,)  # all cached: the last one runs again for logits
     assert model.seen[0].tokens == [*prompt[:8], 20, 21]
+
+
+def test_usage_counts_slots_and_the_kv_cells_sequences_hold(make):
+    engine, _ = make(num_parallel=2)
+    assert engine.usage() == Usage(num_slots=2, slots_busy=0, kv_cells_used=0, kv_cells=128)
+    collect(engine.submit(Request(list(range(10)), opts(num_predict=3))))
+    # the prompt and the generated tokens fed back stay cached (the last one never went in)
+    assert engine.usage() == Usage(num_slots=2, slots_busy=0, kv_cells_used=12, kv_cells=128)
 
 
 def test_round_robin_gives_every_sequence_a_share_of_each_batch(make):
@@ -245,4 +253,3 @@ def test_closing_ends_waiting_requests_with_an_error(make):
     engine.close()
     _, done = collect(seq)
     assert done.error is not None
-

@@ -3,6 +3,7 @@ the server's end-to-end tests and the CLI's (a module of its own, with a name no
 folder uses, so that either folder can import it)."""
 
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -17,13 +18,16 @@ from ember.runner.client import free_port
 class Server:
     """A `python -m ember serve` child process and its address."""
 
-    def __init__(self, tmp: Path, **env: str) -> None:
+    def __init__(self, tmp: Path, *, ca: Path | None = None, **env: str) -> None:
+        """ca: the server serves HTTPS (env names its EMBER_TLS_CERT and EMBER_TLS_KEY), with a
+        certificate this CA signed."""
         port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{port}"
+        self.verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
         self.log = (tmp / f"server-{port}.log").open("wb")
         environ = {
             **os.environ,
-            "EMBER_HOST": f"127.0.0.1:{port}",
+            "EMBER_HOST": self.url,
             "EMBER_MODELS": str(tmp / "models"),
             "EMBER_CONTEXT_LENGTH": "2048",  # smaller KV caches: faster loads
             **env,
@@ -44,7 +48,8 @@ class Server:
         while time.monotonic() < deadline:
             assert self.process.poll() is None, "ember serve exited at startup"
             try:
-                if httpx.get(self.url, headers=headers, timeout=1).status_code == 200:
+                answer = httpx.get(self.url, headers=headers, timeout=1, verify=self.verify)
+                if answer.status_code == 200:
                     return
             except httpx.TransportError:
                 time.sleep(0.2)

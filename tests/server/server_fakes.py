@@ -56,7 +56,9 @@ class FakeRunner:
         if settings.parallel > self.fits:
             raise RunnerError("does not fit", 507)
         self.settings = settings
-        return {"success": True, "num_ctx": settings.kv_size // settings.parallel, "kv_bytes": 1}
+        num_ctx = settings.kv_size // settings.parallel
+        kv_type = settings.kv_cache_type or "f16"
+        return {"success": True, "num_ctx": num_ctx, "kv_bytes": 1, "kv_cache_type": kv_type}
 
     async def completion(self, prompt: str, **fields: Any) -> AsyncGenerator[dict[str, Any], None]:
         self.prompts.append(prompt)
@@ -81,11 +83,19 @@ class FakeRunner:
             "done": True,
             "done_reason": "length" if limit >= 0 and limit < len(self.reply.split()) else "stop",
             "prompt_count": len(prompt.split()),
+            "prompt_cached_count": len(prompt.split()) - 1,
             "prompt_eval_count": 1,
             "prompt_eval_duration": 10,
             "eval_count": len(words),
             "eval_duration": 20,
         }
+
+    async def health(self) -> dict[str, Any]:
+        """As the runner's /health once loaded: a cell per prompt word it was asked."""
+        parallel = self.settings.parallel if self.settings else 1
+        used = sum(len(p.split()) for p in self.prompts)
+        total = self.settings.kv_size if self.settings else 0
+        return {"status": "ready", "kv_cells_used": used, "kv_cells": total, "num_slots": parallel}
 
     async def embedding(self, content: str | list[str], *, truncate: bool = True) -> dict[str, Any]:
         texts = [content] if isinstance(content, str) else content

@@ -234,3 +234,34 @@ def test_server_settings_never_show_the_api_key(monkeypatch: pytest.MonkeyPatch)
     settings = envconfig.server_settings()
     assert settings["EMBER_API_KEY"] == "(set)"
     assert "hunter2" not in repr(settings)
+
+
+def test_registries_default_to_the_configured_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EMBER_REGISTRIES", raising=False)
+    monkeypatch.delenv("EMBER_REGISTRY", raising=False)
+    assert envconfig.registries() == ("registry.ollama.ai",)
+    monkeypatch.setenv("EMBER_REGISTRY", "http://127.0.0.1:5000/")
+    assert envconfig.registries() == ("127.0.0.1:5000",)
+    monkeypatch.setenv("EMBER_REGISTRIES", " Registry.Ollama.ai, mirror.example:8443 ,")
+    assert envconfig.registries() == ("registry.ollama.ai", "mirror.example:8443")
+
+
+def test_tls_files_go_together(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.delenv("EMBER_TLS_CERT", raising=False)
+    monkeypatch.delenv("EMBER_TLS_KEY", raising=False)
+    assert envconfig.tls_files() is None
+    monkeypatch.setenv("EMBER_TLS_KEY", str(tmp_path / "k.pem"))
+    with pytest.raises(OptionsError, match="EMBER_TLS_CERT is not set"):
+        envconfig.tls_files()
+    monkeypatch.setenv("EMBER_TLS_CERT", str(tmp_path / "c.pem"))
+    tls = envconfig.tls_files()
+    assert tls is not None and (tls.cert, tls.key) == (tmp_path / "c.pem", tmp_path / "k.pem")
+
+
+def test_metrics_and_the_ca_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EMBER_METRICS", raising=False)
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    assert envconfig.metrics() is False and envconfig.ca_file() is None
+    monkeypatch.setenv("EMBER_METRICS", "1")
+    monkeypatch.setenv("SSL_CERT_FILE", "/etc/ca.pem")
+    assert envconfig.metrics() is True and str(envconfig.ca_file()) == "/etc/ca.pem"

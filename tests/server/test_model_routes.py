@@ -267,6 +267,7 @@ def test_push_then_pull_through_the_registry(
 ) -> None:
     create_tiny(client, tiny_gguf)
     host = registry.url.removeprefix("http://")
+    monkeypatch.setenv("EMBER_REGISTRIES", host)  # a host named in a model name: allowed
     assert client.post("/api/copy", json={"source": "tiny", "destination": f"{host}/me/tiny"})
     body = {"model": f"{host}/me/tiny", "insecure": True}  # http: allowed when asked
     progress = lines(client.post("/api/push", json=body))
@@ -372,6 +373,7 @@ def test_ollama_client_push_and_pull(
     digest = served.create_blob(tiny_gguf)
     served.create("tiny", files={"tiny.gguf": digest})
     host = registry.url.removeprefix("http://")
+    monkeypatch.setenv("EMBER_REGISTRIES", host)
     served.copy("tiny", f"{host}/me/tiny:v1")
     pushed = list(served.push(f"{host}/me/tiny:v1", insecure=True, stream=True))
     assert pushed[-1].status == "success"

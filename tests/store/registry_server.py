@@ -1,9 +1,9 @@
 """A small real OCI/Ollama registry for tests: FastAPI served by uvicorn on a free 127.0.0.1
 port in a thread, storing what is pushed in a directory.
 
-Besides the protocol (manifests, blobs with Range, monolithic uploads) it can misbehave on
-purpose: serve raw manifest bytes, replace a blob's body (wrong bytes, an endless stream), break
-the connection after some bytes, or ignore Range requests.
+Besides the protocol (manifests, blobs with Range, monolithic uploads, blob redirects to its
+/cdn/) it can misbehave on purpose: serve raw manifest bytes, replace a blob's body (wrong
+bytes, an endless stream), break the connection after some bytes, or ignore Range requests.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class RegistryServer:
         self.bodies: dict[str, Body] = {}  # digest -> replacement body
         self.break_after: dict[str, int] = {}  # digest -> bytes sent before the connection breaks
         self.ignore_range = False
+        self.redirects: dict[str, str] = {}  # digest -> where a GET of the blob redirects
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range)
         self._uploads: dict[str, Path] = {}
         self._server: uvicorn.Server | None = None
@@ -140,6 +141,12 @@ class RegistryServer:
 
         @app.get(base + "/blobs/{digest}")
         def get_blob(ns: str, model: str, digest: str, request: Request) -> Response:
+            if digest in self.redirects:  # as a registry sends its blobs to a CDN
+                return Response(status_code=307, headers={"Location": self.redirects[digest]})
+            return self._blob_response(digest, request.headers.get("range"))
+
+        @app.get("/cdn/{digest}")
+        def get_cdn_blob(digest: str, request: Request) -> Response:
             return self._blob_response(digest, request.headers.get("range"))
 
         @app.post(base + "/blobs/uploads/")
