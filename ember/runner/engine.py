@@ -25,9 +25,9 @@ from ember.batch import Batch
 from ember.errors import EmberError
 from ember.kvcache import KV_TYPES as KV_CACHE_TYPES
 from ember.model import Model
-from ember.runner.inputcache import InputCache
 from ember.options import MAX_DRAFT
-from ember.runner.draft import DraftModel, Drafter, NgramDrafter
+from ember.runner.draft import Drafter, DraftModel, NgramDrafter
+from ember.runner.inputcache import InputCache
 from ember.runner.memory import reserve
 from ember.runner.sequence import CLOSED, LENGTH, STOP, Piece, Request, Sequence, TokenLogprob
 from ember.sample import sample_rows
@@ -401,7 +401,8 @@ class Engine:
             seq.slot.inputs.append(token)
             accepted += 1
             token = sample_rows([seq.sampler], rows[accepted : accepted + 1])[0]
-        self.cache.remove(seq.slot.id, len(seq.slot.inputs), None)  # the rejected cells
+        if seq in self._active:  # (a finished one's went with its slot)
+            self.cache.remove(seq.slot.id, len(seq.slot.inputs), None)  # the rejected cells
 
     def _logprob(self, row: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
         lp, top = logprobs(row, token, top_n)
@@ -438,6 +439,8 @@ class Engine:
     def _release(self, seq: Sequence) -> None:
         if seq in self._active:
             self._active.remove(seq)
+            # its cells are its inputs (before its Done goes out): none of a drafted run
+            self.cache.remove(seq.slot.id, len(seq.slot.inputs), None)
             self.inputs.release(seq.slot)
 
 
