@@ -38,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder:0.5b")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--gen-tokens", type=int, default=128)
+    parser.add_argument("--gen-tokens", type=int, default=64)
     parser.add_argument("--draft", type=int, default=8, help="draft_ngram: tokens per step")
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
@@ -46,7 +46,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     llm = LLM(args.model, num_parallel=1)
     prompt = llm.prompt_ids(CODE_EDIT_PROMPT)
-    base = {"temperature": 0, "num_predict": args.gen_tokens, "num_ctx": 2048}
+    base = {"temperature": 0, "num_predict": args.gen_tokens, "num_ctx": 1024}
     speeds: dict[int, list[float]] = {0: [], args.draft: []}
     proposed = accepted = 0
     identical = True

@@ -76,6 +76,14 @@ class DraftModel:
     def propose(self, slot: int, tokens: Sequence[int], k: int) -> list[int]:
         if len(tokens) + k > self.num_ctx:  # past the draft's context: no guess
             return []
+        try:
+            return self._propose(slot, tokens, k)
+        except Exception:  # its cells and `held` may disagree now: start the slot afresh
+            self.cache.remove(slot, 0, None)
+            self.held[slot].clear()
+            raise
+
+    def _propose(self, slot: int, tokens: Sequence[int], k: int) -> list[int]:
         held = self.held[slot]
         num_past = min(common_prefix(held, list(tokens)), len(tokens) - 1)
         if not self.cache.can_resume(slot, num_past):

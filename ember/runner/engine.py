@@ -264,7 +264,9 @@ class Engine:
     def _draft(self, seq: Sequence, count: int, room: int) -> list[int]:
         """Tokens drafted to follow seq's last one, when it is decoding (its one pending input is
         its last token): never past num_predict, the context, or the batch's room."""
-        if seq.drafter is None or count != 1 or len(seq.pending) != 1 or seq.carried[0]:
+        if seq.drafter is None or count != 1 or len(seq.pending) != 1:
+            return []
+        if seq.carried[0] is not None:
             return []
         k = min(
             seq.draft_limit,
@@ -274,7 +276,11 @@ class Engine:
         )
         if k <= 0:
             return []
-        draft = seq.drafter.propose(seq.slot.id, seq.slot.inputs + seq.pending, k)[:k]
+        try:
+            draft = seq.drafter.propose(seq.slot.id, seq.slot.inputs + seq.pending, k)[:k]
+        except Exception:  # drafting only saves time: a failed one decodes plainly
+            log.exception("drafting failed")
+            return []
         vocab = self.tokenizer.vocab_size  # a draft model's head may be padded past it
         valid = next((i for i, t in enumerate(draft) if not 0 <= t < vocab), len(draft))
         seq.draft_proposed += valid
