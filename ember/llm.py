@@ -40,6 +40,9 @@ class GenerateResult:
     eval_duration: int
     total_duration: int
     logprobs: list[TokenLogprob]  # one per generated token when asked for, else empty
+    # speculative decoding (options draft_ngram): tokens drafted and those accepted; None: off
+    draft_proposed: int | None = None
+    draft_accepted: int | None = None
 
 
 class LLM:
@@ -193,4 +196,6 @@ def _result(done: Done, text: str, seq: Sequence, logprobs: list[TokenLogprob]) 
         eval_duration=done.eval_duration,
         total_duration=done.prompt_eval_duration + done.eval_duration,
         logprobs=logprobs,
+        draft_proposed=done.draft_proposed,
+        draft_accepted=done.draft_accepted,
     )

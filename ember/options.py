@@ -6,6 +6,8 @@ from typing import Any
 from ember.errors import OptionsError
 from ember.sample import SamplingParams
 
+MAX_DRAFT = 32  # drafted tokens per step, at most (the runner's verify batch is sized for it)
+
 
 @dataclass(frozen=True, slots=True)
 class Options:
@@ -25,6 +27,12 @@ class Options:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     stop: tuple[str, ...] = ()
+    # speculative decoding (ember/runner/draft.py): tokens drafted per step by prompt lookup
+    # (0: off), by the draft model when one is loaded (Ollama's name), and which draft model
+    # the runner loads ("": the Modelfile's DRAFT, if any)
+    draft_ngram: int = 0
+    draft_num_predict: int = 4
+    draft_model: str = ""
 
     @classmethod
     def parse(cls, given: dict[str, Any] | None, base: "Options | None" = None) -> "Options":
@@ -71,6 +79,10 @@ def _coerce(name: str, value: Any, kind: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise OptionsError(f"option {name!r} must be a number, got {value!r}")
         return float(value)
+    if kind in (str, "str"):
+        if not isinstance(value, str):
+            raise OptionsError(f"option {name!r} must be a string, got {value!r}")
+        return value
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list | tuple) or not all(isinstance(s, str) for s in value):
@@ -88,5 +100,10 @@ def _validated(o: Options) -> Options:
         raise OptionsError(
             f"option 'repeat_last_n' must be >= -1 (-1: num_ctx, 0: off), got {o.repeat_last_n}"
         )
+    for name in ("draft_ngram", "draft_num_predict"):
+        if not 0 <= getattr(o, name) <= MAX_DRAFT:
+            raise OptionsError(
+                f"option {name!r} must be within [0, {MAX_DRAFT}], got {getattr(o, name)}"
+            )
     o.sampling()  # validates the sampling values (typical_p, repeat_penalty, top_p, ...)
     return o

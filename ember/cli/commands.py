@@ -137,15 +137,15 @@ def create(client: Client, model: str, modelfile: Path, *, quantize: str | None 
             if "files" in source and "files" in body:
                 source["files"] = body["files"] | source["files"]
             body.update(source)
-        elif c.name in ("template", "system", "renderer", "parser", "requires"):
+        elif c.name in ("template", "system", "renderer", "parser", "requires", "draft"):
             body[c.name] = c.args
         elif c.name == "license":
             licenses.append(c.args)
         elif c.name == "message":
             role, _, text = c.args.partition(": ")
             messages.append({"role": role, "content": text})
-        elif c.name in ("adapter", "draft"):
-            raise CLIError(f"{c.name.upper()} is not supported")
+        elif c.name == "adapter":
+            raise CLIError("ADAPTER is not supported")
         else:
             params.setdefault(c.name, []).append(c.args)
     body.update({k: v for k, v in _extras(licenses, messages, params).items() if v})

@@ -39,6 +39,7 @@ class LoadSettings:
     num_threads: int = 0
     flash_attention: bool | None = None
     multiuser_cache: bool = False
+    draft_model: str = ""  # the GGUF path of a draft model ("": none)
 
 
 def free_port() -> int:

@@ -2,6 +2,9 @@
 
 Every step: next batch (round-robin over the active sequences, at most num_batch tokens) →
 forward (while a side thread computes the grammar masks) → sample → emit.
+Speculative decoding: a sequence in its decode phase may add drafted tokens (draft.py) to its
+last one; the batch asks for logits at each, and `_verify` keeps the drafted run as far as the
+sampler agrees with it, so the tokens are those plain decoding gives.
 Requests come in from any thread with `submit`; their events come out of `Sequence.events`.
 """
 
@@ -13,7 +16,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +26,8 @@ from ember.errors import EmberError
 from ember.kvcache import KV_TYPES as KV_CACHE_TYPES
 from ember.kvcache import CellCounter
 from ember.model import POOLING_CLS, POOLING_LAST, POOLING_MEAN, POOLING_RANK, Model, Ranker
+from ember.options import MAX_DRAFT
+from ember.runner.draft import Drafter, DraftModel, NgramDrafter
 from ember.runner.inputcache import InputCache
 from ember.runner.memory import reserve
 from ember.runner.sequence import CLOSED, LENGTH, STOP, Piece, Request, Sequence, TokenLogprob
@@ -70,6 +75,7 @@ class Part:
     count: int
     first: int  # index of its first token in the batch
     output: int = -1  # row of its logits (generation) when its prompt is done; -1: none
+    draft: list[int] = field(default_factory=list)  # drafted tokens after its last, to verify
 
 
 class Engine:
@@ -83,7 +89,10 @@ class Engine:
         num_batch: int = 512,
         kv_type: str = "",
         multiuser: bool = False,
+        draft_model: Model | None = None,
     ) -> None:
+        """draft_model: a small model with the same vocabulary (draft.check_vocabulary) that
+        drafts for requests with draft_num_predict > 0 and no draft_ngram."""
         kv_type = kv_type or envconfig.kv_cache_type() or DEFAULT_KV_TYPE
         if kv_type not in KV_TYPES:
             raise EmberError(
@@ -102,6 +111,13 @@ class Engine:
         self.cache = model.make_cache()
         self.inputs = InputCache(
             self.cache, num_ctx=self.num_ctx, num_slots=num_parallel, multiuser=multiuser
+        )
+        self.draft = (
+            None
+            if draft_model is None
+            else DraftModel(
+                draft_model, num_slots=num_parallel, num_ctx=self.num_ctx, num_batch=self.num_batch
+            )
         )
         self.kv_bytes = 0
         self._cond = threading.Condition()
@@ -129,12 +145,26 @@ class Engine:
         called (on the loop thread) after each event is queued: to wake an async consumer."""
         seq = Sequence(request, self.tokenizer, self.num_ctx)
         seq.on_event = on_event
+        seq.drafter, seq.draft_limit = self._drafter(request)
         with self._cond:
             if self._closed:
                 raise EngineClosedError("the model is being unloaded")
             self._waiting.append(seq)
             self._cond.notify()
         return seq
+
+    def _drafter(self, request: Request) -> tuple[Drafter | None, int]:
+        """Who drafts for request, and at most how many tokens a step: prompt lookup when it
+        asks for it, else the draft model if one is loaded. Never under a grammar (a drafted
+        token could break it) nor for an embedding."""
+        opts = request.options
+        if request.grammar is not None or request.embedding:
+            return None, 0
+        if opts.draft_ngram > 0:
+            return NgramDrafter(), opts.draft_ngram
+        if self.draft is not None and opts.draft_num_predict > 0:
+            return self.draft, opts.draft_num_predict
+        return None, 0
 
     def busy(self) -> int:
         """How many sequences are waiting or running."""
@@ -167,7 +197,10 @@ class Engine:
                 num_ctx=self.num_ctx,
                 num_batch=self.num_batch,
                 dtype=self.kv_type,
+                num_outputs=self.num_parallel * (1 + MAX_DRAFT),  # a verify batch's logits
             )
+            if self.draft is not None:
+                self.kv_bytes += self.draft.reserve(self.kv_type)
         except BaseException as err:
             self._failure = err
             return
@@ -221,10 +254,12 @@ class Engine:
         used = 0
         for i, seq in enumerate(order):
             kept_for_others = len(order) - i - 1 if fits_all else 0
-            count = self._take(seq, self.num_batch - used - kept_for_others, batch_empty=not used)
+            room = self.num_batch - used - kept_for_others
+            count = self._take(seq, room, batch_empty=not used)
             if count:
-                parts.append(Part(seq, count, used))
-                used += count
+                draft = self._draft(seq, count, room - count)
+                parts.append(Part(seq, count, used, draft=draft))
+                used += count + len(draft)
         # more sequences than num_batch: the next batch starts after the last one served
         self._next = start + (1 if fits_all else max(len(parts), 1))
         return parts
@@ -249,6 +284,31 @@ class Engine:
             count += 1 + seq.groups[count]
         return count
 
+    def _draft(self, seq: Sequence, count: int, room: int) -> list[int]:
+        """Tokens drafted to follow seq's last one, when it is decoding (its one pending input is
+        its last token): never past num_predict, the context, or the batch's room."""
+        if seq.drafter is None or count != 1 or len(seq.pending) != 1:
+            return []
+        if seq.carried[0] is not None:
+            return []
+        k = min(
+            seq.draft_limit,
+            room,
+            self.num_ctx - len(seq.slot.inputs) - 1,
+            seq.num_predict - len(seq.generated) - 1,  # it emits at most k + 1 tokens
+        )
+        if k <= 0:
+            return []
+        try:
+            draft = seq.drafter.propose(seq.slot.id, seq.slot.inputs + seq.pending, k)[:k]
+        except Exception:  # drafting only saves time: a failed one decodes plainly
+            log.exception("drafting failed")
+            return []
+        vocab = self.tokenizer.vocab_size  # a draft model's head may be padded past it
+        valid = next((i for i, t in enumerate(draft) if not 0 <= t < vocab), len(draft))
+        seq.draft_proposed += valid
+        return draft[:valid]
+
     def _step(self, parts: list[Part]) -> None:
         batch = self._batch(parts)
         # Beside the forward pass, on the side thread: the grammar masks of the rows about to
@@ -260,8 +320,9 @@ class Engine:
         try:
             hidden = self._forward(batch)
             gen = [p for p in parts if p.output >= 0 and not p.seq.embedding]
+            rows = [p.output + i for p in gen for i in range(1 + len(p.draft))]
             with torch.inference_mode():
-                logits = self.model.logits(hidden[[p.output for p in gen]]) if gen else None
+                logits = self.model.logits(hidden[rows]) if gen else None
             masks = masking.result() if masking is not None else {}
         except Exception as err:  # a failed forward ends its sequences, never the loop
             log.exception("forward pass failed")
@@ -271,11 +332,18 @@ class Engine:
         for p in parts:
             p.seq.slot.inputs.extend(p.seq.pending[: p.count])
             del p.seq.pending[: p.count], p.seq.groups[: p.count], p.seq.carried[: p.count]
-        if logits is not None:  # one batched sampling step over every row
+        if logits is not None:  # one batched sampling step over every part's first row
             gen_masks = [masks.get(id(p)) for p in gen]
-            tokens = sample_rows([p.seq.sampler for p in gen], logits, gen_masks)
-            for row, (p, token) in enumerate(zip(gen, tokens, strict=True)):
-                self._emit(p.seq, logits[row], token)
+            firsts = [0]
+            for p in gen[:-1]:
+                firsts.append(firsts[-1] + 1 + len(p.draft))
+            first_rows = logits if len(rows) == len(gen) else logits[firsts]
+            tokens = sample_rows([p.seq.sampler for p in gen], first_rows, gen_masks)
+            for first, p, token in zip(firsts, gen, tokens, strict=True):
+                if p.draft:
+                    self._verify(p, logits[first : first + 1 + len(p.draft)], token)
+                else:
+                    self._emit(p.seq, logits[first], token)
         for p in parts:
             if p.seq.embedding:
                 self._pool(p, hidden)
@@ -301,8 +369,11 @@ class Engine:
                 p.output = len(outputs)
                 outputs += range(p.first, p.first + p.count)
             elif p.count == len(seq.pending):  # its prompt is done: logits for the next token
-                p.output = len(outputs)
-                outputs.append(p.first + p.count - 1)
+                p.output = len(outputs)  # and for the token after each drafted one
+                outputs += range(p.first + p.count - 1, p.first + p.count + len(p.draft))
+                tokens += p.draft
+                positions += range(start + p.count, start + p.count + len(p.draft))
+                sequences += [seq.slot.id] * len(p.draft)
         indices, data = zip(*multimodal, strict=True) if multimodal else ((), ())
         return Batch(
             tuple(tokens),
@@ -347,6 +418,30 @@ class Engine:
             seq.pending.append(token)
             seq.groups.append(0)
             seq.carried.append(None)
+
+    def _verify(self, p: Part, rows: torch.Tensor, token: int) -> None:
+        """Emits the tokens of a drafted run. rows (1 + len(draft), V): the logits after the
+        last token and after each drafted one; token: what the sampler drew from the first.
+        While the drawn token equals the drafted one, that token's cells are already right and
+        the next row is drawn from (with the sampler's state after it, as plain decoding); the
+        first that differs, or the row after the last draft, ends the run. At temperature 0
+        this is exactly plain decoding; above it, each token is still drawn from the target's
+        own distribution given the tokens before it, so the output's distribution is too."""
+        seq, draft = p.seq, p.draft
+        accepted = 0
+        while True:
+            matches = accepted < len(draft) and token == draft[accepted]
+            seq.draft_accepted += matches
+            self._emit(seq, rows[accepted], token)
+            if not matches or seq not in self._active:
+                break
+            # the drafted token is in the cache already: it is an input, no longer pending
+            del seq.pending[-1], seq.groups[-1], seq.carried[-1]
+            seq.slot.inputs.append(token)
+            accepted += 1
+            token = sample_rows([seq.sampler], rows[accepted : accepted + 1])[0]
+        if seq in self._active:  # (a finished one's went with its slot)
+            self.cache.remove(seq.slot.id, len(seq.slot.inputs), None)  # the rejected cells
 
     def _logprob(self, row: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
         lp, top = logprobs(row, token, top_n)
@@ -402,6 +497,8 @@ class Engine:
     def _release(self, seq: Sequence) -> None:
         if seq in self._active:
             self._active.remove(seq)
+            # its cells are its inputs (before its Done goes out): none of a drafted run
+            self.cache.remove(seq.slot.id, len(seq.slot.inputs), None)
             self.inputs.release(seq.slot)
 
 

@@ -32,9 +32,11 @@ def reserve(
     num_ctx: int,
     num_batch: int,
     dtype: torch.dtype | str,
+    num_outputs: int = 0,
 ) -> int:
     """Sizes cache for num_parallel sequences of num_ctx tokens and runs a worst-case batch of
-    num_batch tokens over all of it. Returns the bytes the KV cache takes."""
+    num_batch tokens over all of it, with logits at num_outputs of its rows (at least one a
+    sequence; more where drafted tokens are verified). Returns the bytes the KV cache takes."""
     if isinstance(model, ImageModel):  # an image's inputs share one batch, even past num_batch
         num_batch = max(num_batch, len(model.image_inputs()[0]))
     # Bytes per cell, measured on a small cache of the same model: no per-arch arithmetic (a
@@ -44,7 +46,9 @@ def reserve(
     kv = cache.planned_bytes(max_sequences=num_parallel, capacity=num_ctx, max_batch=num_batch)
     cells = num_parallel * num_ctx
     mask = num_batch * cells * 4  # the additive mask of a full batch over every cell
-    need = (kv + mask) * _MARGIN
+    outputs = min(max(num_outputs, num_parallel), num_batch)
+    logits = outputs * model.vocab_size * 4
+    need = (kv + mask + logits) * _MARGIN
     free = psutil.virtual_memory().available + cache.nbytes()
     what = (
         f"{num_parallel} × {num_ctx} tokens of KV cache ({gib(kv)}) and its compute buffers "
@@ -58,7 +62,7 @@ def reserve(
         # The largest batch over a full context, then one token over every cell. The attention's
         # time grows with the cells it sees but not its memory (a blocked kernel); the mask of
         # a batch over all cells is counted in `need` above.
-        _run_worst_case(model, cache, num_batch, end=num_ctx, outputs=min(num_parallel, num_batch))
+        _run_worst_case(model, cache, num_batch, end=num_ctx, outputs=outputs)
         _run_worst_case(model, cache, 1, end=cells, outputs=1)
         if isinstance(model, ImageModel):  # the vision encoder's buffers too, as Ollama's
             model.encode_multimodal(worst_case_image())

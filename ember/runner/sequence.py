@@ -11,6 +11,7 @@ import torch
 
 from ember.errors import EmberError
 from ember.options import Options
+from ember.runner.draft import Drafter
 from ember.runner.inputcache import Slot
 from ember.runner.stop import StopMatcher
 from ember.sample import Sampler
@@ -78,6 +79,9 @@ class Done:
     prompt_count: int = 0  # the whole prompt (after truncation), cached prefix included
     score: float | None = None  # a ranker's relevance score (an embedding request on a Ranker)
     prompt_cached_count: int = 0  # prompt tokens found in the cache (not evaluated again)
+    # speculative decoding: drafted tokens, and those the target agreed with (None: no drafting)
+    draft_proposed: int | None = None
+    draft_accepted: int | None = None
 
 
 Event = Piece | Done
@@ -164,6 +168,10 @@ class Sequence:
         self.first_token = 0  # when prompt processing ended
         self.pooled: torch.Tensor | None = None  # sum of hidden states (embedding requests)
         self.num_past = 0  # prompt tokens found in the cache
+        self.drafter: Drafter | None = None  # who drafts its tokens (set by the engine)
+        self.draft_limit = 0  # tokens drafted per step, at most
+        self.draft_proposed = 0
+        self.draft_accepted = 0
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -191,6 +199,8 @@ class Sequence:
             prompt_count=len(self.prompt),
             score=score,
             prompt_cached_count=self.num_past,
+            draft_proposed=self.draft_proposed if self.drafter is not None else None,
+            draft_accepted=self.draft_accepted if self.drafter is not None else None,
         )
         self.send(event)
         return event

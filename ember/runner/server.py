@@ -29,8 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ember.backend.threads import in_fresh_thread
 from ember.errors import EmberError
 from ember.gguf import GGUFFile
-from ember.model import Ranker, load_model
+from ember.model import Model, Ranker, load_model
 from ember.options import Options
+from ember.runner.draft import check_vocabulary
 from ember.runner.engine import KV_TYPES, Engine
 from ember.runner.memory import InsufficientMemoryError
 from ember.runner.multimodal import ImageModel, PromptInputs, image_bytes, prompt_inputs
@@ -54,6 +55,7 @@ class LoadRequest(BaseModel):
     num_threads: int = Field(0, ge=0)
     flash_attention: bool | None = None  # accepted; the CPU attention kernel is always blocked
     multiuser_cache: bool = False
+    draft_model: str = ""  # a GGUF with the same vocabulary, to draft for speculative decoding
 
 
 class CompletionRequest(BaseModel):
@@ -123,6 +125,7 @@ class Runner:
                 self.progress = 0.1
                 mmproj = GGUFFile.open(self.projector) if self.projector else None
                 model = in_fresh_thread(lambda: load_model(gguf, mmproj))  # backend/threads.py
+                draft = self._draft_model(req.draft_model) if req.draft_model else None
                 self.progress = 0.8
                 self.engine = Engine(
                     model,
@@ -132,11 +135,19 @@ class Runner:
                     num_batch=req.batch_size,
                     kv_type=req.kv_cache_type,
                     multiuser=req.multiuser_cache,
+                    draft_model=draft,
                 )
             except Exception as err:
                 self.status, self.error = "error", str(err)
                 raise
             self.status, self.progress = "ready", 1.0
+
+    def _draft_model(self, path: str) -> Model:
+        """The draft model at path, once its vocabulary is known to be the target's."""
+        assert self.tokenizer is not None
+        gguf = GGUFFile.open(path)
+        check_vocabulary(self.tokenizer, Tokenizer.from_metadata(gguf.metadata))
+        return in_fresh_thread(lambda: load_model(gguf))
 
 
 class LoadConflict(EmberError):
@@ -386,6 +397,9 @@ async def _stream(seq: Sequence, wake: asyncio.Event) -> AsyncIterator[bytes]:
                 "prompt_count": event.prompt_count,
                 "prompt_cached_count": event.prompt_cached_count,
             }
+            if event.draft_proposed is not None:  # speculative decoding was on
+                record["draft_proposed"] = event.draft_proposed
+                record["draft_accepted"] = event.draft_accepted
         yield (json.dumps(record) + "\n").encode()
 
 

@@ -184,6 +184,9 @@ class RequestOptions(Body):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     stop: Strings | None = None
+    draft_ngram: Int | None = None
+    draft_num_predict: Int | None = None
+    draft_model: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The known options the request set, for ember.options.Options.parse."""
@@ -358,6 +361,7 @@ class CreateRequest(Named):
     renderer: str = ""
     parser: str = ""
     requires: str = ""
+    draft: str = ""  # a model that drafts for speculative decoding (the Modelfile's DRAFT)
     stream: bool = True
 
     @model_validator(mode="after")

@@ -150,6 +150,9 @@ def _final(
         eval_count=final.get("eval_count", 0),
         eval_duration=final.get("eval_duration", 0),
     )
+    for key in ("draft_proposed", "draft_accepted"):  # when speculative decoding was on
+        if key in final:
+            chunk[key] = final[key]
     return chunk
 
 

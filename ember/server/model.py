@@ -67,6 +67,7 @@ class ServedModel:
     owner: str = "library"  # /v1/models' owned_by
     facts: GGUFFacts | None = field(default=None, compare=False)
     projector_paths: tuple[Path, ...] = ()  # mmproj files (llama.cpp's vision convention)
+    draft: str = ""  # the Modelfile's DRAFT: a model that drafts for speculative decoding
 
 
 class Models:
@@ -133,6 +134,7 @@ class Models:
             details=details,
             owner=stored.name.namespace,
             projector_paths=tuple(stored.projector_paths),
+            draft=str(stored.config.get("draft") or ""),
         )
 
     def _from_catalog(self, name: str) -> ServedModel:

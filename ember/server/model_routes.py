@@ -229,6 +229,7 @@ def _create_request(body: api.CreateRequest) -> CreateRequest:
         renderer=body.renderer or None,
         parser=body.parser or None,
         requires=body.requires or None,
+        draft=body.draft or None,
     )
 
 

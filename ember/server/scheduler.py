@@ -88,9 +88,10 @@ class Shape:
     num_batch: int | None = None
     num_thread: int | None = None
     projectors: tuple[str, ...] = ()  # mmproj files the model loads with (the model decides)
+    draft: str = ""  # the GGUF of the draft model loaded beside it ("": none)
 
     def matches(self, loaded: "Shape") -> bool:
-        if self.model_path != loaded.model_path:
+        if self.model_path != loaded.model_path or self.draft != loaded.draft:
             return False
         # a load cuts num_batch to num_ctx: a request asking for more wants what it got
         num_batch = self.num_batch
@@ -331,6 +332,7 @@ class Scheduler:
             kv_cache_type=self.defaults.kv_cache_type,  # "": the runner's default (f16)
             num_threads=shape.num_thread or 0,
             multiuser_cache=self.defaults.multiuser_cache,
+            draft_model=shape.draft,
         )
 
     # --- eviction and expiry ---

@@ -56,10 +56,20 @@ class ServerState:
             str(model.model_path),
             **{k: shaping.get(k) for k in _SHAPE_OPTIONS},  # type: ignore[arg-type]
             projectors=tuple(str(p) for p in model.projector_paths),
+            draft=self._draft_path(merged.draft_model or model.draft),
         )
         if shape.num_ctx is not None and model.context_length > 0:  # as a load will cut it
             shape = replace(shape, num_ctx=min(shape.num_ctx, model.context_length))
         return Plan(model, merged, shape)
+
+    def _draft_path(self, name: str) -> str:
+        """The GGUF of the draft model called name ("": none); 400 when there is no such model."""
+        if not name:
+            return ""
+        try:
+            return str(self.models.resolve(name).model_path)
+        except APIError as err:
+            raise APIError(400, f"draft model {name!r}: {err.message}") from None
 
     @contextlib.asynccontextmanager
     async def lease(self, plan: Plan, keep_alive: float | None) -> AsyncIterator[Lease]:

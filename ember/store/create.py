@@ -35,7 +35,7 @@ from ember.store.store import Store, as_name
 Progress = dict[str, Any]
 QUANTIZE_TYPES = tuple(FILE_TYPES)
 _SEMVER = re.compile(r"v?(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?")
-_INHERITED = ("renderer", "parser", "requires", "model_format", "capabilities")
+_INHERITED = ("renderer", "parser", "requires", "draft", "model_format", "capabilities")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,7 @@ class CreateRequest:
     renderer: str | None = None
     parser: str | None = None
     requires: str | None = None
+    draft: str | None = None  # a model's name: it drafts tokens for speculative decoding
 
     @classmethod
     def from_modelfile(
@@ -68,11 +69,11 @@ class CreateRequest:
         values: dict[str, Any] = {"files": files, "quantize": quantize}
         licenses, messages = [], []
         for c in commands:
-            if c.name in ("adapter", "draft"):
-                raise ModelfileError(f"{c.name.upper()} is not supported")
+            if c.name == "adapter":
+                raise ModelfileError("ADAPTER is not supported")
             if c.name == "model":
                 values["from_"] = None if files else c.args
-            elif c.name in ("template", "system", "renderer", "parser", "requires"):
+            elif c.name in ("template", "system", "renderer", "parser", "requires", "draft"):
                 values[c.name] = c.args
             elif c.name == "license":
                 licenses.append(c.args)
@@ -137,6 +138,8 @@ def _check_request(request: CreateRequest) -> None:
         if not _is_relative_path(file_name):
             raise CreateError(f"file path must be relative: {file_name!r}")
         Digest.parse(digest)
+    if request.draft:
+        ModelName.parse(request.draft)  # a name in the store or the catalogue, not a file
     if request.requires and not _SEMVER.fullmatch(request.requires):
         raise CreateError("requires must be a valid semver (e.g. 0.14.0)")
     normalize_parameters(request.parameters or {})
@@ -229,7 +232,7 @@ def _config(request: CreateRequest, info: GGUFInfo, *, inherited: dict[str, Any]
         "model_type": human_number(info.num_params),
         "file_type": info.file_type,
     }
-    for key in ("renderer", "parser", "requires"):
+    for key in ("renderer", "parser", "requires", "draft"):
         value = getattr(request, key) or inherited.get(key)
         if value:
             config[key] = value.removeprefix("v") if key == "requires" else value

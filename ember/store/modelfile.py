@@ -285,7 +285,7 @@ def model_commands(model: StoredModel) -> list[Command]:
         commands.append(Command("template", model.template))
     if model.system:
         commands.append(Command("system", model.system))
-    for key in ("renderer", "parser"):
+    for key in ("renderer", "parser", "draft"):
         if isinstance(model.config.get(key), str) and model.config[key]:
             commands.append(Command(key, model.config[key]))
     for name, value in sorted(model.parameters.items()):

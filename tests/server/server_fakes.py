@@ -79,7 +79,7 @@ class FakeRunner:
         if self.error:
             yield {"error": self.error}
             return
-        yield {
+        final = {
             "done": True,
             "done_reason": "length" if limit >= 0 and limit < len(self.reply.split()) else "stop",
             "prompt_count": len(prompt.split()),
@@ -89,6 +89,9 @@ class FakeRunner:
             "eval_count": len(words),
             "eval_duration": 20,
         }
+        if (fields.get("options") or {}).get("draft_ngram"):  # as the runner: when drafting
+            final.update(draft_proposed=len(words), draft_accepted=len(words) - 1)
+        yield final
 
     async def health(self) -> dict[str, Any]:
         """As the runner's /health once loaded: a cell per prompt word it was asked."""
@@ -159,6 +162,7 @@ def served(name: str, *, template: str = TEMPLATE, **changes: Any) -> ServedMode
 MODELS = {
     "fake": served("fake"),
     "other": served("other"),
+    "drafted": served("drafted", draft="other"),  # its Modelfile names a DRAFT model
     "tooly": served("tooly", capabilities=frozenset({"completion", "tools"})),
     "thinker": served(
         "thinker",
