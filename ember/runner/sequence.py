@@ -74,6 +74,7 @@ class Done:
     embedding: list[float] | None = None
     error: str | None = None
     prompt_count: int = 0  # the whole prompt (after truncation), cached prefix included
+    stop_sequence: str = ""  # the stop string that ended the sequence, if one did
 
 
 Event = Piece | Done
@@ -178,6 +179,7 @@ class Sequence:
             eval_duration=end - first,
             embedding=embedding,
             prompt_count=len(self.prompt),
+            stop_sequence=self.stops.matched,
         )
         self.send(event)
         return event

@@ -336,6 +336,8 @@ async def _stream(seq: Sequence, wake: asyncio.Event) -> AsyncIterator[bytes]:
                 "eval_duration": event.eval_duration,
                 "prompt_count": event.prompt_count,
             }
+            if event.stop_sequence:
+                record["stop_sequence"] = event.stop_sequence
         yield (json.dumps(record) + "\n").encode()
 
 
