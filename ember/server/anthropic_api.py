@@ -78,8 +78,19 @@ class AnthropicToolChoice(Body):
 
 
 class ThinkingConfig(Body):
-    type: Literal["enabled", "disabled"]
+    # adaptive and between_tools: the model thinks as its template lets it, with no budget
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: Int | None = Field(None, ge=1)
+
+
+class OutputFormat(Body):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(Body):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: OutputFormat | None = None
 
 
 class Conversation(Body):
@@ -91,19 +102,30 @@ class Conversation(Body):
     tools: list[AnthropicTool] = Field(default_factory=list)
     tool_choice: AnthropicToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
 
     def native(self, **fields: Any) -> ChatRequest:
         """The native chat request of this conversation, with fields (stream, options) added."""
         choice = self.tool_choice
+        output = self.output_config
         return ChatRequest.model_construct(
             model=self.model,
             messages=[ChatMessage.from_prompt(m) for m in self.ollama_messages()],
             tools=[_native_tool(t, i) for i, t in enumerate(self.tools)],
             tool_choice=_native_choice(choice) if choice else None,
             parallel_tool_calls=not (choice and choice.disable_parallel_tool_use),
-            think=None if self.thinking is None else self.thinking.type == "enabled",
+            think=self.ollama_think(),
+            format=output.format.schema_ if output and output.format else None,
             **fields,
         )
+
+    def ollama_think(self) -> bool | str | None:
+        """thinking as Ollama's think; without it, output_config.effort as a level (as Ollama:
+        xhigh is high); None leaves it to the model."""
+        if self.thinking is not None:
+            return self.thinking.type != "disabled"
+        effort = self.output_config.effort if self.output_config else None
+        return "high" if effort == "xhigh" else effort
 
     def ollama_messages(self) -> list[Message]:
         """system first, then each message: a user's tool_result blocks become tool messages
