@@ -69,7 +69,7 @@ def test_tool_round_trip(claude):
     messages = ask("What is the weather in Paris?")
     first = claude.messages.create(
         model=MODEL,
-        max_tokens=64,
+        max_tokens=40,
         extra_body=GREEDY,
         tools=[WEATHER],
         tool_choice={"type": "any"},
@@ -78,8 +78,10 @@ def test_tool_round_trip(claude):
     assert first.stop_reason == "tool_use"
     [use] = [b for b in first.content if b.type == "tool_use"]
     assert use.name == "get_weather" and use.id.startswith("toolu_")
-    assert "paris" in str(use.input).lower()
+    assert use.input == {"city": "Paris"}
     result = {"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 degrees"}
+    # without the follow-up this 0.5B model calls the tool again (with any prompt we tried)
+    follow_up = {"type": "text", "text": "Answer me in one sentence."}
     second = claude.messages.create(
         model=MODEL,
         max_tokens=24,
@@ -88,11 +90,12 @@ def test_tool_round_trip(claude):
         messages=[
             *messages,
             {"role": "assistant", "content": first.content},
-            {"role": "user", "content": [result]},
+            {"role": "user", "content": [result, follow_up]},
         ],  # type: ignore[list-item]
     )
-    texts = [b.text for b in second.content if b.type == "text"]
-    assert second.stop_reason in ("end_turn", "max_tokens") and "".join(texts).strip()
+    assert second.stop_reason == "end_turn"
+    [answer] = second.content
+    assert answer.type == "text" and "21" in answer.text
 
 
 def test_an_image_to_a_text_only_model_is_a_clear_400(claude):
