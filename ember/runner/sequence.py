@@ -82,6 +82,7 @@ class Done:
     # speculative decoding: drafted tokens, and those the target agreed with (None: no drafting)
     draft_proposed: int | None = None
     draft_accepted: int | None = None
+    stop_sequence: str = ""  # the stop string that ended the sequence, if one did
 
 
 Event = Piece | Done
@@ -201,6 +202,7 @@ class Sequence:
             prompt_cached_count=self.num_past,
             draft_proposed=self.draft_proposed if self.drafter is not None else None,
             draft_accepted=self.draft_accepted if self.drafter is not None else None,
+            stop_sequence=self.stops.matched,
         )
         self.send(event)
         return event

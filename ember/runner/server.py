@@ -400,6 +400,8 @@ async def _stream(seq: Sequence, wake: asyncio.Event) -> AsyncIterator[bytes]:
             if event.draft_proposed is not None:  # speculative decoding was on
                 record["draft_proposed"] = event.draft_proposed
                 record["draft_accepted"] = event.draft_accepted
+            if event.stop_sequence:
+                record["stop_sequence"] = event.stop_sequence
         yield (json.dumps(record) + "\n").encode()
 
 

@@ -10,11 +10,13 @@ class StopMatcher:
     stops: tuple[str, ...]
     pending: str = field(default="")
     is_stopped: bool = field(default=False)
+    matched: str = field(default="")  # the stop string that ended the text (Anthropic reports it)
 
     def push(self, text: str) -> str:
         self.pending += text
-        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(at, s) for s in self.stops if (at := self.pending.find(s)) >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda hit: hit[0])
             self.is_stopped = True
             out, self.pending = self.pending[:cut], ""
             return out

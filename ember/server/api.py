@@ -84,6 +84,14 @@ def _base64(value: Any) -> Any:
         raise ValueError("images must be base64-encoded") from None
 
 
+def image_bytes(data: str, param: str) -> bytes:
+    """An image sent as base64 text; RequestError naming param when it is not base64."""
+    try:
+        return base64.b64decode(data, validate=True)
+    except binascii.Error:
+        raise RequestError("invalid image input: bad base64 data", param) from None
+
+
 def _keep_alive(value: Any) -> Any:
     try:
         return parse_keep_alive(value)
@@ -220,6 +228,28 @@ class ChatMessage(Body):
     def _lower_role(self) -> "ChatMessage":
         self.role = self.role.lower()
         return self
+
+    @classmethod
+    def from_prompt(cls, m: Message) -> "ChatMessage":
+        """A prompt message (as the /v1 translations make them) as a native one."""
+        calls = [
+            ToolCall.model_construct(
+                id=c.get("id", ""),
+                function=ToolCallFunction.model_construct(
+                    name=c["function"]["name"], arguments=c["function"]["arguments"]
+                ),
+            )
+            for c in m.tool_calls
+        ]
+        return cls.model_construct(
+            role=m.role,
+            content=m.content,
+            thinking=m.thinking,
+            images=list(m.images),
+            tool_calls=calls,
+            tool_name=m.tool_name,
+            tool_call_id=m.tool_call_id,
+        )
 
     def to_prompt(self) -> Message:
         calls = tuple(

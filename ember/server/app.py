@@ -1,5 +1,6 @@
-"""The server: the FastAPI app (native and OpenAI routes, model management when present) behind
-the middleware, its error handlers, and `serve()`, which runs it with uvicorn on EMBER_HOST.
+"""The server: the FastAPI app (native, OpenAI and Anthropic routes, model management when
+present) behind the middleware, its error handlers, and `serve()`, which runs it with uvicorn on
+EMBER_HOST.
 
 Settings are read here, from envconfig, once; the rest of the server gets them as arguments."""
 
@@ -20,9 +21,9 @@ from starlette.types import ASGIApp
 from ember import __version__, envconfig
 from ember.errors import OptionsError
 from ember.runner.client import RunnerClient
-from ember.server import middleware, openai, routes
+from ember.server import anthropic, middleware, openai, routes
 from ember.server.api import RequestError
-from ember.server.errors import APIError
+from ember.server.errors import APIError, anthropic_error, is_anthropic_path
 from ember.server.logging import log_startup, setup_logging
 from ember.server.metrics import RequestCounter
 from ember.server.model import Models
@@ -73,6 +74,7 @@ def create_app(state: ServerState | None = None, *, metrics: bool | None = None)
     app.state.store = state.models.store()  # model_routes' store: the one models resolve in
     app.include_router(routes.router)
     app.include_router(openai.router)
+    app.include_router(anthropic.router)
     model_routes = _model_routes()
     if model_routes is not None:
         app.include_router(model_routes)
@@ -114,6 +116,8 @@ def build(state: ServerState | None = None) -> ASGIApp:
 
 
 def _body(request: Request, status: int, message: str, param: str | None = None) -> JSONResponse:
+    if is_anthropic_path(request.url.path):
+        return JSONResponse(anthropic_error(status, message), status_code=status)
     if request.url.path.startswith("/v1/"):
         return JSONResponse(openai.error_body(status, message, param), status_code=status)
     return JSONResponse({"error": message}, status_code=status)

@@ -1,5 +1,6 @@
 """Errors the server answers with a status: every route turns them into `{"error": message}`
-(OpenAI's routes into OpenAI's error object). Ollama's exact wording where clients match on it."""
+(OpenAI's routes into OpenAI's error object, Anthropic's into Anthropic's). Ollama's exact
+wording where clients match on it."""
 
 from ember.errors import EmberError
 
@@ -25,3 +26,26 @@ def not_found(name: str) -> APIError:
 def unsupported(name: str, capability: str) -> APIError:
     """A request for what the model cannot do: `"name" does not support chat` (Ollama's)."""
     return APIError(400, f'"{name}" does not support {capability}')
+
+
+ANTHROPIC_PREFIX = "/v1/messages"  # Anthropic's routes: errors in Anthropic's shape
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+
+
+def anthropic_error(status: int, message: str) -> dict[str, object]:
+    """Anthropic's error object; a 4xx it has no name for is an invalid request."""
+    fallback = "invalid_request_error" if 400 <= status < 500 else "api_error"
+    kind = _ANTHROPIC_TYPES.get(status, fallback)
+    return {"type": "error", "error": {"type": kind, "message": message}}

@@ -15,6 +15,7 @@ from typing import Any
 
 from ember.errors import EmberError
 from ember.runner.client import RunnerError
+from ember.server import budget
 from ember.server.api import ChatRequest, GenerateRequest, Generation
 from ember.server.errors import RUNNER_STOPPED_MESSAGE, APIError, unsupported
 from ember.server.metrics import CompletionObserver
@@ -23,7 +24,7 @@ from ember.server.output import OutputParser, Part, logprobs
 from ember.server.prompt import Completion, Prompt, chat_prompt, generate_prompt
 from ember.server.scheduler import Lease
 from ember.server.state import Plan, ServerState, runner_failure
-from ember.server.thinking import no_thinking_message
+from ember.server.thinking import ThinkingTags, no_thinking_message
 
 Chunk = dict[str, Any]
 
@@ -48,15 +49,12 @@ def check_capabilities(
         raise unsupported(name, "vision")
 
 
-async def chat(state: ServerState, req: ChatRequest) -> AsyncGenerator[Chunk, None]:
+async def chat(
+    state: ServerState, req: ChatRequest, *, thinking_budget: int | None = None
+) -> AsyncGenerator[Chunk, None]:
+    """The chunks of a chat; thinking_budget: at most that many tokens of thinking (budget.py)."""
     start = time.perf_counter_ns()
-    plan = state.plan(req.model, req.options)
-    images = any(m.images for m in req.messages)
-    req = req.model_copy(update={"tools": req.chosen_tools()})
-    tools = bool(req.tools)
-    check_capabilities(
-        req.model, plan.model, think=req.think, tools=tools, images=images, what="chat"
-    )
+    plan, req = _checked_chat(state, req)
     if not req.messages:
         reason, load_ns = await load_or_unload(state, plan, req.keep_alive)
         empty = {"role": "assistant", "content": ""}
@@ -67,7 +65,8 @@ async def chat(state: ServerState, req: ChatRequest) -> AsyncGenerator[Chunk, No
         names = [t.function.name for t in req.tools]
         parser = _parser(plan.model, req, prompt.text, tool_names=names)
         observer = state.metrics.completion(plan.model.name, start)
-        async for part, lps, final in _run(lease, plan, req, prompt, parser, observer):
+        run = _run(lease, plan, req, prompt, parser, observer, thinking_budget=thinking_budget)
+        async for part, lps, final in run:
             message: dict[str, Any] = {"role": "assistant", "content": part.content}
             if part.thinking:
                 message["thinking"] = part.thinking
@@ -83,6 +82,32 @@ async def chat(state: ServerState, req: ChatRequest) -> AsyncGenerator[Chunk, No
             if prompt.truncated:
                 chunk["truncated"] = True
             yield chunk
+
+
+async def count_tokens(state: ServerState, req: ChatRequest) -> int:
+    """The tokens of a chat's whole prompt as the model's runner counts them (images as the
+    template counts them): the input tokens the chat would have."""
+    plan, req = _checked_chat(state, req)
+    async with state.lease(plan, req.keep_alive) as lease:
+        prompt = await _chat_prompt(lease, plan, req.model_copy(update={"truncate": False}))
+        try:
+            tokens = await lease.runner.tokenize(prompt.text)
+        except RunnerError as err:
+            raise await runner_failure(err, lease.runner) from None
+    return len(tokens) + plan.model.template.image_tokens * len(prompt.images)
+
+
+def _checked_chat(state: ServerState, req: ChatRequest) -> tuple[Plan, ChatRequest]:
+    """A chat's plan, and the request with the tools its tool_choice leaves; 400 for what the
+    model cannot do."""
+    plan = state.plan(req.model, req.options)
+    images = any(m.images for m in req.messages)
+    req = req.model_copy(update={"tools": req.chosen_tools()})
+    tools = bool(req.tools)
+    check_capabilities(
+        req.model, plan.model, think=req.think, tools=tools, images=images, what="chat"
+    )
+    return plan, req
 
 
 async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[Chunk, None]:
@@ -153,19 +178,26 @@ def _final(
     for key in ("draft_proposed", "draft_accepted"):  # when speculative decoding was on
         if key in final:
             chunk[key] = final[key]
+    if final.get("stop_sequence"):  # an extension: which stop string ended the answer
+        chunk["stop_sequence"] = final["stop_sequence"]
     return chunk
 
 
 def _parser(
     model: ServedModel, req: Generation, prompt: str, *, tool_names: list[str] | None = None
 ) -> OutputParser:
-    thinks = "thinking" in model.capabilities and req.think is not False
     return OutputParser(
-        thinking=model.thinking_tags if thinks else None,
+        thinking=_thinking_tags(model, req),
         prompt=prompt,
         tools=model.tool_format if tool_names else None,
         tool_names=tool_names or (),
     )
+
+
+def _thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:
+    """The tags of the model's thinking when the request lets it think, else None."""
+    thinks = "thinking" in model.capabilities and req.think is not False
+    return model.thinking_tags if thinks else None
 
 
 async def _chat_prompt(lease: Lease, plan: Plan, req: ChatRequest) -> Prompt:
@@ -224,6 +256,8 @@ async def _run(
     prompt: Prompt,
     parser: OutputParser,
     observer: CompletionObserver,
+    *,
+    thinking_budget: int | None = None,
 ) -> AsyncGenerator[tuple[Part, list[dict[str, Any]], dict[str, Any] | None], None]:
     """(part, logprobs, None) per runner piece, then (rest, [], final record); the observer
     sees every record (metrics)."""
@@ -233,7 +267,15 @@ async def _run(
             {"data": base64.b64encode(data).decode(), "id": i}
             for i, data in enumerate(prompt.images)
         ]
-    async for record in runner_records(lease, prompt.text, fields):
+    records = runner_records(lease, prompt.text, fields)
+    tags = _thinking_tags(plan.model, req)
+    if thinking_budget is not None and tags is not None:
+
+        def complete(text: str, fields: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+            return runner_records(lease, text, fields)
+
+        records = budget.capped(complete, prompt.text, fields, budget=thinking_budget, tags=tags)
+    async for record in records:
         observer.record(record)
         if record.get("done"):
             yield parser.flush(), [], record

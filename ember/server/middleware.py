@@ -1,7 +1,7 @@
 """ASGI middleware of the server: Host check (DNS rebinding), CORS, API key, body size limit.
 
-Each answers refusals itself as JSON `{"error": "..."}`; none reads the environment (the
-server passes envconfig's values to `install`)."""
+Each answers refusals itself as JSON `{"error": "..."}` (Anthropic's error object on its
+paths); none reads the environment (the server passes envconfig's values to `install`)."""
 
 import hmac
 import ipaddress
@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ember.envconfig import HostAddress
+from ember.server.errors import anthropic_error, is_anthropic_path
 
 Headers = Sequence[tuple[bytes, bytes]]
 
@@ -40,9 +41,12 @@ def install(
     return HostCheck(Cors(wrapped, origins=origins), bound=bound)
 
 
-async def send_error(send: Send, status: int, message: str, headers: Headers = ()) -> None:
-    """A complete JSON error response {"error": message}."""
-    body = json.dumps({"error": message}).encode()
+async def send_error(
+    send: Send, status: int, message: str, headers: Headers = (), *, path: str = ""
+) -> None:
+    """A complete JSON error response {"error": message} (Anthropic's shape on its paths)."""
+    error = anthropic_error(status, message) if is_anthropic_path(path) else {"error": message}
+    body = json.dumps(error).encode()
     start = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": status, "headers": [*start, *headers]})
     await send({"type": "http.response.body", "body": body})
@@ -72,7 +76,7 @@ class HostCheck:
         host = _host_name(header(scope, "host") or "")
         if self.is_allowed(host):
             return await self.app(scope, receive, send)
-        await send_error(send, 403, f"host {host!r} is not allowed")
+        await send_error(send, 403, f"host {host!r} is not allowed", path=scope["path"])
 
     def is_allowed(self, host: str) -> bool:
         try:
@@ -104,7 +108,8 @@ class Cors:
         if origin is None:
             return await self.app(scope, receive, send)
         if not self.is_allowed(origin, header(scope, "host") or ""):
-            return await send_error(send, 403, f"origin {origin!r} is not allowed")
+            message = f"origin {origin!r} is not allowed"
+            return await send_error(send, 403, message, path=scope["path"])
         allow = [(b"access-control-allow-origin", origin.encode()), (b"vary", b"Origin")]
         if scope["method"] == "OPTIONS" and header(scope, "access-control-request-method"):
             return await _preflight(send, allow, header(scope, "access-control-request-headers"))
@@ -142,25 +147,26 @@ async def _preflight(send: Send, allow: Headers, requested_headers: str | None) 
 
 
 class ApiKey:
-    """Every request must carry `Authorization: Bearer <key>`; else 401."""
+    """Every request must carry `Authorization: Bearer <key>` or `x-api-key: <key>` (how
+    Anthropic's clients send it); else 401."""
 
     def __init__(self, app: ASGIApp, *, key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {key}".encode()
+        self.expected = key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        given = header(scope, "authorization") or ""
-        scheme, _, token = given.partition(" ")
-        # compare_digest: the time taken tells nothing of how much of the key matched
-        if scheme.lower() == "bearer" and hmac.compare_digest(
-            f"Bearer {token.strip()}".encode(), self.expected
-        ):
+        if scope["type"] != "http" or self.is_allowed(scope):
             return await self.app(scope, receive, send)
         challenge = [(b"www-authenticate", b"Bearer")]
-        message = "unauthorized: send the API key as 'Authorization: Bearer <key>'"
-        await send_error(send, 401, message, challenge)
+        message = "unauthorized: send the API key as 'Authorization: Bearer <key>' or 'x-api-key'"
+        await send_error(send, 401, message, challenge, path=scope["path"])
+
+    def is_allowed(self, scope: Scope) -> bool:
+        scheme, _, token = (header(scope, "authorization") or "").partition(" ")
+        bearer = token.strip() if scheme.lower() == "bearer" else None
+        keys = (k for k in (bearer, header(scope, "x-api-key")) if k is not None)
+        # compare_digest: the time taken tells nothing of how much of the key matched
+        return any(hmac.compare_digest(k.encode(), self.expected) for k in keys)
 
 
 class BodyLimit:
@@ -183,12 +189,12 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         length = header(scope, "content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await send_error(send, 413, self.message)
+            return await send_error(send, 413, self.message, path=scope["path"])
         body = await self._read(receive)
         if body is None:
             return  # the client went away
         if len(body) > self.max_bytes:
-            return await send_error(send, 413, self.message)
+            return await send_error(send, 413, self.message, path=scope["path"])
         await self.app(scope, _replay(body, receive), send)
 
     @property

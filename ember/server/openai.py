@@ -23,12 +23,9 @@ from ember.server.api import (
     RequestError,
     RequestOptions,
     RerankRequest,
-    ToolCall,
-    ToolCallFunction,
 )
 from ember.server.errors import APIError
 from ember.server.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
-from ember.server.prompt import Message
 from ember.server.routes import body_of, state_of
 from ember.server.streaming import collect, first_chunk, prepend, sse_response
 
@@ -71,7 +68,7 @@ async def chat_completions(request: Request) -> Response:
 def _native_chat(req: ChatCompletionRequest) -> ChatRequest:
     return ChatRequest.model_construct(
         model=req.model,
-        messages=[_chat_message(m) for m in req.ollama_messages()],
+        messages=[ChatMessage.from_prompt(m) for m in req.ollama_messages()],
         tools=req.tools,
         tool_choice=req.tool_choice,
         parallel_tool_calls=req.parallel_tool_calls,
@@ -81,22 +78,6 @@ def _native_chat(req: ChatCompletionRequest) -> ChatRequest:
         think=req.ollama_think(),
         logprobs=req.logprobs or req.top_logprobs > 0,
         top_logprobs=req.top_logprobs,
-    )
-
-
-def _chat_message(m: Message) -> ChatMessage:
-    calls = [
-        ToolCall(function=ToolCallFunction(name=f["name"], arguments=f["arguments"]))
-        for f in (c["function"] for c in m.tool_calls)
-    ]
-    return ChatMessage.model_construct(
-        role=m.role,
-        content=m.content,
-        thinking=m.thinking,
-        images=list(m.images),
-        tool_calls=calls,
-        tool_name=m.tool_name,
-        tool_call_id=m.tool_call_id,
     )
 
 

@@ -3,13 +3,19 @@ their translation to Ollama's options, format, think and messages, as Ollama's m
 
 Parse them with api.parse_body; responses and routes are the server's."""
 
-import base64
-import binascii
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
-from ember.server.api import Body, Int, RequestError, Strings, Tool, parse_arguments
+from ember.server.api import (
+    Body,
+    Int,
+    RequestError,
+    Strings,
+    Tool,
+    image_bytes,
+    parse_arguments,
+)
 from ember.server.prompt import Message
 
 _DATA_URI = tuple(f"data:image/{kind};base64," for kind in ("jpeg", "jpg", "png", "webp"))
@@ -182,10 +188,7 @@ def _data_uri_image(url: str, param: str) -> bytes:
     prefix = next((p for p in _DATA_URI if url.startswith(p)), None)
     if prefix is None:
         raise RequestError("invalid image input: only base64 data URIs are supported", param)
-    try:
-        return base64.b64decode(url[len(prefix) :], validate=True)
-    except binascii.Error:
-        raise RequestError("invalid image input: bad base64 data", param) from None
+    return image_bytes(url[len(prefix) :], param)
 
 
 def _ollama_call(call: OpenAIToolCall, index: int) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Responses of a stream of chunks: NDJSON or one merged JSON object (native API), SSE (OpenAI).
+"""Responses of a stream of chunks: NDJSON or one merged JSON object (native API), SSE (OpenAI's
+data-only events, Anthropic's named ones).
 
 The first chunk is awaited before the response starts, so an error raised before it (a bad
 request, a full queue, a model that fails to load) gets its own status; a later one ends the
@@ -124,4 +125,17 @@ def sse_response(chunks: AsyncGenerator[Chunk, None], error_body: ErrorBody) -> 
         return f"data: {json.dumps(value)}\n\n"
 
     lines = _lines(chunks, event, lambda err: event(error_body(err)), "data: [DONE]\n\n")
+    return StreamingResponse(lines, media_type="text/event-stream")
+
+
+def named_sse_response(
+    events: AsyncGenerator[Chunk, None], error_body: ErrorBody
+) -> StreamingResponse:
+    """Anthropic's server-sent events: `event: <type>` and `data: {json}` for each event, named
+    by its "type" field (an error too: `event: error`); no end marker."""
+
+    def event(value: dict[str, Any]) -> str:
+        return f"event: {value['type']}\ndata: {json.dumps(value)}\n\n"
+
+    lines = _lines(events, event, lambda err: event(error_body(err)))
     return StreamingResponse(lines, media_type="text/event-stream")

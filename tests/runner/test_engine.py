@@ -56,6 +56,7 @@ def test_end_token_stops_without_text(make):
     engine, _ = make(FakeModel(eos_after=5))
     text, done = collect(engine.submit(Request([3], opts(num_predict=50))))
     assert (text, done.done_reason, done.eval_count) == ("eeff", "stop", 2)
+    assert done.stop_sequence == ""  # the end token, not a stop string
 
 
 def test_stop_string_is_cut_mid_token_and_never_sent(make):
@@ -63,6 +64,7 @@ def test_stop_string_is_cut_mid_token_and_never_sent(make):
     seq = engine.submit(Request([0], opts(num_predict=20, stop=["cd", "zz"])))
     text, done = collect(seq)
     assert (text, done.done_reason) == ("bbc", "stop")  # "bbccdd": the stop starts inside "cc"
+    assert done.stop_sequence == "cd"
 
 
 def test_num_predict_zero_evaluates_the_prompt_only(make):

@@ -25,3 +25,11 @@ def test_partial_match_is_released_when_it_diverges():
 def test_no_stops_passes_everything():
     m = StopMatcher(())
     assert m.push("abc") == "abc" and m.flush() == ""
+
+
+def test_the_stop_string_that_ended_the_text_is_kept():
+    m = StopMatcher(("END", "STOP"))
+    assert m.push("a STO") == "a " and m.matched == ""
+    assert m.push("P b END") == "" and m.matched == "STOP"
+    first = StopMatcher(("b", "a"))
+    assert first.push("xab") == "x" and first.matched == "a"
