@@ -26,7 +26,8 @@ _LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
 _TOWER_NAMES = {"embeddings.class_embedding": "v.class_embd",
                 "embeddings.patch_embedding.weight": "v.patch_embd.weight",
                 "embeddings.position_embedding.weight": "v.position_embd.weight",
-                "pre_layrnorm.weight": "v.pre_ln.weight", "pre_layrnorm.bias": "v.pre_ln.bias"}  # fmt: skip
+                "pre_layrnorm.weight": "v.pre_ln.weight",
+                "pre_layrnorm.bias": "v.pre_ln.bias"}  # fmt: skip
 # OpenAI CLIP's normalisation: CLIPImageProcessor's defaults
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -100,7 +101,8 @@ class LlavaDecoder(LlamaDecoder):
             "mm.2.weight": (self.hidden, m), "mm.2.bias": (self.hidden,),
         }  # fmt: skip
         per_layer = {"ln1": (c,), "ln2": (c,), "attn_q": (c, c), "attn_k": (c, c),
-                     "attn_v": (c, c), "attn_out": (c, c), "ffn_up": (f, c), "ffn_down": (c, f)}  # fmt: skip
+                     "attn_v": (c, c), "attn_out": (c, c), "ffn_up": (f, c),
+                     "ffn_down": (c, f)}  # fmt: skip
         for i in range(self.v_layers):
             for name, shape in per_layer.items():
                 vision[f"v.blk.{i}.{name}.weight"] = shape

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 import transformers as T
+from gguf import TokenType
 from hf_dirs import _save_bpe
 from hf_vision import _randomize
-from gguf import TokenType
 from tinymodels import Vocab, bpe_vocab
 
 IMAGE_SIZE, PATCH = 32, 8

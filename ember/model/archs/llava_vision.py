@@ -49,7 +49,10 @@ class ClipTower:
         self.position = w.tensor("v.position_embedding.weight", (o.patches_per_side**2 + 1, c))
         self.pre_ln = (w.tensor("v.pre_ln.weight", (c,)), w.tensor("v.pre_ln.bias", (c,)))
         self.blocks = [ClipBlock(w, i, o, exact_gelu=exact_gelu) for i in range(o.num_layers)]
-        post = w.optional("v.post_layernorm.weight", (c,)), w.optional("v.post_layernorm.bias", (c,))
+        post = (
+            w.optional("v.post_layernorm.weight", (c,)),
+            w.optional("v.post_layernorm.bias", (c,)),
+        )
         self.post_ln = post if post[0] is not None else None  # llama.cpp applies it when present
         self.mm0 = w.linear("mm.0.weight", mm_hidden, c), w.tensor("mm.0.bias", (mm_hidden,))
         self.mm2 = (
