@@ -38,8 +38,13 @@ def convert(root, feature_layer: int):
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return convert(tmp_path_factory.mktemp("llava"), -2)
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("llava")
+
+
+@pytest.fixture(scope="module")
+def models(root):
+    return convert(root, -2)
 
 
 def hf_features(hf, data: bytes) -> torch.Tensor:
@@ -88,15 +93,15 @@ def test_logits_of_a_prompt_with_an_image_equal_hf(models, size, mode, seed):
     assert (ours - theirs).abs().max() < 1e-4
 
 
-def test_the_files_follow_llama_cpp(models, tmp_path):
-    with GGUFFile.open(tmp_path.parent / "llava0" / "mmproj.gguf") as f:
+def test_the_files_follow_llama_cpp(models, root):
+    with GGUFFile.open(root / "mmproj.gguf") as f:
         meta = f.metadata
         assert meta["general.architecture"] == "clip"
         assert meta["clip.projector_type"] == "mlp" and meta["clip.use_gelu"] is False
         assert meta["clip.vision.block_count"] == 1  # vision_feature_layer -2 of 2 layers
         assert {"v.class_embd", "v.pre_ln.weight", "mm.0.weight", "mm.2.bias"} <= set(f.tensors)
         assert not any(name.startswith("v.blk.1.") for name in f.tensors)
-    with GGUFFile.open(tmp_path.parent / "llava0" / "text.gguf") as f:
+    with GGUFFile.open(root / "text.gguf") as f:
         assert f.metadata["general.architecture"] == "llama"
         assert not any(name.startswith(("v.", "mm.")) for name in f.tensors)
 
@@ -107,6 +112,28 @@ def test_the_last_layer_as_features(tmp_path):
     assert (ember.encode_multimodal(data) - hf_features(hf, data)).abs().max() < 1e-4
 
 
-def test_llava_needs_an_mmproj_file(models, tmp_path):
+def test_llava_needs_an_mmproj_file(models, root, tmp_path):
     with pytest.raises(ConvertError, match="mmproj"):
-        convert_directory(tmp_path.parent / "llava0" / "hf", tmp_path / "x.gguf")
+        convert_directory(root / "hf", tmp_path / "x.gguf")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"vision_feature_layer": [-2, -1]}, "single layer"),
+        ({"vision_feature_layer": -5}, "out of range"),
+        ({"vision_feature_select_strategy": "full"}, "default"),
+        ({"projector_hidden_act": "relu"}, "gelu"),
+    ],
+)
+def test_unsupported_llava_configs_are_refused(models, root, change, message, tmp_path):
+    import json
+    import shutil
+
+    source = root / "hf"
+    folder = tmp_path / "hf"
+    shutil.copytree(source, folder)
+    config = json.loads((folder / "config.json").read_text()) | change
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConvertError, match=message):
+        convert_directory(folder, tmp_path / "t.gguf", mmproj=tmp_path / "m.gguf")
