@@ -19,6 +19,7 @@ from ember.convert.gemma3_vision import Gemma3VisionDecoder
 from ember.convert.gptoss import GptOssDecoder
 from ember.convert.granite import GraniteDecoder
 from ember.convert.llama import LlamaDecoder
+from ember.convert.llava import LlavaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
 from ember.convert.olmo2 import Olmo2Decoder
 from ember.convert.phi3 import Phi3Decoder
@@ -42,6 +43,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Gemma2ForCausalLM": Gemma2Decoder,
     "Gemma3ForCausalLM": Gemma3Decoder,
     "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
+    "LlavaForConditionalGeneration": LlavaDecoder,
 }
 _FILE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 32}  # llama_ftype
 
@@ -68,6 +70,13 @@ def converter_for(config: HFConfig) -> TextDecoder:
     return make(config)
 
 
+def needs_projector_file(directory: Path) -> bool:
+    """Whether the HF model in `directory` converts to a text GGUF plus an mmproj file only
+    (llava: Ollama has no single-file form for it)."""
+    config = HFConfig(read_json(directory / "config.json") or {})
+    return isinstance(converter_for(config), LlavaDecoder)
+
+
 def convert_directory(
     directory: Path, out: Path, *, name: str | None = None, mmproj: Path | None = None
 ) -> None:
@@ -79,12 +88,18 @@ def convert_directory(
     plan = _plan(decoder, tensors)
     files = decoder.directory_metadata(directory)
     meta = _general(decoder, plan, name) | decoder.metadata() | files
+    if isinstance(decoder, LlavaDecoder) and mmproj is None:
+        raise ConvertError("a llava model converts to a text GGUF plus an mmproj file")
     if mmproj is not None:
-        if not isinstance(decoder, Gemma3VisionDecoder):
+        if isinstance(decoder, LlavaDecoder):
+            clip_meta = decoder.mmproj_metadata()
+        elif isinstance(decoder, Gemma3VisionDecoder):
+            clip_meta = mmproj_metadata(decoder)
+        else:
             raise ConvertError("only a vision model has an mmproj file")
         vision = [replace(p, name=mmproj_name(p.name)) for p in plan if is_vision_tensor(p.name)]
         file_type = _FILE_TYPES[next(p.dtype for p in vision if len(p.shape) == 2)]
-        _write(mmproj, "clip", mmproj_metadata(decoder) | {"general.file_type": file_type}, vision)
+        _write(mmproj, "clip", clip_meta | {"general.file_type": file_type}, vision)
         plan = [p for p in plan if not is_vision_tensor(p.name)]
         meta = {k: v for k, v in meta.items() if not k.startswith(("gemma3.vision.", "gemma3.mm."))}
     _write(out, decoder.arch, meta, plan)

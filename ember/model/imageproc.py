@@ -57,3 +57,20 @@ def to_pixels(
     scaled = (np.asarray(resized).astype(np.float64) * (1 / 255)).astype(np.float32)
     pixels = (scaled - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+
+
+def resize_and_crop(
+    image: Image.Image,
+    size: int,
+    resample: Image.Resampling = Image.Resampling.BICUBIC,
+) -> Image.Image:
+    """RGB, its shortest edge resized to `size` (the longer one truncated as HF computes it),
+    then the centred size x size square: CLIPImageProcessor's resize and center crop."""
+    rgb = to_rgb(image)
+    width, height = rgb.size
+    short, long = sorted((width, height))
+    new_long = int(size * long / short)
+    new = (size, new_long) if width <= height else (new_long, size)
+    resized = rgb.resize(new, resample=resample)
+    top, left = (new[1] - size) // 2, (new[0] - size) // 2
+    return resized.crop((left, top, left + size, top + size))

@@ -1,5 +1,6 @@
 """Creating from an uploaded HF directory (Ollama's `FROM <dir>`): the blobs are laid out under
-their file names in a scratch folder of the store, converted to one GGUF blob, then removed."""
+their file names in a scratch folder of the store, converted to one GGUF blob (and, for llava,
+an mmproj blob: a projector layer), then removed."""
 
 import os
 import re
@@ -8,7 +9,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from ember.convert import ConvertError, convert_directory
+from ember.convert import ConvertError, convert_directory, needs_projector_file
 from ember.store import manifest as mt
 from ember.store.errors import CreateError
 from ember.store.ggufinfo import GGUFInfo, read_gguf_info
@@ -26,8 +27,9 @@ def is_hf_directory(files: Mapping[str, str]) -> bool:
     return any(name.endswith(".safetensors") for name in files)
 
 
-def convert_files(store: Store, files: Mapping[str, str]) -> tuple[Layer, GGUFInfo]:
-    """The model layer of the converted directory; raises CreateError for a bad one."""
+def convert_files(store: Store, files: Mapping[str, str]) -> tuple[list[Layer], GGUFInfo]:
+    """The model layer (then any projector layer) of the converted directory and the model's
+    info; raises CreateError for a bad one."""
     scratch = Path(tempfile.mkdtemp(prefix="convert-", dir=store.tmp_dir))
     try:
         for name, digest in files.items():
@@ -38,17 +40,25 @@ def convert_files(store: Store, files: Mapping[str, str]) -> tuple[Layer, GGUFIn
                 raise CreateError(f"blob {digest} for {name!r} is not in the store: upload it")
             (scratch / name).parent.mkdir(exist_ok=True)
             _link(blob, scratch / name)
-        out = scratch / "model.gguf"
+        out, projector = scratch / "model.gguf", scratch / "mmproj.gguf"
         try:
-            convert_directory(scratch, out)
+            split = needs_projector_file(scratch)
+            convert_directory(scratch, out, mmproj=projector if split else None)
         except ConvertError as e:
             raise CreateError(f"cannot convert the model: {e}") from None
-        with open(out, "rb") as f:
-            blob_info = store.write_blob(f)
+        layers = [_store_blob(store, out, mt.MEDIA_MODEL)]
+        if split:
+            layers.append(_store_blob(store, projector, mt.MEDIA_PROJECTOR))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    info = read_gguf_info(store.blob_path(blob_info.digest), "the converted model")
-    return Layer(mt.MEDIA_MODEL, blob_info.digest, blob_info.size), info
+    info = read_gguf_info(store.blob_path(layers[0].digest), "the converted model")
+    return layers, info
+
+
+def _store_blob(store: Store, path: Path, media_type: str) -> Layer:
+    with open(path, "rb") as f:
+        blob_info = store.write_blob(f)
+    return Layer(media_type, blob_info.digest, blob_info.size)
 
 
 def _link(blob: Path, target: Path) -> None:

@@ -104,8 +104,8 @@ def create_model(store: Store, name: ModelName | str, request: CreateRequest) ->
         info = _model_info(store, layers)
     elif request.files and is_hf_directory(request.files):
         yield {"status": "converting model"}
-        layer, info = convert_files(store, request.files)
-        layers, created = [layer], {layer.digest}
+        layers, info = convert_files(store, request.files)
+        created = {layer.digest for layer in layers}
     elif request.files:
         yield {"status": "parsing GGUF"}
         layers, info = _layers_from_files(store, request.files)

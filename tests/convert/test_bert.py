@@ -245,7 +245,7 @@ def test_create_converts_the_uploaded_pooling_folder(tiny: tuple[Path, Path], tm
     store = Store(tmp_path / "models")
     files = upload(store, tiny[0])
     assert "1_Pooling/config.json" in files
-    layer, _ = convert_files(store, files)
+    [layer], _ = convert_files(store, files)
     assert GGUFFile.open(store.blob_path(layer.digest)).metadata["bert.pooling_type"] == 1
     for bad in ("../config.json", "a/b/config.json", "1_Pooling/other.json", "./config.json"):
         with pytest.raises(CreateError, match="subfolder"):

@@ -106,8 +106,11 @@ class VisionBlock:
         att = F.scaled_dot_product_attention(q, k, v)  # SigLIP: every patch sees every patch
         x = x + self.out[0](att.transpose(0, 1).flatten(1)) + self.out[1]
         h = F.layer_norm(x, (o.hidden,), *self.ln2, eps=o.eps)
-        h = F.gelu(self.fc1[0](h) + self.fc1[1], approximate="tanh")
+        h = self.activation(self.fc1[0](h) + self.fc1[1])
         return x + self.fc2[0](h) + self.fc2[1]
+
+    def activation(self, h: torch.Tensor) -> torch.Tensor:
+        return F.gelu(h, approximate="tanh")
 
 
 class VisionTower:
@@ -154,7 +157,8 @@ class Gemma3Vision(Gemma3):
             weights = Weights(gguf)
         else:
             self.vision_options = VisionOptions.from_config(Config(projector.metadata, "clip"))
-            weights = Weights(MmprojNames(projector, self.vision_options))  # type: ignore[arg-type]
+            o = self.vision_options
+            weights = Weights(MmprojNames(projector, o.ffn, o.hidden))  # type: ignore[arg-type]
         self.vision = VisionTower(weights, self.vision_options, self.options.hidden)
         tokens = list(gguf.metadata.get("tokenizer.ggml.tokens") or [])
         self.image_start = _index(tokens, IMAGE_START) or 255999  # Ollama's fixed ids
@@ -201,7 +205,7 @@ class MmprojNames:
     """An mmproj GGUF (llama.cpp's names) seen under Ollama's names, for Weights. Which of
     ffn_up/ffn_down is SigLIP's fc1 is told by shape: converters have written it both ways."""
 
-    def __init__(self, gguf: GGUFFile, o: VisionOptions) -> None:
+    def __init__(self, gguf: GGUFFile, ffn: int, hidden: int) -> None:
         self.gguf, self.metadata = gguf, gguf.metadata
         self.names: dict[str, str] = {}
         for name, info in gguf.tensors.items():
@@ -209,9 +213,7 @@ class MmprojNames:
             for theirs, mine in _MMPROJ_NAMES:
                 ours = re.sub(theirs, mine, ours)
             if ".ffn_" in name:
-                is_fc1 = info.shape[0] == o.ffn and (
-                    len(info.shape) == 1 or info.shape[1] == o.hidden
-                )
+                is_fc1 = info.shape[0] == ffn and (len(info.shape) == 1 or info.shape[1] == hidden)
                 ours = re.sub(r"\.ffn_(up|down)\.", ".mlp.fc1." if is_fc1 else ".mlp.fc2.", name)
             self.names[ours] = name
         self.tensors = {ours: gguf.tensors[name] for ours, name in self.names.items()}

@@ -131,8 +131,11 @@ class Llama:
         return self.output(hidden)
 
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        return self.layers(self.token_embd.lookup(torch.tensor(batch.tokens)), batch, cache)
+
+    def layers(self, x: torch.Tensor, batch: Batch, cache: Cache) -> torch.Tensor:
+        """The blocks and final norm over embeddings x (T, C) of batch's tokens."""
         o = self.options
-        x = self.token_embd.lookup(torch.tensor(batch.tokens))  # (T, C)
         groups = [(o.num_heads, o.head_dim**-0.5), (o.num_kv_heads, 1.0)]
         rot = o.rope.rotation(torch.tensor(batch.positions), o.head_dim, groups)
         outputs = _rows(batch)
