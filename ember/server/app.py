@@ -17,7 +17,7 @@ from starlette.types import ASGIApp
 
 from ember import __version__, envconfig
 from ember.runner.client import RunnerClient
-from ember.server import middleware, openai, routes
+from ember.server import middleware, openai, responses, routes
 from ember.server.api import RequestError
 from ember.server.errors import APIError
 from ember.server.logging import log_startup, setup_logging
@@ -66,6 +66,7 @@ def create_app(state: ServerState | None = None) -> FastAPI:
     app.state.store = state.models.store()  # model_routes' store: the one models resolve in
     app.include_router(routes.router)
     app.include_router(openai.router)
+    app.include_router(responses.router)
     model_routes = _model_routes()
     if model_routes is not None:
         app.include_router(model_routes)

@@ -17,17 +17,18 @@ from fastapi.responses import JSONResponse, Response
 
 from ember.server import embedding, generation
 from ember.server.api import (
-    ChatMessage,
     ChatRequest,
     GenerateRequest,
     RequestError,
     RequestOptions,
-    ToolCall,
-    ToolCallFunction,
 )
 from ember.server.errors import APIError
-from ember.server.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
-from ember.server.prompt import Message
+from ember.server.openai_api import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingsRequest,
+    chat_message,
+)
 from ember.server.routes import body_of, state_of
 from ember.server.streaming import collect, first_chunk, prepend, sse_response
 
@@ -70,7 +71,7 @@ async def chat_completions(request: Request) -> Response:
 def _native_chat(req: ChatCompletionRequest) -> ChatRequest:
     return ChatRequest.model_construct(
         model=req.model,
-        messages=[_chat_message(m) for m in req.ollama_messages()],
+        messages=[chat_message(m) for m in req.ollama_messages()],
         tools=req.tools,
         tool_choice=req.tool_choice,
         parallel_tool_calls=req.parallel_tool_calls,
@@ -80,22 +81,6 @@ def _native_chat(req: ChatCompletionRequest) -> ChatRequest:
         think=req.ollama_think(),
         logprobs=req.logprobs or req.top_logprobs > 0,
         top_logprobs=req.top_logprobs,
-    )
-
-
-def _chat_message(m: Message) -> ChatMessage:
-    calls = [
-        ToolCall(function=ToolCallFunction(name=f["name"], arguments=f["arguments"]))
-        for f in (c["function"] for c in m.tool_calls)
-    ]
-    return ChatMessage.model_construct(
-        role=m.role,
-        content=m.content,
-        thinking=m.thinking,
-        images=list(m.images),
-        tool_calls=calls,
-        tool_name=m.tool_name,
-        tool_call_id=m.tool_call_id,
     )
 
 
@@ -240,20 +225,21 @@ def usage(*natives: Chunk) -> dict[str, int]:
 
 
 def _chat_logprobs(native: Chunk) -> dict[str, Any] | None:
-    lps = native.get("logprobs")
-    if not lps:
-        return None
-    return {
-        "content": [
-            {
-                "token": lp["token"],
-                "logprob": lp["logprob"],
-                "bytes": lp.get("bytes"),
-                "top_logprobs": lp.get("top_logprobs", []),
-            }
-            for lp in lps
-        ]
-    }
+    entries = token_logprobs(native)
+    return {"content": entries} if entries else None
+
+
+def token_logprobs(native: Chunk) -> list[dict[str, Any]]:
+    """A chunk's logprobs as OpenAI's entries (chat's `content`, the Responses API's text)."""
+    return [
+        {
+            "token": lp["token"],
+            "logprob": lp["logprob"],
+            "bytes": lp.get("bytes"),
+            "top_logprobs": lp.get("top_logprobs", []),
+        }
+        for lp in native.get("logprobs") or []
+    ]
 
 
 def _completion_logprobs(native: Chunk) -> dict[str, Any] | None:

@@ -9,7 +9,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
-from ember.server.api import Body, Int, RequestError, Strings, Tool, parse_arguments
+from ember.server.api import (
+    Body,
+    ChatMessage,
+    Int,
+    RequestError,
+    Strings,
+    Tool,
+    ToolCall,
+    ToolCallFunction,
+    parse_arguments,
+)
 from ember.server.prompt import Message
 
 _DATA_URI = tuple(f"data:image/{kind};base64," for kind in ("jpeg", "jpg", "png", "webp"))
@@ -161,7 +171,7 @@ def _ollama_message(m: OpenAIMessage, names: dict[str, str], index: int) -> Mess
             texts.append(part.text)
         elif part.type == "image_url" and part.image_url is not None:
             param = f"messages[{index}].content[{j}].image_url"
-            images.append(_data_uri_image(part.image_url.url, param))
+            images.append(data_uri_image(part.image_url.url, param))
         else:
             raise RequestError(f"unsupported content part type {part.type!r}", "messages")
     calls = tuple(_ollama_call(c, index) for c in m.tool_calls)
@@ -177,8 +187,8 @@ def _ollama_message(m: OpenAIMessage, names: dict[str, str], index: int) -> Mess
     )
 
 
-def _data_uri_image(url: str, param: str) -> bytes:
-    # as Ollama: only inline images; it fetches no URLs
+def data_uri_image(url: str, param: str) -> bytes:
+    """The bytes of an image sent as a base64 data URI; as Ollama, no URL is fetched."""
     prefix = next((p for p in _DATA_URI if url.startswith(p)), None)
     if prefix is None:
         raise RequestError("invalid image input: only base64 data URIs are supported", param)
@@ -196,6 +206,23 @@ def _ollama_call(call: OpenAIToolCall, index: int) -> dict[str, Any]:
     if not isinstance(args, dict):
         raise RequestError("tool call arguments must be a JSON object", "messages")
     return {"function": {"name": call.function.name, "arguments": args}}
+
+
+def chat_message(m: Message) -> ChatMessage:
+    """A prompt message as the native chat request's message."""
+    calls = [
+        ToolCall(function=ToolCallFunction(name=f["name"], arguments=f["arguments"]))
+        for f in (c["function"] for c in m.tool_calls)
+    ]
+    return ChatMessage.model_construct(
+        role=m.role,
+        content=m.content,
+        thinking=m.thinking,
+        images=list(m.images),
+        tool_calls=calls,
+        tool_name=m.tool_name,
+        tool_call_id=m.tool_call_id,
+    )
 
 
 class CompletionRequest(Sampling):

@@ -5,7 +5,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ember.errors import OptionsError
@@ -14,6 +14,7 @@ from ember.runner.client import RunnerError
 from ember.server.api import RequestOptions
 from ember.server.errors import MAX_QUEUE_MESSAGE, RUNNER_STOPPED_MESSAGE, APIError
 from ember.server.model import Models, ServedModel
+from ember.server.response_store import ResponseStore
 from ember.server.scheduler import Lease, QueueFullError, Runner, Scheduler, Shape
 
 log = logging.getLogger("ember.server")
@@ -35,6 +36,7 @@ class ServerState:
     models: Models
     scheduler: Scheduler
     num_ctx: int = 4096  # EMBER_CONTEXT_LENGTH
+    responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses' store
 
     def plan(self, name: str, options: RequestOptions | dict[str, Any] | None) -> Plan:
         """The model called name and the options of a request; 404 or 400 when they fail."""

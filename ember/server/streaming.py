@@ -125,3 +125,16 @@ def sse_response(chunks: AsyncGenerator[Chunk, None], error_body: ErrorBody) -> 
 
     lines = _lines(chunks, event, lambda err: event(error_body(err)), "data: [DONE]\n\n")
     return StreamingResponse(lines, media_type="text/event-stream")
+
+
+def event_stream_response(
+    events: AsyncGenerator[Chunk, None], on_error: Callable[[APIError], list[Chunk]]
+) -> StreamingResponse:
+    """Server-sent events named by their `type` (OpenAI's Responses API): `event:` and `data:`
+    lines, no [DONE]; an error becomes the events on_error gives."""
+
+    def event(value: dict[str, Any]) -> str:
+        return f"event: {value['type']}\ndata: {json.dumps(value)}\n\n"
+
+    lines = _lines(events, event, lambda err: "".join(event(e) for e in on_error(err)))
+    return StreamingResponse(lines, media_type="text/event-stream")
