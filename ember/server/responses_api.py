@@ -152,6 +152,8 @@ class ResponsesRequest(Body):
         """The native chat request: the instructions, then history, then this input."""
         system = [Message("system", self.instructions)] if self.instructions else []
         messages = system + prompt_messages(history + self.input)
+        if not messages:
+            raise RequestError("input is required", "input")
         wants_logprobs = LOGPROBS_INCLUDE in self.include or self.top_logprobs > 0
         return ChatRequest.model_construct(
             model=self.model,

@@ -326,6 +326,7 @@ def test_images_as_data_uris(client):
         ),
         ({"text": {"format": {"type": "grammar"}}}, "text.format.type", "text.format.type"),
         ({"input": 3}, "input", "input"),
+        ({"input": []}, "input", "input is required"),
     ],
 )
 def test_what_ember_does_not_do_is_refused_by_name(client, body, param, named):
