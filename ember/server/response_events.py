@@ -103,7 +103,7 @@ class ResponseBuilder:
 
     def _opened(self, kind: str) -> tuple[list[Chunk], _Open]:
         """The open item of kind, begun (and the one before it ended) when it is not open."""
-        if self._open is not None and self._open.item["type"] == kind:
+        if self._open is not None and self._is_open(kind):
             return [], self._open
         item = _reasoning_item() if kind == "reasoning" else _message_item()
         events = self._end()
@@ -125,41 +125,29 @@ class ResponseBuilder:
         opened, self._open = self._open, None
         if opened is None:
             return []
-        where = opened.where()
-        if opened.item["type"] == "reasoning":
-            part: Chunk = {"type": "summary_text", "text": opened.text}
-            item = {**opened.item, "summary": [part]}
-            events = [
-                self._event(
-                    "response.reasoning_summary_text.done",
-                    **where,
-                    summary_index=0,
-                    text=opened.text,
-                ),
-                self._event(
-                    "response.reasoning_summary_part.done", **where, summary_index=0, part=part
-                ),
-            ]
-        else:
-            lps = opened.logprobs
-            part = {"type": "output_text", "text": opened.text, "annotations": [], "logprobs": lps}
-            status = "incomplete" if self.status == "incomplete" else "completed"
-            item = {**opened.item, "status": status, "content": [part]}
-            events = [
-                self._event(
-                    "response.output_text.done",
-                    **where,
-                    content_index=0,
-                    text=opened.text,
-                    logprobs=lps,
-                ),
-                self._event("response.content_part.done", **where, content_index=0, part=part),
-            ]
+        is_reasoning = opened.item["type"] == "reasoning"
+        item, events = self._end_reasoning(opened) if is_reasoning else self._end_message(opened)
         self.output.append(item)
-        events.append(
-            self._event("response.output_item.done", output_index=opened.index, item=item)
-        )
-        return events
+        done = self._event("response.output_item.done", output_index=opened.index, item=item)
+        return [*events, done]
+
+    def _end_reasoning(self, opened: _Open) -> tuple[Chunk, list[Chunk]]:
+        where = {**opened.where(), "summary_index": 0}
+        part: Chunk = {"type": "summary_text", "text": opened.text}
+        return {**opened.item, "summary": [part]}, [
+            self._event("response.reasoning_summary_text.done", **where, text=opened.text),
+            self._event("response.reasoning_summary_part.done", **where, part=part),
+        ]
+
+    def _end_message(self, opened: _Open) -> tuple[Chunk, list[Chunk]]:
+        where = {**opened.where(), "content_index": 0}
+        text, lps = opened.text, opened.logprobs
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": lps}
+        status = "incomplete" if self.status == "incomplete" else "completed"
+        return {**opened.item, "status": status, "content": [part]}, [
+            self._event("response.output_text.done", **where, text=text, logprobs=lps),
+            self._event("response.content_part.done", **where, part=part),
+        ]
 
     def _thinking(self, text: str) -> list[Chunk]:
         events, opened = self._opened("reasoning")
