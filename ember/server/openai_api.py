@@ -87,6 +87,15 @@ class Reasoning(Body):
 MAX_CHOICES = 8
 
 
+def sampling_defaults(temperature: float | None, top_p: float | None) -> dict[str, float]:
+    """temperature and top_p with OpenAI's defaults (1.0) where absent, as Ollama's middleware
+    sets them rather than the model's own."""
+    return {
+        "temperature": 1.0 if temperature is None else temperature,
+        "top_p": 1.0 if top_p is None else top_p,
+    }
+
+
 class Sampling(Body):
     """Sampling fields /v1/chat/completions and /v1/completions share."""
 
@@ -105,10 +114,7 @@ class Sampling(Body):
     def ollama_options(self) -> dict[str, Any]:
         """Ollama's options for these fields; OpenAI's defaults where absent (temperature and
         top_p 1.0), as Ollama's middleware sets them."""
-        options: dict[str, Any] = {
-            "temperature": 1.0 if self.temperature is None else self.temperature,
-            "top_p": 1.0 if self.top_p is None else self.top_p,
-        }
+        options: dict[str, Any] = sampling_defaults(self.temperature, self.top_p)
         given = {
             "num_predict": self.max_tokens,
             "seed": self.seed,

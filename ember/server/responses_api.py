@@ -19,7 +19,7 @@ from ember.server.api import (
     ToolFunction,
     parse_arguments,
 )
-from ember.server.openai_api import chat_message, data_uri_image
+from ember.server.openai_api import chat_message, data_uri_image, sampling_defaults
 from ember.server.prompt import Message
 
 # Fields that do not change what the model writes: accepted and left aside.
@@ -107,7 +107,7 @@ class ReasoningConfig(Body):
 
 
 class ResponsesRequest(Body):
-    model_config = ConfigDict(extra="allow")  # names not below: refused (unsupported_fields)
+    model_config = ConfigDict(extra="allow")  # names not below: refused (check_supported)
 
     model: str
     input: Annotated[list[InputItem], BeforeValidator(_items)] = Field(default_factory=list)
@@ -180,8 +180,7 @@ class ResponsesRequest(Body):
             "tools": [t.model_dump(exclude_unset=True) for t in self.tools],
             "tool_choice": self.tool_choice or "auto",
             "parallel_tool_calls": self.parallel_tool_calls,
-            "temperature": 1.0 if self.temperature is None else self.temperature,
-            "top_p": 1.0 if self.top_p is None else self.top_p,
+            **sampling_defaults(self.temperature, self.top_p),
             "text": {"format": _format_echo(fmt)},
             "reasoning": {"effort": reasoning.effort, "summary": reasoning.summary},
             "max_output_tokens": self.max_output_tokens,
@@ -196,11 +195,7 @@ class ResponsesRequest(Body):
         }
 
     def _options(self) -> dict[str, Any]:
-        # OpenAI's defaults where absent (temperature and top_p 1.0), as on /v1/chat/completions
-        options: dict[str, Any] = {
-            "temperature": 1.0 if self.temperature is None else self.temperature,
-            "top_p": 1.0 if self.top_p is None else self.top_p,
-        }
+        options: dict[str, Any] = sampling_defaults(self.temperature, self.top_p)
         given = {"num_predict": self.max_output_tokens, "seed": self.seed, "stop": self.stop}
         return options | {k: v for k, v in given.items() if v is not None}
 
