@@ -17,7 +17,7 @@ from ember.server import generation
 from ember.server.anthropic_api import Conversation, MessagesRequest
 from ember.server.errors import APIError, anthropic_error
 from ember.server.routes import body_of, state_of
-from ember.server.streaming import collect, first_chunk, named_sse_response, prepend
+from ember.server.streaming import collect, event_stream_response, first_chunk, prepend
 
 router = APIRouter()
 Chunk = dict[str, Any]
@@ -37,7 +37,7 @@ async def messages(request: Request) -> Response:
         return JSONResponse(message(merged, req.model))
     first = await first_chunk(request, chunks)
     events = _Events(req.model).stream(prepend(first, chunks))
-    return named_sse_response(events, _stream_error)
+    return event_stream_response(events, lambda err: [_stream_error(err)])
 
 
 @router.post("/v1/messages/count_tokens")

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp
 from ember import __version__, envconfig
 from ember.errors import OptionsError
 from ember.runner.client import RunnerClient
-from ember.server import anthropic, middleware, openai, routes
+from ember.server import anthropic, middleware, openai, responses, routes
 from ember.server.api import RequestError
 from ember.server.errors import APIError, anthropic_error, is_anthropic_path
 from ember.server.logging import log_startup, setup_logging
@@ -75,6 +75,7 @@ def create_app(state: ServerState | None = None, *, metrics: bool | None = None)
     app.include_router(routes.router)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
+    app.include_router(responses.router)
     model_routes = _model_routes()
     if model_routes is not None:
         app.include_router(model_routes)

@@ -222,20 +222,21 @@ def usage(*natives: Chunk) -> dict[str, int]:
 
 
 def _chat_logprobs(native: Chunk) -> dict[str, Any] | None:
-    lps = native.get("logprobs")
-    if not lps:
-        return None
-    return {
-        "content": [
-            {
-                "token": lp["token"],
-                "logprob": lp["logprob"],
-                "bytes": lp.get("bytes"),
-                "top_logprobs": lp.get("top_logprobs", []),
-            }
-            for lp in lps
-        ]
-    }
+    entries = token_logprobs(native)
+    return {"content": entries} if entries else None
+
+
+def token_logprobs(native: Chunk) -> list[dict[str, Any]]:
+    """A chunk's logprobs as OpenAI's entries (chat's `content`, the Responses API's text)."""
+    return [
+        {
+            "token": lp["token"],
+            "logprob": lp["logprob"],
+            "bytes": lp.get("bytes"),
+            "top_logprobs": lp.get("top_logprobs", []),
+        }
+        for lp in native.get("logprobs") or []
+    ]
 
 
 def _completion_logprobs(native: Chunk) -> dict[str, Any] | None:

@@ -83,6 +83,15 @@ class Reasoning(Body):
 MAX_CHOICES = 8
 
 
+def sampling_defaults(temperature: float | None, top_p: float | None) -> dict[str, float]:
+    """temperature and top_p with OpenAI's defaults (1.0) where absent, as Ollama's middleware
+    sets them rather than the model's own."""
+    return {
+        "temperature": 1.0 if temperature is None else temperature,
+        "top_p": 1.0 if top_p is None else top_p,
+    }
+
+
 class Sampling(Body):
     """Sampling fields /v1/chat/completions and /v1/completions share."""
 
@@ -101,10 +110,7 @@ class Sampling(Body):
     def ollama_options(self) -> dict[str, Any]:
         """Ollama's options for these fields; OpenAI's defaults where absent (temperature and
         top_p 1.0), as Ollama's middleware sets them."""
-        options: dict[str, Any] = {
-            "temperature": 1.0 if self.temperature is None else self.temperature,
-            "top_p": 1.0 if self.top_p is None else self.top_p,
-        }
+        options: dict[str, Any] = sampling_defaults(self.temperature, self.top_p)
         given = {
             "num_predict": self.max_tokens,
             "seed": self.seed,
@@ -167,7 +173,7 @@ def _ollama_message(m: OpenAIMessage, names: dict[str, str], index: int) -> Mess
             texts.append(part.text)
         elif part.type == "image_url" and part.image_url is not None:
             param = f"messages[{index}].content[{j}].image_url"
-            images.append(_data_uri_image(part.image_url.url, param))
+            images.append(data_uri_image(part.image_url.url, param))
         else:
             raise RequestError(f"unsupported content part type {part.type!r}", "messages")
     calls = tuple(_ollama_call(c, index) for c in m.tool_calls)
@@ -183,8 +189,8 @@ def _ollama_message(m: OpenAIMessage, names: dict[str, str], index: int) -> Mess
     )
 
 
-def _data_uri_image(url: str, param: str) -> bytes:
-    # as Ollama: only inline images; it fetches no URLs
+def data_uri_image(url: str, param: str) -> bytes:
+    """The bytes of an image sent as a base64 data URI; as Ollama, no URL is fetched."""
     prefix = next((p for p in _DATA_URI if url.startswith(p)), None)
     if prefix is None:
         raise RequestError("invalid image input: only base64 data URIs are supported", param)

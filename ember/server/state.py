@@ -15,6 +15,7 @@ from ember.server.api import RequestOptions
 from ember.server.errors import MAX_QUEUE_MESSAGE, RUNNER_STOPPED_MESSAGE, APIError
 from ember.server.metrics import Metrics
 from ember.server.model import Models, ServedModel
+from ember.server.response_store import ResponseStore
 from ember.server.scheduler import Lease, QueueFullError, Runner, Scheduler, Shape
 
 log = logging.getLogger("ember.server")
@@ -36,6 +37,7 @@ class ServerState:
     models: Models
     scheduler: Scheduler
     num_ctx: int = 4096  # EMBER_CONTEXT_LENGTH
+    responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses' store
     metrics: Metrics = field(default_factory=Metrics)  # served only when EMBER_METRICS is on
 
     def __post_init__(self) -> None:

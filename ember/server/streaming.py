@@ -128,14 +128,14 @@ def sse_response(chunks: AsyncGenerator[Chunk, None], error_body: ErrorBody) -> 
     return StreamingResponse(lines, media_type="text/event-stream")
 
 
-def named_sse_response(
-    events: AsyncGenerator[Chunk, None], error_body: ErrorBody
+def event_stream_response(
+    events: AsyncGenerator[Chunk, None], on_error: Callable[[APIError], list[Chunk]]
 ) -> StreamingResponse:
-    """Anthropic's server-sent events: `event: <type>` and `data: {json}` for each event, named
-    by its "type" field (an error too: `event: error`); no end marker."""
+    """Server-sent events named by their `type` (OpenAI's Responses API): `event:` and `data:`
+    lines, no [DONE]; an error becomes the events on_error gives."""
 
     def event(value: dict[str, Any]) -> str:
         return f"event: {value['type']}\ndata: {json.dumps(value)}\n\n"
 
-    lines = _lines(events, event, lambda err: event(error_body(err)))
+    lines = _lines(events, event, lambda err: "".join(event(e) for e in on_error(err)))
     return StreamingResponse(lines, media_type="text/event-stream")
