@@ -23,6 +23,7 @@ from ember.server.prompt import Completion, Prompt, chat_prompt, generate_prompt
 from ember.server.scheduler import Lease
 from ember.server.state import Plan, ServerState, runner_failure
 from ember.server.thinking import no_thinking_message
+from ember.server.tool_grammar import chat_grammar, choice_mode
 
 Chunk = dict[str, Any]
 
@@ -57,6 +58,7 @@ async def chat(state: ServerState, req: ChatRequest) -> AsyncGenerator[Chunk, No
     images = any(m.images for m in req.messages)
     req = req.model_copy(update={"tools": req.chosen_tools()})
     tools = bool(req.tools)
+    choice_mode(req)  # a contradiction is a 400 before anything loads
     check_capabilities(
         req.model, plan.model, think=req.think, tools=tools, images=images, what="chat"
     )
@@ -69,7 +71,8 @@ async def chat(state: ServerState, req: ChatRequest) -> AsyncGenerator[Chunk, No
         prompt = await _chat_prompt(lease, plan, req)
         names = [t.function.name for t in req.tools]
         parser = _parser(plan.model, req, prompt.text, tool_names=names)
-        async for part, lps, final in _run(lease, plan, req, prompt, parser):
+        grammar = chat_grammar(req, plan.model, prompt.text)
+        async for part, lps, final in _run(lease, plan, req, prompt, parser, grammar=grammar):
             message: dict[str, Any] = {"role": "assistant", "content": part.content}
             if part.thinking:
                 message["thinking"] = part.thinking
@@ -216,10 +219,19 @@ async def _generate_prompt(lease: Lease, plan: Plan, req: GenerateRequest) -> Pr
 
 
 async def _run(
-    lease: Lease, plan: Plan, req: Generation, prompt: Prompt, parser: OutputParser
+    lease: Lease,
+    plan: Plan,
+    req: Generation,
+    prompt: Prompt,
+    parser: OutputParser,
+    *,
+    grammar: str | None = None,
 ) -> AsyncGenerator[tuple[Part, list[dict[str, Any]], dict[str, Any] | None], None]:
-    """(part, logprobs, None) per runner piece, then (rest, [], final record)."""
+    """(part, logprobs, None) per runner piece, then (rest, [], final record). grammar: the
+    Lark text of tool_choice (tool_grammar.py), which the runner takes instead of a format."""
     fields = runner_fields(lease, plan, req)
+    if grammar is not None:
+        fields["grammar"] = grammar
     if prompt.images:  # as Ollama's ImageData: base64 bytes and the N of the prompt's [img-N]
         fields["images"] = [
             {"data": base64.b64encode(data).decode(), "id": i}
@@ -245,6 +257,7 @@ def runner_fields(lease: Lease, plan: Plan, req: Generation) -> dict[str, Any]:
         "truncate": req.truncate is not False,
         "logprobs": req.logprobs,
         "top_logprobs": req.top_logprobs,
+        **({"logit_bias": req.logit_bias} if req.logit_bias else {}),
     }
 
 
