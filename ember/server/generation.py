@@ -22,7 +22,7 @@ from ember.server.output import OutputParser, Part, logprobs
 from ember.server.prompt import Completion, Prompt, chat_prompt, generate_prompt
 from ember.server.scheduler import Lease
 from ember.server.state import Plan, ServerState, runner_failure
-from ember.server.thinking import no_thinking_message
+from ember.server.thinking import ThinkingTags, no_thinking_message
 from ember.server.tool_grammar import chat_grammar, choice_mode
 
 Chunk = dict[str, Any]
@@ -71,7 +71,8 @@ async def chat(state: ServerState, req: ChatRequest) -> AsyncGenerator[Chunk, No
         prompt = await _chat_prompt(lease, plan, req)
         names = [t.function.name for t in req.tools]
         parser = _parser(plan.model, req, prompt.text, tool_names=names)
-        grammar = chat_grammar(req, plan.model, prompt.text)
+        thinking = thinking_tags(plan.model, req)
+        grammar = chat_grammar(req, plan.model.tool_format, thinking, prompt=prompt.text)
         async for part, lps, final in _run(lease, plan, req, prompt, parser, grammar=grammar):
             message: dict[str, Any] = {"role": "assistant", "content": part.content}
             if part.thinking:
@@ -160,13 +161,18 @@ def _final(
 def _parser(
     model: ServedModel, req: Generation, prompt: str, *, tool_names: list[str] | None = None
 ) -> OutputParser:
-    thinks = "thinking" in model.capabilities and req.think is not False
     return OutputParser(
-        thinking=model.thinking_tags if thinks else None,
+        thinking=thinking_tags(model, req),
         prompt=prompt,
         tools=model.tool_format if tool_names else None,
         tool_names=tool_names or (),
     )
+
+
+def thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:
+    """The tags of the thinking this request's output may hold, None when it holds none."""
+    thinks = "thinking" in model.capabilities and req.think is not False
+    return model.thinking_tags if thinks else None
 
 
 async def _chat_prompt(lease: Lease, plan: Plan, req: ChatRequest) -> Prompt:

@@ -14,8 +14,7 @@ from typing import Any, Literal
 
 from ember.sample.grammar import JSON_OPTIONS, closed_objects
 from ember.server.api import ChatRequest, RequestError, Tool
-from ember.server.model import ServedModel
-from ember.server.thinking import ThinkingTags
+from ember.server.thinking import ThinkingTags, prompt_opens
 from ember.server.tools import ToolCallFormat
 
 Mode = Literal["auto", "required"]
@@ -86,7 +85,7 @@ def _tagged_rules(fmt: ToolCallFormat, parallel: bool) -> list[str]:
     opens a list (Mistral's "[TOOL_CALLS] ["), else one pair of tags each (Qwen's <tool_call>)."""
     closing = f" SPACE {_literal(fmt.closing)}" if fmt.closing else ""
     is_list = fmt.opening.endswith("[")
-    inner = "fn (SPACE \",\" SPACE fn)*" if parallel and is_list else "fn"
+    inner = 'fn (SPACE "," SPACE fn)*' if parallel and is_list else "fn"
     repeat = " (SPACE tagged_calls)?" if parallel and not is_list else ""
     return [
         f"tagged_calls: {_literal(fmt.opening)} tagged_rest",
@@ -132,7 +131,9 @@ def choice_mode(req: ChatRequest) -> Mode | None:
     the format, and a forced call is a 400: the two grammars would contradict each other."""
     if not req.tools:
         return None
-    mode: Mode = "required" if req.tool_choice == "required" or isinstance(req.tool_choice, dict) else "auto"
+    mode: Mode = (
+        "required" if req.tool_choice == "required" or isinstance(req.tool_choice, dict) else "auto"
+    )
     if req.format is None:
         return mode
     if mode == "required":
@@ -144,15 +145,13 @@ def choice_mode(req: ChatRequest) -> Mode | None:
     return None
 
 
-def chat_grammar(req: ChatRequest, model: ServedModel, prompt: str) -> str | None:
-    """The grammar of a chat request with tools (see choice_mode), None when it needs none."""
+def chat_grammar(
+    req: ChatRequest, fmt: ToolCallFormat, thinking: ThinkingTags | None, *, prompt: str
+) -> str | None:
+    """The grammar of a chat request with tools (see choice_mode), None when it needs none.
+    thinking: the tags of the model's thinking when the output may hold some."""
     mode = choice_mode(req)
     if mode is None:
         return None
-    thinking = None
-    if "thinking" in model.capabilities and req.think is not False and model.thinking_tags:
-        tags = model.thinking_tags
-        thinking = Thinking(tags, is_open=prompt.rstrip().endswith(tags.opening))
-    return tool_grammar(
-        req.tools, model.tool_format, mode=mode, parallel=req.parallel_tool_calls, thinking=thinking
-    )
+    free = Thinking(thinking, prompt_opens(prompt, thinking)) if thinking else None
+    return tool_grammar(req.tools, fmt, mode=mode, parallel=req.parallel_tool_calls, thinking=free)

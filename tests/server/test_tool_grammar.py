@@ -14,7 +14,7 @@ from server_fakes import FakeStarter, fake_state
 from ember.server.api import ChatRequest, RequestError, Tool
 from ember.server.app import create_app
 from ember.server.thinking import THINK
-from ember.server.tool_grammar import Thinking, choice_mode, tool_grammar
+from ember.server.tool_grammar import Thinking, chat_grammar, choice_mode, tool_grammar
 from ember.server.tools import BARE_JSON, ToolCallFormat
 
 QWEN = ToolCallFormat("<tool_call>", "</tool_call>")
@@ -50,10 +50,10 @@ TOOLS = [WEATHER, TIME]
 class _Bytes:
     """A tokenizer whose tokens are the 256 bytes (and EOS): every text has one spelling."""
 
-    eos_token_id = 256
-    bos_token_id = None
-    tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
-    special_token_ids = [256]
+    def __init__(self) -> None:
+        self.eos_token_id, self.bos_token_id = 256, None
+        self.tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
+        self.special_token_ids = [256]
 
     def __call__(self, text: str | bytes) -> list[int]:
         return list(text.encode() if isinstance(text, str) else text)
@@ -184,7 +184,9 @@ def test_thinking_stays_free_before_the_calls() -> None:
 
 
 def request(**fields: Any) -> ChatRequest:
-    return ChatRequest.model_validate({"model": "m", "tools": [t.to_template() for t in TOOLS]} | fields)
+    return ChatRequest.model_validate(
+        {"model": "m", "tools": [t.to_template() for t in TOOLS]} | fields
+    )
 
 
 @pytest.mark.parametrize(
@@ -250,3 +252,13 @@ def test_a_forced_call_with_a_format_is_a_400(client, starter):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
     assert chat(client, tool_choice="auto", format="json").status_code == 200
     assert "grammar" not in starter.runners[0].fields[0]  # the format holds the output
+
+
+def test_chat_grammar_starts_inside_thinking_the_prompt_opened() -> None:
+    req = request(tool_choice="required")
+    opened = chat_grammar(req, QWEN, THINK, prompt="<|im_start|>assistant\n<think>\n")
+    assert opened is not None and accepts(opened, "hmm\n</think>\n\n" + WEATHER_CALL)
+    closed = chat_grammar(req, QWEN, THINK, prompt="<|im_start|>assistant\n")
+    assert closed is not None and accepts(closed, "<think>hmm</think>" + WEATHER_CALL)
+    assert not accepts(closed, "hmm\n</think>\n\n" + WEATHER_CALL)
+    assert chat_grammar(request(tool_choice="none", tools=[]), QWEN, THINK, prompt="") is None
