@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import llguidance
+
 from ember.sample.grammar import JSON_OPTIONS, closed_objects
 from ember.server.api import ChatRequest, RequestError, Tool
 from ember.server.thinking import ThinkingTags, prompt_opens
@@ -34,22 +36,47 @@ class Thinking:
 
 
 def call_schema(tools: Sequence[Tool], arguments_key: str = "arguments") -> dict[str, Any]:
-    """The JSON schema of one call to any of tools: {"name": <a tool>, <arguments_key>: ...}."""
+    """The JSON schema of one call to any of tools: {"name": <a tool>, <arguments_key>: ...}.
+
+    Each tool's parameters sit in $defs, their local $refs ("#/$defs/X", "#") rebased there, so
+    Pydantic's schemas keep working. Lenient: a keyword or format llguidance does not implement
+    is not enforced, rather than failing the request."""
     calls = [
         {
             "type": "object",
             "properties": {
                 "name": {"const": t.function.name},
-                arguments_key: closed_objects(t.function.parameters or {"type": "object"}),
+                arguments_key: {"$ref": f"#/$defs/{_def_name(i)}"},
             },
             "required": ["name", arguments_key],
             "additionalProperties": False,
         }
-        for t in tools
+        for i, t in enumerate(tools)
     ]
     schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    defs = {
+        _def_name(i): _rebased(closed_objects(t.function.parameters or {"type": "object"}), i)
+        for i, t in enumerate(tools)
+    }
     # the compact separators of structured outputs (JSON_OPTIONS), inside the Lark grammar
-    return {**schema, "x-guidance": JSON_OPTIONS}
+    return {**schema, "$defs": defs, "x-guidance": {**JSON_OPTIONS, "lenient": True}}
+
+
+def _def_name(index: int) -> str:
+    return f"ember_tool_{index}"
+
+
+def _rebased(schema: Any, index: int) -> Any:
+    """schema with each local $ref ("#...") pointing into its place in the call's $defs."""
+    if isinstance(schema, list):
+        return [_rebased(s, index) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _rebased(v, index) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = f"#/$defs/{_def_name(index)}{ref[1:]}"
+    return out
 
 
 def tool_grammar(
@@ -154,4 +181,15 @@ def chat_grammar(
     if mode is None:
         return None
     free = Thinking(thinking, prompt_opens(prompt, thinking)) if thinking else None
-    return tool_grammar(req.tools, fmt, mode=mode, parallel=req.parallel_tool_calls, thinking=free)
+    text = tool_grammar(req.tools, fmt, mode=mode, parallel=req.parallel_tool_calls, thinking=free)
+    check(text)
+    return text
+
+
+def check(grammar: str) -> None:
+    """RequestError (400) naming the problem when llguidance cannot compile grammar (a tool's
+    schema with an external $ref, say), before the runner is asked."""
+    error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar))
+    if error and not error.startswith("WARNING"):
+        reason = re.sub(r"^at \d+\(\d+\): ", "", error.splitlines()[0])
+        raise RequestError(f"the tools' parameters cannot be enforced: {reason}", "tools")

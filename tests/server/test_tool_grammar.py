@@ -262,3 +262,33 @@ def test_chat_grammar_starts_inside_thinking_the_prompt_opened() -> None:
     assert closed is not None and accepts(closed, "<think>hmm</think>" + WEATHER_CALL)
     assert not accepts(closed, "hmm\n</think>\n\n" + WEATHER_CALL)
     assert chat_grammar(request(tool_choice="none", tools=[]), QWEN, THINK, prompt="") is None
+
+
+def test_pydantic_refs_and_keywords_llguidance_lacks_still_compile() -> None:
+    item = {"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]}
+    order = {
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+        "required": ["items"],
+        "$defs": {"Item": item},
+        "title": "Order",
+    }
+    odd = {"type": "object", "properties": {"url": {"type": "string", "format": "uri-reference"}}}
+    tools = [
+        Tool.model_validate({"function": {"name": name, "parameters": params}})
+        for name, params in (("order", order), ("fetch", odd))
+    ]
+    grammar = tool_grammar(tools, QWEN, mode="required")
+    assert accepts(grammar, qwen(call("order", items=[{"sku": "a1"}])))
+    assert not accepts(grammar, qwen(call("order", items=[{"id": "a1"}])))
+    assert accepts(grammar, qwen(call("fetch", url="../x")))  # the unknown format: not enforced
+
+
+def test_a_schema_llguidance_cannot_compile_is_a_400_naming_the_tools() -> None:
+    remote = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}
+    req = ChatRequest.model_validate(
+        {"model": "m", "tools": [{"function": {"name": "f", "parameters": remote}}]}
+    )
+    with pytest.raises(RequestError, match=r"cannot be enforced: .*example\.com") as err:
+        chat_grammar(req, QWEN, None, prompt="")
+    assert err.value.param == "tools"
