@@ -124,8 +124,9 @@ class RunnerClient:
 
     async def completion(self, prompt: str, **fields: Any) -> AsyncGenerator[dict[str, Any], None]:
         """The runner's NDJSON records: {"content", "logprobs"?} pieces, then one final record
-        {"done": true, ...} (or {"error": ...}). fields: options, format, shift, truncate,
-        logprobs, top_logprobs, images. Closing the iterator early cancels the generation."""
+        {"done": true, ...} (or {"error": ...}). fields: options, format, grammar, logit_bias,
+        shift, truncate, logprobs, top_logprobs, images. Closing the iterator early cancels the
+        generation."""
         body = {"prompt": prompt, **fields}
         try:
             async with self.http.stream("POST", "/completion", json=body) as response:

@@ -4,7 +4,7 @@ and its state while it runs (Sequence): inputs still to evaluate, sampler, stops
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import torch
@@ -39,6 +39,7 @@ class Request:
     truncate: bool = True  # a prompt longer than num_ctx: truncate it (True) or refuse it
     logprobs: bool = False
     top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), OpenAI's logit_bias
     embedding: bool = False  # pooled hidden states instead of a generation
     # input index -> how many following inputs must share its batch (multimodal groups)
     same_batch: dict[int, int] = field(default_factory=dict)
@@ -155,7 +156,7 @@ class Sequence:
         limit = 10 * num_ctx  # as Ollama: num_predict < 0 or > 10 × num_ctx means that cap
         self.num_predict = opts.num_predict if 0 <= opts.num_predict <= limit else limit
         self.embedding = request.embedding
-        self.sampler = Sampler(opts.sampling())
+        self.sampler = Sampler(replace(opts.sampling(), logit_bias=request.logit_bias))
         self.sampler.accept_all(inputs)  # the prompt counts for the repeat penalties
         self.grammar = request.grammar
         self.stops = StopMatcher(opts.stop)

@@ -63,6 +63,8 @@ class CompletionRequest(BaseModel):
     prompt: str
     options: dict[str, Any] | None = None
     format: str | dict[str, Any] | None = None
+    grammar: str | None = None  # llguidance Lark text (the server's tool_choice), beside format
+    logit_bias: dict[int, float] = Field(default_factory=dict)  # token id -> bias; -inf bans
     shift: bool = True
     truncate: bool = True
     logprobs: bool = False
@@ -211,7 +213,7 @@ async def completion(request: Request) -> StreamingResponse:
         raise HTTPError(400, "this model does not accept images")
     try:
         opts = Options.parse(req.options)
-        grammar = Grammar.from_format(req.format, tokenizer) if req.format else None
+        grammar = _grammar(req, tokenizer)
         inputs = PromptInputs(tokenizer.encode(req.prompt))
         if isinstance(engine.model, ImageModel):  # the image encoder runs once per image
             images = image_bytes(req.images)
@@ -229,11 +231,27 @@ async def completion(request: Request) -> StreamingResponse:
             truncate=req.truncate,
             logprobs=req.logprobs or req.top_logprobs > 0,
             top_logprobs=req.top_logprobs,
+            logit_bias=_logit_bias(req.logit_bias, tokenizer.vocab_size),
         )
         seq, wake = _subscribe(engine, seq_request)
     except EmberError as err:
         raise HTTPError(400, str(err)) from None
     return StreamingResponse(_stream(seq, wake), media_type="application/x-ndjson")
+
+
+def _logit_bias(bias: dict[int, float], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    unknown = next((t for t in bias if not 0 <= t < vocab_size), None)
+    if unknown is not None:
+        raise EmberError(f"logit_bias names token {unknown}, outside the vocabulary ({vocab_size})")
+    return tuple(bias.items())
+
+
+def _grammar(req: CompletionRequest, tokenizer: Tokenizer) -> Grammar | None:
+    if req.format and req.grammar:
+        raise EmberError("a completion takes a format or a grammar, not both")
+    if req.grammar:
+        return Grammar.from_format({"lark": req.grammar}, tokenizer)
+    return Grammar.from_format(req.format, tokenizer) if req.format else None
 
 
 async def embedding(request: Request) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ember.sample.sampler import Sampler, penalize, truncate
+from ember.sample.sampler import Sampler, biased, penalize, truncate
 from ember.sample.topk import argmax_rows, block_maxima, sorted_row, top_k_rows
 
 
@@ -72,17 +72,19 @@ def _prepared(
     logits: torch.Tensor,
     allowed: Sequence[torch.Tensor | None] | None,
 ) -> torch.Tensor:
-    """The rows as each sampler sees them: masked by their grammar, then penalized over their
-    recent tokens (Sampler.sample's order). logits itself when no row changes, else a copy."""
+    """The rows as each sampler sees them: biased (logit_bias, every row in one write), masked
+    by their grammar, then penalized over their recent tokens (Sampler.sample's order). logits
+    itself when no row changes, else a copy."""
     masks = allowed if allowed is not None else [None] * len(samplers)
     changed = [
         r
         for r, s in enumerate(samplers)
         if masks[r] is not None or (s.params.has_penalties and s.counts)
     ]
-    if not changed:
+    has_bias = any(s.params.logit_bias for s in samplers)
+    if not changed and not has_bias:
         return logits
-    work = logits.clone()
+    work = biased(logits, [s.params.logit_bias for s in samplers]) if has_bias else logits.clone()
     for r in changed:
         mask, s = masks[r], samplers[r]
         if mask is not None:

@@ -3,7 +3,7 @@ temperature, softmax, typical_p, top_p, min_p and a seeded draw. Grammars live i
 
 import math
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +12,7 @@ from ember.errors import OptionsError
 from ember.sample.topk import block_maxima, sorted_row, top_k_rows
 
 MAX_TOP_LOGPROBS = 20  # Ollama's bound on top_logprobs
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range is [-100, 100]; a bias at -100 bans the token
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int = -1  # -1: a fresh random seed
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:  # NaN too
@@ -44,6 +46,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not math.isfinite(getattr(self, name)):
                 raise OptionsError(f"{name} must be a finite number, got {getattr(self, name)}")
+        for token, bias in self.logit_bias:
+            if token < 0 or math.isnan(bias):
+                raise OptionsError(f"logit_bias must map token ids >= 0 to numbers: {token}")
 
     @property
     def has_penalties(self) -> bool:
@@ -84,6 +89,8 @@ class Sampler:
     def sample(self, logits: torch.Tensor) -> int:
         """logits (V,) float32 -> a token id."""
         p = self.params
+        if p.logit_bias:
+            logits = biased(logits.unsqueeze(0), [p.logit_bias]).squeeze(0)
         if p.has_penalties and self.counts:
             logits = penalize(logits, self.counts, p)
         if p.temperature == 0:
@@ -94,6 +101,26 @@ class Sampler:
         """One of ids, drawn with probs from this sampler's generator."""
         choice = torch.multinomial(probs, 1, generator=self.generator)
         return int(ids[choice])
+
+
+def biased(logits: torch.Tensor, biases: Sequence[Sequence[tuple[int, float]]]) -> torch.Tensor:
+    """A copy of logits (R, V) with row r's (token, bias) pairs added, in one indexed write:
+    biases clamped to [-100, 100], -100 banning the token (-inf), ids past V ignored."""
+    rows, ids, values = [], [], []
+    for r, pairs in enumerate(biases):
+        for token, bias in pairs:
+            if token < logits.shape[1]:
+                clamped = min(max(bias, -MAX_LOGIT_BIAS), MAX_LOGIT_BIAS)
+                rows.append(r)
+                ids.append(token)
+                values.append(-math.inf if clamped <= -MAX_LOGIT_BIAS else clamped)
+    out = logits.clone()
+    if rows:
+        device = logits.device
+        index = (torch.tensor(rows, device=device), torch.tensor(ids, device=device))
+        added = torch.tensor(values, dtype=logits.dtype, device=device)
+        out.index_put_(index, added, accumulate=True)
+    return out
 
 
 def penalize(logits: torch.Tensor, counts: Mapping[int, int], p: SamplingParams) -> torch.Tensor:

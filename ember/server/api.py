@@ -120,6 +120,16 @@ def _strings(value: Any) -> Any:
     return value
 
 
+def _token_ids(value: Any) -> Any:
+    # OpenAI's logit_bias: {"<token id>": bias}; JSON object keys are strings
+    if not isinstance(value, dict):
+        return value
+    try:
+        return {int(k): v for k, v in value.items()}
+    except ValueError:
+        raise ValueError("logit_bias keys must be token ids (integers as strings)") from None
+
+
 def parse_arguments(value: Any) -> Any:
     """Tool call arguments sent as a JSON string (OpenAI's form) as the object they hold."""
     if isinstance(value, str):
@@ -137,6 +147,7 @@ Think = Annotated[bool | str, BeforeValidator(_think)]
 Format = Annotated[str | dict[str, Any], BeforeValidator(_format)]
 Strings = Annotated[list[str], BeforeValidator(_strings)]
 Arguments = Annotated[dict[str, Any], BeforeValidator(parse_arguments)]
+LogitBias = Annotated[dict[int, float], BeforeValidator(_token_ids)]
 
 
 class Body(BaseModel):
@@ -296,6 +307,7 @@ class Generation(Named):
     shift: bool | None = None
     logprobs: bool = False
     top_logprobs: Int = Field(0, ge=0, le=20)
+    logit_bias: LogitBias = Field(default_factory=dict)  # Ember's extension, as OpenAI's
     debug_render_only: bool = Field(False, alias="_debug_render_only")
 
 

@@ -25,6 +25,7 @@ from ember.server.prompt import Completion, Prompt, chat_prompt, generate_prompt
 from ember.server.scheduler import Lease
 from ember.server.state import Plan, ServerState, runner_failure
 from ember.server.thinking import ThinkingTags, no_thinking_message
+from ember.server.tool_grammar import chat_grammar, choice_mode
 
 Chunk = dict[str, Any]
 
@@ -65,7 +66,18 @@ async def chat(
         names = [t.function.name for t in req.tools]
         parser = _parser(plan.model, req, prompt.text, tool_names=names)
         observer = state.metrics.completion(plan.model.name, start)
-        run = _run(lease, plan, req, prompt, parser, observer, thinking_budget=thinking_budget)
+        thinking = thinking_tags(plan.model, req)
+        grammar = chat_grammar(req, plan.model.tool_format, thinking, prompt=prompt.text)
+        run = _run(
+            lease,
+            plan,
+            req,
+            prompt,
+            parser,
+            observer,
+            grammar=grammar,
+            thinking_budget=thinking_budget,
+        )
         async for part, lps, final in run:
             message: dict[str, Any] = {"role": "assistant", "content": part.content}
             if part.thinking:
@@ -104,6 +116,7 @@ def _checked_chat(state: ServerState, req: ChatRequest) -> tuple[Plan, ChatReque
     images = any(m.images for m in req.messages)
     req = req.model_copy(update={"tools": req.chosen_tools()})
     tools = bool(req.tools)
+    choice_mode(req)  # a contradiction is a 400 before anything loads
     check_capabilities(
         req.model, plan.model, think=req.think, tools=tools, images=images, what="chat"
     )
@@ -187,15 +200,15 @@ def _parser(
     model: ServedModel, req: Generation, prompt: str, *, tool_names: list[str] | None = None
 ) -> OutputParser:
     return OutputParser(
-        thinking=_thinking_tags(model, req),
+        thinking=thinking_tags(model, req),
         prompt=prompt,
         tools=model.tool_format if tool_names else None,
         tool_names=tool_names or (),
     )
 
 
-def _thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:
-    """The tags of the model's thinking when the request lets it think, else None."""
+def thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:
+    """The tags of the thinking this request's output may hold, None when it holds none."""
     thinks = "thinking" in model.capabilities and req.think is not False
     return model.thinking_tags if thinks else None
 
@@ -257,18 +270,22 @@ async def _run(
     parser: OutputParser,
     observer: CompletionObserver,
     *,
+    grammar: str | None = None,
     thinking_budget: int | None = None,
 ) -> AsyncGenerator[tuple[Part, list[dict[str, Any]], dict[str, Any] | None], None]:
     """(part, logprobs, None) per runner piece, then (rest, [], final record); the observer
-    sees every record (metrics)."""
+    sees every record (metrics). grammar: the Lark text of tool_choice (tool_grammar.py), which
+    the runner takes instead of a format."""
     fields = runner_fields(lease, plan, req)
+    if grammar is not None:
+        fields["grammar"] = grammar
     if prompt.images:  # as Ollama's ImageData: base64 bytes and the N of the prompt's [img-N]
         fields["images"] = [
             {"data": base64.b64encode(data).decode(), "id": i}
             for i, data in enumerate(prompt.images)
         ]
     records = runner_records(lease, prompt.text, fields)
-    tags = _thinking_tags(plan.model, req)
+    tags = thinking_tags(plan.model, req)
     if thinking_budget is not None and tags is not None:
 
         def complete(text: str, fields: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
@@ -296,6 +313,7 @@ def runner_fields(lease: Lease, plan: Plan, req: Generation) -> dict[str, Any]:
         "truncate": req.truncate is not False,
         "logprobs": req.logprobs,
         "top_logprobs": req.top_logprobs,
+        **({"logit_bias": req.logit_bias} if req.logit_bias else {}),
     }
 
 

@@ -78,6 +78,7 @@ def _native_chat(req: ChatCompletionRequest) -> ChatRequest:
         think=req.ollama_think(),
         logprobs=req.logprobs or req.top_logprobs > 0,
         top_logprobs=req.top_logprobs,
+        logit_bias=req.logit_bias,
     )
 
 
@@ -158,7 +159,7 @@ class _Reply:
             {
                 "text": echo + native.get("response", ""),
                 "index": index,
-                "logprobs": _completion_logprobs(native),
+                "logprobs": _completion_logprobs(native, len(echo)),
                 "finish_reason": _finish_reason(native, False),
             }
             for index, native in enumerate(natives)
@@ -168,16 +169,19 @@ class _Reply:
     async def completion_stream(
         self, chunks: AsyncGenerator[Chunk, None], *, echo: str = ""
     ) -> AsyncGenerator[Chunk, None]:
+        offset = len(echo)  # of the next token in the whole text, for text_offset
         async with contextlib.aclosing(chunks):
             async for native in chunks:
                 finish = _finish_reason(native, False) if native.get("done") else None
+                logprobs = _completion_logprobs(native, offset)
                 choice = {
                     "text": echo + native.get("response", ""),
                     "index": 0,
-                    "logprobs": _completion_logprobs(native),
+                    "logprobs": logprobs,
                     "finish_reason": finish,
                 }
                 echo = ""
+                offset += sum(len(t) for t in logprobs["tokens"]) if logprobs else 0
                 yield self._object("text_completion", [choice])
                 if native.get("done") and self.include_usage:
                     yield {**self._object("text_completion", []), "usage": usage(native)}
@@ -239,13 +243,19 @@ def token_logprobs(native: Chunk) -> list[dict[str, Any]]:
     ]
 
 
-def _completion_logprobs(native: Chunk) -> dict[str, Any] | None:
-    """The legacy completions form: parallel lists of tokens, logprobs and top maps."""
+def _completion_logprobs(native: Chunk, offset: int = 0) -> dict[str, Any] | None:
+    """The legacy completions form: parallel lists of tokens, logprobs, top maps and each
+    token's character offset in the whole text (offset: the first token's, after an echo)."""
     lps = native.get("logprobs")
     if not lps:
         return None
+    offsets = []
+    for lp in lps:
+        offsets.append(offset)
+        offset += len(lp["token"])
     return {
         "tokens": [lp["token"] for lp in lps],
+        "text_offset": offsets,
         "token_logprobs": [lp["logprob"] for lp in lps],
         "top_logprobs": [
             {t["token"]: t["logprob"] for t in lp.get("top_logprobs", [])} for lp in lps
@@ -268,6 +278,7 @@ async def completions(request: Request) -> Response:
         stream=req.stream,
         logprobs=req.logprobs is not None,
         top_logprobs=req.logprobs or 0,
+        logit_bias=req.logit_bias,
     )
     state = state_of(request)
     reply = _Reply("cmpl", req.model, include_usage=_usage_wanted(req))

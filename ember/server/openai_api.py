@@ -3,13 +3,15 @@ their translation to Ollama's options, format, think and messages, as Ollama's m
 
 Parse them with api.parse_body; responses and routes are the server's."""
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from ember.server.api import (
     Body,
     Int,
+    LogitBias,
     RequestError,
     Strings,
     Tool,
@@ -82,6 +84,33 @@ class Reasoning(Body):
 
 MAX_CHOICES = 8
 
+# OpenAI fields that would change the output and that Ember does not honour, each with the
+# test of its "no effect" values: any other value is a 400 naming the field, never ignored.
+# Fields that do not change the output (user, metadata, store, service_tier, prediction, ...)
+# are accepted and ignored, as every unknown field is.
+IsDefault = Callable[[Any], bool]
+UNHONOURED_CHAT: dict[str, IsDefault] = {
+    "functions": lambda v: v == [],  # the legacy form of tools
+    "function_call": lambda v: v in ("none", "auto"),  # the legacy form of tool_choice
+    "audio": lambda v: False,
+    "modalities": lambda v: v == ["text"],
+    "web_search_options": lambda v: False,
+    "verbosity": lambda v: v == "medium",
+}
+UNHONOURED_COMPLETIONS: dict[str, IsDefault] = {
+    "best_of": lambda v: v == 1,
+}
+
+
+def refuse_unhonoured(given: dict[str, Any], table: dict[str, IsDefault]) -> None:
+    """RequestError (400) for the first field of table that given sets to a value with effect
+    (null is "not given", as everywhere)."""
+    for name, is_default in table.items():
+        if given.get(name) is not None and not is_default(given[name]):
+            raise RequestError(
+                f'"{name}" is not supported by Ember; remove it (or send its default)', name
+            )
+
 
 def sampling_defaults(temperature: float | None, top_p: float | None) -> dict[str, float]:
     """temperature and top_p with OpenAI's defaults (1.0) where absent, as Ollama's middleware
@@ -106,6 +135,7 @@ class Sampling(Body):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     n: Int = Field(1, ge=1, le=MAX_CHOICES)  # choices: sequences that share the batch
+    logit_bias: LogitBias = Field(default_factory=dict)  # token id -> bias in [-100, 100]
 
     def ollama_options(self) -> dict[str, Any]:
         """Ollama's options for these fields; OpenAI's defaults where absent (temperature and
@@ -132,6 +162,13 @@ class ChatCompletionRequest(Sampling):
     reasoning: Reasoning | None = None
     logprobs: bool = False
     top_logprobs: Int = Field(0, ge=0, le=20)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unhonoured(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            refuse_unhonoured(data, UNHONOURED_CHAT)
+        return data
 
     def ollama_options(self) -> dict[str, Any]:
         options = super().ollama_options()
@@ -212,6 +249,13 @@ class CompletionRequest(Sampling):
     suffix: str = ""
     echo: bool = False
     logprobs: Int | None = Field(None, ge=0, le=20)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unhonoured(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            refuse_unhonoured(data, UNHONOURED_COMPLETIONS)
+        return data
 
 
 class EmbeddingsRequest(Body):

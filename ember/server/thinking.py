@@ -86,6 +86,12 @@ class _State(Enum):
     DONE = auto()  # everything from here on is content
 
 
+def prompt_opens(prompt: str, tags: ThinkingTags) -> bool:
+    """Whether the prompt leaves the output inside thinking: a template whose generation prompt
+    ends with the opening tag (Qwen3, DeepSeek-R1)."""
+    return prompt.rstrip().endswith(tags.opening)
+
+
 class ThinkingParser:
     """Splits streamed output into (thinking, content). Thinking counts only when the output
     opens with the opening tag (after whitespace), or when the prompt already opened it.
@@ -96,9 +102,7 @@ class ThinkingParser:
     def __init__(self, tags: ThinkingTags = THINK, *, prompt: str = "") -> None:
         self.tags = tags
         self._buffer = ""
-        # a template whose generation prompt ends with the opening tag (Qwen3, DeepSeek-R1)
-        opened = prompt.rstrip().endswith(tags.opening)
-        self._state = _State.STARTING if opened else _State.LOOKING
+        self._state = _State.STARTING if prompt_opens(prompt, tags) else _State.LOOKING
 
     def add(self, text: str) -> tuple[str, str]:
         """Feeds a piece of output; returns the (thinking, content) that is now certain."""

@@ -18,10 +18,12 @@ ToolCall = dict[str, Any]  # {"function": {"index": int, "name": str, "arguments
 @dataclass(frozen=True, slots=True)
 class ToolCallFormat:
     """How a model writes a call: `opening` before its JSON ("<tool_call>"), or "{" / "[" when
-    calls are bare JSON; `closing` after it ("</tool_call>"), or ""."""
+    calls are bare JSON; `closing` after it ("</tool_call>"), or ""; `arguments_key`, the key of
+    the arguments beside "name" ("parameters" in Llama 3.1's template)."""
 
     opening: str
     closing: str = ""
+    arguments_key: str = "arguments"
 
     @property
     def is_bare_json(self) -> bool:
@@ -91,7 +93,19 @@ def _format_from(plain: str, with_call: str) -> ToolCallFormat:
     end = json_end(with_call, start)
     opening = with_call[head:start].strip()
     closing = with_call[end:tail].strip() if end is not None and end <= tail else ""
-    return ToolCallFormat(opening or "{", closing)
+    key = _arguments_key(with_call[start:end]) if end is not None else None
+    return ToolCallFormat(opening or "{", closing, key or "arguments")
+
+
+def _arguments_key(call: str) -> str | None:
+    """The key the rendered call's arguments ({"x": 1}) sit under, when the call is flat JSON."""
+    try:
+        value = json.loads(call)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    return next((k for k, v in value.items() if k != "name" and v == {"x": 1}), None)
 
 
 def _common_prefix(a: str, b: str) -> int:

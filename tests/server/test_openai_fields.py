@@ -1,0 +1,88 @@
+"""/v1 request fields over a fake runner: logit_bias reaches the runner, the legacy completions
+logprobs carry text_offset, and a field Ember does not honour is a 400 that names it."""
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from server_fakes import FakeStarter, fake_state
+
+from ember.server.app import create_app
+
+
+@pytest.fixture
+def starter() -> FakeStarter:
+    return FakeStarter()
+
+
+@pytest.fixture
+def client(starter: FakeStarter) -> Iterator[TestClient]:
+    with TestClient(create_app(fake_state(starter))) as c:
+        yield c
+
+
+def chat(client: TestClient, **body: Any) -> Any:
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]} | body
+    return client.post("/v1/chat/completions", json=body)
+
+
+def complete(client: TestClient, **body: Any) -> Any:
+    return client.post("/v1/completions", json={"model": "fake", "prompt": "hi"} | body)
+
+
+def test_logit_bias_reaches_the_runner_on_every_route(client, starter):
+    assert chat(client, logit_bias={"15": -100, "7": 2.5}).status_code == 200
+    assert complete(client, logit_bias={"3": 1}).status_code == 200
+    body = {"model": "fake", "prompt": "hi", "stream": False, "logit_bias": {"4": -1}}
+    assert client.post("/api/generate", json=body).status_code == 200  # Ember's extension
+    biases = [f.get("logit_bias") for f in starter.runners[0].fields]
+    assert biases == [{15: -100.0, 7: 2.5}, {3: 1.0}, {4: -1.0}]
+    assert chat(client).status_code == 200
+    assert "logit_bias" not in starter.runners[0].fields[-1]  # none: not sent
+
+
+def test_logit_bias_keys_must_be_token_ids(client):
+    r = chat(client, logit_bias={"hello": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+
+
+@pytest.mark.parametrize(
+    ("route", "field", "value"),
+    [
+        (chat, "functions", [{"name": "f", "parameters": {}}]),
+        (chat, "function_call", {"name": "f"}),
+        (chat, "audio", {"voice": "alloy", "format": "wav"}),
+        (chat, "modalities", ["text", "audio"]),
+        (chat, "web_search_options", {}),
+        (chat, "verbosity", "low"),
+        (complete, "best_of", 3),
+    ],
+)
+def test_a_field_that_would_change_the_output_is_refused_by_name(client, route, field, value):
+    r = route(client, **{field: value})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == field and f'"{field}" is not supported' in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("route", "fields"),
+    [
+        (chat, {"function_call": "auto", "modalities": ["text"], "verbosity": "medium"}),
+        (chat, {"functions": None, "user": "u", "metadata": {"a": "b"}, "store": False}),
+        (chat, {"service_tier": "auto", "prediction": {"type": "content", "content": "x"}}),
+        (complete, {"best_of": 1, "user": "u"}),
+    ],
+)
+def test_defaults_and_fields_without_effect_are_accepted(client, route, fields):
+    assert route(client, **fields).status_code == 200
+
+
+def test_completion_logprobs_have_text_offsets(client):
+    choice = complete(client, logprobs=1, echo=True).json()["choices"][0]
+    lps = choice["logprobs"]
+    assert lps["tokens"] == ["Hello", "there", "friend"]  # the fake's token strings
+    assert lps["text_offset"] == [2, 7, 12]  # after the echoed "hi"
+    assert lps["token_logprobs"] == [-0.5, -0.5, -0.5]
+    assert lps["top_logprobs"][0] == {"Hello": -0.5, "x": -2.0}
