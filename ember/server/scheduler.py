@@ -176,24 +176,36 @@ class Scheduler:
             raise QueueFullError()
         self._waiting += 1
         try:
-            start = time.perf_counter_ns()
-            held = asyncio.ensure_future(self._hold_runner(shape, info, context_length, keep_alive))
-            try:
-                loaded = await asyncio.shield(held)
-            except asyncio.CancelledError:
-                # the client went away: the load goes on (as Ollama's) and the model stays
-                # for the next request; only this request's hold is let go
-                held.add_done_callback(self._abandon)
-                raise
-            load_duration = time.perf_counter_ns() - start
-            try:
-                await loaded.slots.acquire()
-            except BaseException:
-                self._drop_ref(loaded)
-                raise
+            while True:
+                loaded, load_duration = await self._slot(shape, info, context_length, keep_alive)
+                if loaded.runner.alive():
+                    return Lease(self, loaded, load_duration)
+                # its runner died while this request waited for the slot: nothing was sent to
+                # it yet, so the request goes to the runner that replaces it
+                self._release(loaded)
         finally:
             self._waiting -= 1
-        return Lease(self, loaded, load_duration)
+
+    async def _slot(
+        self, shape: Shape, info: Any, context_length: int, keep_alive: float | None
+    ) -> tuple[Loaded, int]:
+        """A slot on a runner for shape, and the nanoseconds its load (or wait for one) took."""
+        start = time.perf_counter_ns()
+        held = asyncio.ensure_future(self._hold_runner(shape, info, context_length, keep_alive))
+        try:
+            loaded = await asyncio.shield(held)
+        except asyncio.CancelledError:
+            # the client went away: the load goes on (as Ollama's) and the model stays
+            # for the next request; only this request's hold is let go
+            held.add_done_callback(self._abandon)
+            raise
+        load_duration = time.perf_counter_ns() - start
+        try:
+            await loaded.slots.acquire()
+        except BaseException:
+            self._drop_ref(loaded)
+            raise
+        return loaded, load_duration
 
     async def _hold_runner(
         self, shape: Shape, info: Any, context_length: int, keep_alive: float | None

@@ -173,6 +173,23 @@ def test_a_dead_runner_is_replaced_by_the_next_request():
     run(test)
 
 
+def test_a_request_waiting_for_a_slot_of_a_runner_that_dies_gets_the_new_runner():
+    # found by the soak: queued requests got the dead runner, then its closed HTTP client
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter)
+        running = await s.acquire(Shape(A), keep_alive=None)
+        waiting = asyncio.ensure_future(s.acquire(Shape(A), keep_alive=None))
+        await settle()
+        starter.runners[0].is_alive = False  # killed while one request ran and one waited
+        running.release()
+        lease = await waiting
+        assert lease.runner is starter.runners[1] and lease.runner.alive()
+        lease.release()
+
+    run(test)
+
+
 def test_automatic_parallel_falls_back_when_the_load_does_not_fit():
     async def test() -> None:
         starter = FakeStarter(fits=2)
