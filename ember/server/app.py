@@ -17,7 +17,7 @@ from starlette.types import ASGIApp
 
 from ember import __version__, envconfig
 from ember.runner.client import RunnerClient
-from ember.server import middleware, openai, routes
+from ember.server import api_schema, middleware, openai, routes
 from ember.server.api import RequestError
 from ember.server.errors import APIError
 from ember.server.logging import log_startup, setup_logging
@@ -61,7 +61,15 @@ def create_app(state: ServerState | None = None) -> FastAPI:
         yield
         await state.scheduler.close()  # runner processes end with the server
 
-    app = FastAPI(title="Ember", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="Ember",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        lifespan=lifespan,
+    )
+    api_schema.install(app)
     app.state.ember = state
     app.state.store = state.models.store()  # model_routes' store: the one models resolve in
     app.include_router(routes.router)

@@ -26,6 +26,7 @@ from ember.server.api import (
     ToolCall,
     ToolCallFunction,
 )
+from ember.server.api_schema import json_body
 from ember.server.errors import APIError
 from ember.server.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
 from ember.server.prompt import Message
@@ -49,7 +50,7 @@ def _stream_error(err: APIError) -> dict[str, Any]:
 # --- /v1/chat/completions ---
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     req = await body_of(request, ChatCompletionRequest)
     _check_choices(req)
@@ -274,7 +275,7 @@ def _completion_logprobs(native: Chunk) -> dict[str, Any] | None:
 # --- /v1/completions ---
 
 
-@router.post("/completions")
+@router.post("/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request) -> Response:
     req = await body_of(request, CompletionRequest)
     _check_choices(req)
@@ -305,7 +306,7 @@ async def completions(request: Request) -> Response:
 # --- /v1/embeddings ---
 
 
-@router.post("/embeddings")
+@router.post("/embeddings", openapi_extra=json_body(EmbeddingsRequest))
 async def embeddings(request: Request) -> dict[str, Any]:
     req = await body_of(request, EmbeddingsRequest)
     if not req.input:
