@@ -62,7 +62,7 @@ class Settings:
     model: str = "smollm2:135m"
     second_model: str = "gemma3:270m"  # "" for none
     kill_at: float = 0.5  # fraction of the run
-    max_queue: int = 0  # EMBER_MAX_QUEUE; 0: three quarters of the clients (some get refused)
+    max_queue: int = 0  # EMBER_MAX_QUEUE; 0: the clients less 8 (two models' slots): some refused
     seed: int = 0
 
 
@@ -348,7 +348,7 @@ def run_soak(settings: Settings, folder: Path | None = None) -> Report:
     from ember.catalog import resolve_model
 
     model_path = str(resolve_model(settings.model))
-    max_queue = settings.max_queue or max(1, settings.clients * 3 // 4)
+    max_queue = settings.max_queue or max(1, settings.clients - 8)
     with tempfile.TemporaryDirectory(prefix="ember-soak-") as tmp:
         server = SoakServer(folder or Path(tmp), max_queue)
         try:
@@ -401,8 +401,9 @@ def check(report: Report, settings: Settings) -> None:
 
 
 def _served_after_kill(report: Report, model: str) -> bool:
-    after = (report.kill_time or 0) + GRACE_S
-    return any(o.result == "done" and o.model == model and o.start > after for o in report.outcomes)
+    """Whether a request to the model completed after the kill: only a new runner could."""
+    after = report.kill_time or 0
+    return any(o.result == "done" and o.model == model and o.end > after for o in report.outcomes)
 
 
 def summary(report: Report, settings: Settings) -> str:
