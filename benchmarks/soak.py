@@ -62,7 +62,7 @@ class Settings:
     model: str = "smollm2:135m"
     second_model: str = "gemma3:270m"  # "" for none
     kill_at: float = 0.5  # fraction of the run
-    max_queue: int = 0  # EMBER_MAX_QUEUE; 0: the clients less 8 (two models' slots): some refused
+    max_queue: int = 16  # EMBER_MAX_QUEUE: past 16 waiting requests, clients are refused
     seed: int = 0
 
 
@@ -274,7 +274,8 @@ async def one_request(http: httpx.AsyncClient, rng: random.Random, model: str) -
 async def _client(url: str, settings: Settings, index: int, deadline: float) -> list[Outcome]:
     rng = random.Random(settings.seed * 1000 + index)
     outcomes = []
-    timeout = httpx.Timeout(600, connect=30)
+    # a request waits in the queue as long as the server is slow: only no answer at all is lost
+    timeout = httpx.Timeout(max(600.0, settings.seconds), connect=30)
     async with httpx.AsyncClient(base_url=url, timeout=timeout) as http:
         while time.monotonic() < deadline:
             second = settings.second_model and rng.random() < 0.1
@@ -282,7 +283,7 @@ async def _client(url: str, settings: Settings, index: int, deadline: float) -> 
             outcome = await one_request(http, rng, model)
             outcomes.append(outcome)
             if outcome.result == "refused":  # as a polite client: back off a little
-                await asyncio.sleep(rng.uniform(0.2, 1.0))
+                await asyncio.sleep(rng.uniform(1.0, 3.0))
     return outcomes
 
 
@@ -348,9 +349,8 @@ def run_soak(settings: Settings, folder: Path | None = None) -> Report:
     from ember.catalog import resolve_model
 
     model_path = str(resolve_model(settings.model))
-    max_queue = settings.max_queue or max(1, settings.clients - 8)
     with tempfile.TemporaryDirectory(prefix="ember-soak-") as tmp:
-        server = SoakServer(folder or Path(tmp), max_queue)
+        server = SoakServer(folder or Path(tmp), settings.max_queue)
         try:
             server.wait_ready()
             _warm_up(server, settings)
@@ -437,7 +437,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--model", default="smollm2:135m")
     parser.add_argument("--second-model", default="gemma3:270m", help='"" for none')
-    parser.add_argument("--max-queue", type=int, default=0)
+    parser.add_argument("--max-queue", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, help="a folder for the model store and server log")
     args = parser.parse_args()
