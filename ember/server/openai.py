@@ -343,7 +343,7 @@ def _encoded(vector: list[float], encoding: str) -> list[float] | str:
 # --- /v1/rerank (llama-server's and Cohere's; OpenAI has none) ---
 
 
-@router.post("/rerank")
+@router.post("/rerank", openapi_extra=json_body(RerankRequest))
 async def rerank_documents(request: Request) -> dict[str, Any]:
     req = await body_of(request, RerankRequest)
     return await rerank.rerank(state_of(request), request, req)

@@ -108,7 +108,7 @@ async def embeddings(request: Request) -> dict[str, Any]:
     return {"embedding": result["embedding"]}
 
 
-@router.post("/api/rerank")
+@router.post("/api/rerank", openapi_extra=json_body(RerankRequest))
 async def rerank_documents(request: Request) -> dict[str, Any]:
     """Not Ollama's: llama-server's and Cohere's rerank (ember/server/rerank.py)."""
     req = await body_of(request, RerankRequest)
