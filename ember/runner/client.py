@@ -103,11 +103,18 @@ class RunnerClient:
         return self.process.poll() is None
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._check_open()
         try:
             response = await self.http.post(path, json=body)
         except httpx.TransportError as err:
             raise self._gone(err) from None
         return _json(response)
+
+    def _check_open(self) -> None:
+        # closed by the scheduler when it found the process dead, while a request still held
+        # it: that request gets the dead runner's error, not httpx's RuntimeError
+        if self.http.is_closed:
+            raise RunnerError(f"the runner stopped (exit code {self.process.returncode})", 500)
 
     def _gone(self, err: Exception) -> RunnerError:
         if not self.alive():
@@ -128,6 +135,7 @@ class RunnerClient:
         shift, truncate, logprobs, top_logprobs, images. Closing the iterator early cancels the
         generation."""
         body = {"prompt": prompt, **fields}
+        self._check_open()
         try:
             async with self.http.stream("POST", "/completion", json=body) as response:
                 if response.status_code != 200:

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ember.server import generation
 from ember.server.anthropic_api import Conversation, MessagesRequest
+from ember.server.api_schema import json_body
 from ember.server.errors import APIError, anthropic_error
 from ember.server.routes import body_of, state_of
 from ember.server.streaming import collect, event_stream_response, first_chunk, prepend
@@ -26,7 +27,7 @@ SIGNATURE = "ember-unsigned"
 _ID_CHARS = string.ascii_letters + string.digits
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=json_body(MessagesRequest))
 async def messages(request: Request) -> Response:
     req = await body_of(request, MessagesRequest)
     budget = req.thinking_budget()
@@ -40,7 +41,7 @@ async def messages(request: Request) -> Response:
     return event_stream_response(events, lambda err: [_stream_error(err)])
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens", openapi_extra=json_body(Conversation))
 async def count_tokens(request: Request) -> dict[str, int]:
     req = await body_of(request, Conversation)
     return {"input_tokens": await generation.count_tokens(state_of(request), req.native())}

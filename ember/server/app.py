@@ -21,7 +21,7 @@ from starlette.types import ASGIApp
 from ember import __version__, envconfig
 from ember.errors import OptionsError
 from ember.runner.client import RunnerClient
-from ember.server import anthropic, middleware, openai, responses, routes
+from ember.server import anthropic, api_schema, middleware, openai, responses, routes
 from ember.server.api import RequestError
 from ember.server.errors import APIError, anthropic_error, is_anthropic_path
 from ember.server.logging import log_startup, setup_logging
@@ -69,7 +69,15 @@ def create_app(state: ServerState | None = None, *, metrics: bool | None = None)
         yield
         await state.scheduler.close()  # runner processes end with the server
 
-    app = FastAPI(title="Ember", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="Ember",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        lifespan=lifespan,
+    )
+    api_schema.install(app)
     app.state.ember = state
     app.state.store = state.models.store()  # model_routes' store: the one models resolve in
     app.include_router(routes.router)

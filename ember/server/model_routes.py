@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from ember import envconfig
 from ember.errors import EmberError, ModelNotFoundError
 from ember.server import api
+from ember.server.api_schema import json_body
 from ember.server.model_show import show_response
 from ember.store import (
     BlobDigestError,
@@ -47,6 +48,12 @@ NDJSON = "application/x-ndjson"
 Progress = dict[str, Any]
 T = TypeVar("T", bound=BaseModel)
 
+_OCTETS = {  # a blob is the file's bytes, streamed to the store
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
 _BAD_REQUEST = (
     api.RequestError,
     InvalidNameError,
@@ -146,14 +153,15 @@ def _line(item: Progress) -> bytes:
 # ---------------------------------------------------------------- list, show, copy, delete
 
 
-@router.api_route("/api/tags", methods=["GET", "HEAD"])
+@router.get("/api/tags")
+@router.head("/api/tags")  # a route per method: one OpenAPI operation id each
 async def tags(request: Request) -> Response:
     store = store_of(request)
     entries = await run_in_threadpool(list_models, store)
     return JSONResponse({"models": [e.to_json() for e in entries]})
 
 
-@router.post("/api/show")
+@router.post("/api/show", openapi_extra=json_body(api.ShowRequest))
 async def show(request: Request) -> Response:
     try:
         body = await parse(request, api.ShowRequest)
@@ -167,7 +175,7 @@ async def show(request: Request) -> Response:
     return JSONResponse(answer)
 
 
-@router.post("/api/copy")
+@router.post("/api/copy", openapi_extra=json_body(api.CopyRequest))
 async def copy(request: Request) -> Response:
     try:
         body = await parse(request, api.CopyRequest)
@@ -186,7 +194,7 @@ def _named(field: str, text: str) -> ModelName:
         raise api.RequestError(f"{field} {text!r} is invalid") from None
 
 
-@router.delete("/api/delete")
+@router.delete("/api/delete", openapi_extra=json_body(api.DeleteRequest))
 async def delete(request: Request) -> Response:
     try:
         body = await parse(request, api.DeleteRequest)
@@ -200,7 +208,7 @@ async def delete(request: Request) -> Response:
 # ---------------------------------------------------------------- create and blobs
 
 
-@router.post("/api/create")
+@router.post("/api/create", openapi_extra=json_body(api.CreateRequest))
 async def create(request: Request) -> Response:
     try:
         body = await parse(request, api.CreateRequest)
@@ -243,7 +251,7 @@ async def head_blob(request: Request, digest: str) -> Response:
     return Response(status_code=200 if found else 404)
 
 
-@router.post("/api/blobs/{digest}")
+@router.post("/api/blobs/{digest}", openapi_extra=_OCTETS)
 async def upload_blob(request: Request, digest: str) -> Response:
     """Streams the body to a temp file (never whole in memory) under the store's quota and the
     free disk space; the blob appears only when its sha256 is the one in the path."""
@@ -276,7 +284,7 @@ async def _receive_blob(request: Request, store: Store, expected: Digest) -> Non
 # ---------------------------------------------------------------- pull and push
 
 
-@router.post("/api/pull")
+@router.post("/api/pull", openapi_extra=json_body(api.PullRequest))
 async def pull(request: Request) -> Response:
     try:
         body = await parse(request, api.PullRequest)
@@ -292,7 +300,7 @@ async def pull(request: Request) -> Response:
     return await progress_response(items, stream=body.stream)
 
 
-@router.post("/api/push")
+@router.post("/api/push", openapi_extra=json_body(api.PushRequest))
 async def push(request: Request) -> Response:
     try:
         body = await parse(request, api.PushRequest)

@@ -24,6 +24,7 @@ from ember.server.api import (
     RequestOptions,
     RerankRequest,
 )
+from ember.server.api_schema import json_body
 from ember.server.errors import APIError
 from ember.server.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
 from ember.server.routes import body_of, state_of
@@ -46,7 +47,7 @@ def _stream_error(err: APIError) -> dict[str, Any]:
 # --- /v1/chat/completions ---
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     req = await body_of(request, ChatCompletionRequest)
     _check_choices(req)
@@ -266,7 +267,7 @@ def _completion_logprobs(native: Chunk, offset: int = 0) -> dict[str, Any] | Non
 # --- /v1/completions ---
 
 
-@router.post("/completions")
+@router.post("/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request) -> Response:
     req = await body_of(request, CompletionRequest)
     _check_choices(req)
@@ -298,7 +299,7 @@ async def completions(request: Request) -> Response:
 # --- /v1/embeddings ---
 
 
-@router.post("/embeddings")
+@router.post("/embeddings", openapi_extra=json_body(EmbeddingsRequest))
 async def embeddings(request: Request) -> dict[str, Any]:
     req = await body_of(request, EmbeddingsRequest)
     if not req.input:
@@ -335,7 +336,7 @@ def _encoded(vector: list[float], encoding: str) -> list[float] | str:
 # --- /v1/rerank (llama-server's and Cohere's; OpenAI has none) ---
 
 
-@router.post("/rerank")
+@router.post("/rerank", openapi_extra=json_body(RerankRequest))
 async def rerank_documents(request: Request) -> dict[str, Any]:
     req = await body_of(request, RerankRequest)
     return await rerank.rerank(state_of(request), request, req)

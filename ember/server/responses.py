@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ember.server import generation
+from ember.server.api_schema import json_body
 from ember.server.errors import APIError
 from ember.server.response_events import Chunk, ResponseBuilder
 from ember.server.response_store import StoredResponse
@@ -22,7 +23,7 @@ from ember.server.streaming import collect, event_stream_response, first_chunk, 
 router = APIRouter(prefix="/v1")
 
 
-@router.post("/responses")
+@router.post("/responses", openapi_extra=json_body(ResponsesRequest))
 async def create(request: Request) -> Response:
     req = await body_of(request, ResponsesRequest)
     req.check_supported()

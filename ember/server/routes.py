@@ -21,6 +21,7 @@ from ember.server.api import (
     RerankRequest,
     parse_body,
 )
+from ember.server.api_schema import json_body
 from ember.server.scheduler import Loaded
 from ember.server.state import ServerState, runner_failure
 from ember.server.streaming import respond, until_disconnected
@@ -41,32 +42,34 @@ async def body_of(request: Request, kind: type[B]) -> B:
     return parse_body(kind, await request.body())
 
 
-@router.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+@router.get("/", response_class=PlainTextResponse)
+@router.head("/", response_class=PlainTextResponse)  # a route per method: an operation id each
 async def root() -> str:
     return "Ollama is running"  # verbatim: health checks and clients grep for it
 
 
-@router.api_route("/api/version", methods=["GET", "HEAD"])
+@router.get("/api/version")
+@router.head("/api/version")
 async def version() -> dict[str, str]:
     # clients gate features on the Ollama version whose API we implement; ours is beside it
     return {"version": OLLAMA_API_VERSION, "ember_version": __version__}
 
 
-@router.post("/api/generate")
+@router.post("/api/generate", openapi_extra=json_body(GenerateRequest))
 async def generate(request: Request) -> Response:
     req = await body_of(request, GenerateRequest)
     chunks = generation.generate(state_of(request), req)
     return await respond(request, chunks, stream=req.stream, merge=generation.merge_generate)
 
 
-@router.post("/api/chat")
+@router.post("/api/chat", openapi_extra=json_body(ChatRequest))
 async def chat(request: Request) -> Response:
     req = await body_of(request, ChatRequest)
     chunks = generation.chat(state_of(request), req)
     return await respond(request, chunks, stream=req.stream, merge=generation.merge_chat)
 
 
-@router.post("/api/embed")
+@router.post("/api/embed", openapi_extra=json_body(EmbedRequest))
 async def embed(request: Request) -> dict[str, Any]:
     req = await body_of(request, EmbedRequest)
     result = await embedding.embed(
@@ -88,7 +91,7 @@ async def embed(request: Request) -> dict[str, Any]:
     }
 
 
-@router.post("/api/embeddings")
+@router.post("/api/embeddings", openapi_extra=json_body(EmbeddingRequest))
 async def embeddings(request: Request) -> dict[str, Any]:
     """The legacy form: one prompt, its vector as the model gives it (not normalised)."""
     req = await body_of(request, EmbeddingRequest)
@@ -105,7 +108,7 @@ async def embeddings(request: Request) -> dict[str, Any]:
     return {"embedding": result["embedding"]}
 
 
-@router.post("/api/rerank")
+@router.post("/api/rerank", openapi_extra=json_body(RerankRequest))
 async def rerank_documents(request: Request) -> dict[str, Any]:
     """Not Ollama's: llama-server's and Cohere's rerank (ember/server/rerank.py)."""
     req = await body_of(request, RerankRequest)

@@ -187,6 +187,7 @@ class Scheduler:
         self._waiting = 0
         self._lock = asyncio.Lock()  # one load (or unload) at a time, as Ollama's processPending
         self._released = asyncio.Event()
+        self._draining = False  # the lock's holder waits for runners to be released
         self.events: Events = NoEvents()
 
     @property
@@ -202,33 +203,62 @@ class Scheduler:
             raise QueueFullError()
         self._waiting += 1
         try:
-            start = time.perf_counter_ns()
-            held = asyncio.ensure_future(self._hold_runner(shape, info, context_length, keep_alive))
-            try:
-                loaded = await asyncio.shield(held)
-            except asyncio.CancelledError:
-                # the client went away: the load goes on (as Ollama's) and the model stays
-                # for the next request; only this request's hold is let go
-                held.add_done_callback(self._abandon)
-                raise
-            load_duration = time.perf_counter_ns() - start
-            try:
-                await loaded.slots.acquire()
-            except BaseException:
-                self._drop_ref(loaded)
-                raise
-            loaded.busy += 1
+            while True:
+                loaded, load_duration = await self._slot(shape, info, context_length, keep_alive)
+                loaded.busy += 1
+                if loaded.runner.alive():
+                    return Lease(self, loaded, load_duration)
+                # its runner died while this request waited for the slot: nothing was sent to
+                # it yet, so the request goes to the runner that replaces it
+                self._release(loaded)
         finally:
             self._waiting -= 1
-        return Lease(self, loaded, load_duration)
+
+    async def _slot(
+        self, shape: Shape, info: Any, context_length: int, keep_alive: float | None
+    ) -> tuple[Loaded, int]:
+        """A slot on a runner for shape, and the nanoseconds its load (or wait for one) took."""
+        start = time.perf_counter_ns()
+        held = asyncio.ensure_future(self._hold_runner(shape, info, context_length, keep_alive))
+        try:
+            loaded = await asyncio.shield(held)
+        except asyncio.CancelledError:
+            # the client went away: the load goes on (as Ollama's) and the model stays
+            # for the next request; only this request's hold is let go
+            held.add_done_callback(self._abandon)
+            raise
+        load_duration = time.perf_counter_ns() - start
+        try:
+            await loaded.slots.acquire()
+        except BaseException:
+            self._drop_ref(loaded)
+            raise
+        return loaded, load_duration
 
     async def _hold_runner(
         self, shape: Shape, info: Any, context_length: int, keep_alive: float | None
     ) -> Loaded:
+        keep_alive = self.keep_alive if keep_alive is None else keep_alive
+        loaded = self._ready(shape, info)
+        if loaded is not None:  # no await since the check: nothing retired it in between
+            self._hold(loaded, keep_alive)
+            return loaded
         async with self._lock:
             loaded = await self._runner_for(shape, info, context_length)
-            self._hold(loaded, self.keep_alive if keep_alive is None else keep_alive)
+            self._hold(loaded, keep_alive)
             return loaded
+
+    def _ready(self, shape: Shape, info: Any) -> Loaded | None:
+        """The loaded runner for shape when a request may take it without the lock: a load of
+        another model (seconds) must not hold up the requests of those already loaded. Not
+        while the lock's holder waits for runners to drain (an eviction or a reload)."""
+        current = self.loaded.get(shape.model_path)
+        if self._draining or current is None or current.is_retired:
+            return None
+        if not current.runner.alive() or not shape.matches(current.shape):
+            return None
+        current.info = info if info is not None else current.info
+        return current
 
     def _abandon(self, held: "asyncio.Future[Loaded]") -> None:
         if not held.cancelled() and held.exception() is None:
@@ -342,16 +372,23 @@ class Scheduler:
 
     async def _evict_one(self) -> None:
         """Unloads the idle runner that would expire first; waits for one if all are busy."""
-        while not self._idle():
-            self._released.clear()
-            await self._released.wait()
+        await self._drain(lambda: bool(self._idle()))
         victim = min(self._idle(), key=lambda loaded: (loaded.keep_alive, loaded.shape.model_path))
         await self._close(victim)
 
     async def _wait_idle(self, loaded: Loaded) -> None:
-        while loaded.refs > 0 and loaded.runner.alive():
-            self._released.clear()
-            await self._released.wait()
+        await self._drain(lambda: loaded.refs == 0 or not loaded.runner.alive())
+
+    async def _drain(self, is_done: Callable[[], bool]) -> None:
+        """Waits, holding the lock, until is_done(); meanwhile new requests queue behind the
+        lock rather than take loaded runners, so the runners can drain."""
+        self._draining = True
+        try:
+            while not is_done():
+                self._released.clear()
+                await self._released.wait()
+        finally:
+            self._draining = False
 
     def _hold(self, loaded: Loaded, keep_alive: float) -> None:
         loaded.refs += 1

@@ -1,6 +1,6 @@
 """Errors of the model store, the Modelfile parser and the registry client."""
 
-from ember.errors import EmberError
+from ember.errors import EmberError, ModelNotFoundError
 
 
 class InvalidNameError(EmberError, ValueError):
@@ -41,3 +41,8 @@ class CreateError(EmberError, ValueError):
 
 class RegistryError(EmberError):
     """The registry refused a request, or answered with something that cannot be trusted."""
+
+
+class RegistryNotFoundError(RegistryError, ModelNotFoundError):
+    """The registry has no such model or layer (its 404): answered 404, as a missing local
+    model, not as a server error."""

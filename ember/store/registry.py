@@ -21,7 +21,7 @@ import httpx
 from ember.errors import ModelNotFoundError
 from ember.store.allowlist import check_allowed, check_redirect
 from ember.store.blobs import READ_CHUNK, BlobWriter
-from ember.store.errors import ManifestError, RegistryError, StoreError
+from ember.store.errors import ManifestError, RegistryError, RegistryNotFoundError, StoreError
 from ember.store.manifest import MANIFEST_MEDIA_TYPE, MAX_MANIFEST_BYTES, Layer, Manifest
 from ember.store.names import ModelName
 from ember.store.store import Store, as_name
@@ -281,7 +281,7 @@ def _check(resp: httpx.Response, what: str) -> None:
             f"unauthorized: access to {what} denied (registry authentication is not supported)"
         )
     if resp.status_code == 404:
-        raise RegistryError(f"{what} not found in the registry")
+        raise RegistryNotFoundError(f"{what} not found in the registry")
     body = bytearray()
     for chunk in resp.iter_raw(MAX_ERROR_BODY):
         body += chunk

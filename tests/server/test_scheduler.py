@@ -141,6 +141,46 @@ def test_past_max_loaded_the_idle_model_is_evicted():
     run(test)
 
 
+def test_a_load_of_another_model_does_not_hold_up_the_loaded_one():
+    # found by the soak: every request waited for the lock while a second model loaded
+    async def test() -> None:
+        gate = asyncio.Event()
+        gate.set()
+        starter = FakeStarter(load_gate=gate)
+        s = scheduler(starter, num_parallel=2)
+        (await s.acquire(Shape(A), keep_alive=None)).release()
+        gate.clear()  # B's load takes its time
+        loading = asyncio.ensure_future(s.acquire(Shape(B), keep_alive=None))
+        await settle()
+        lease = await asyncio.wait_for(s.acquire(Shape(A), keep_alive=None), 1)
+        assert lease.runner is starter.runners[0] and not loading.done()
+        lease.release()
+        gate.set()
+        (await loading).release()
+
+    run(test)
+
+
+def test_requests_to_a_model_being_drained_for_an_eviction_wait_behind_it():
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter, max_loaded=1, num_parallel=2)
+        busy = await s.acquire(Shape(A), keep_alive=None)
+        other = asyncio.ensure_future(s.acquire(Shape(B), keep_alive=None))
+        await settle()
+        later = asyncio.ensure_future(s.acquire(Shape(A), keep_alive=None))
+        await settle()
+        assert not later.done()  # A has a free slot, but B waits for A to drain
+        busy.release()
+        lease = await other
+        assert lease.runner is starter.runners[1] and not later.done()
+        lease.release()
+        (await later).release()
+        assert len(starter.runners) == 3
+
+    run(test)
+
+
 def test_requests_past_the_queue_limit_are_refused():
     async def test() -> None:
         s = scheduler(FakeStarter(), num_parallel=1, max_queue=2)
@@ -168,6 +208,23 @@ def test_a_dead_runner_is_replaced_by_the_next_request():
         assert s.running() == []
         lease = await s.acquire(Shape(A), keep_alive=None)
         assert lease.runner is starter.runners[1]
+        lease.release()
+
+    run(test)
+
+
+def test_a_request_waiting_for_a_slot_of_a_runner_that_dies_gets_the_new_runner():
+    # found by the soak: queued requests got the dead runner, then its closed HTTP client
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter)
+        running = await s.acquire(Shape(A), keep_alive=None)
+        waiting = asyncio.ensure_future(s.acquire(Shape(A), keep_alive=None))
+        await settle()
+        starter.runners[0].is_alive = False  # killed while one request ran and one waited
+        running.release()
+        lease = await waiting
+        assert lease.runner is starter.runners[1] and lease.runner.alive()
         lease.release()
 
     run(test)
