@@ -1,25 +1,10 @@
 """/v1 request fields over a fake runner: logit_bias reaches the runner, the legacy completions
 logprobs carry text_offset, and a field Ember does not honour is a 400 that names it."""
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from server_fakes import FakeStarter, fake_state
-
-from ember.server.app import create_app
-
-
-@pytest.fixture
-def starter() -> FakeStarter:
-    return FakeStarter()
-
-
-@pytest.fixture
-def client(starter: FakeStarter) -> Iterator[TestClient]:
-    with TestClient(create_app(fake_state(starter))) as c:
-        yield c
 
 
 def chat(client: TestClient, **body: Any) -> Any:

@@ -4,25 +4,10 @@ response_format, embeddings (float and base64), models, and OpenAI's error objec
 import base64
 import json
 import struct
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from server_fakes import FakeStarter, fake_state
-
-from ember.server.app import create_app
-
-
-@pytest.fixture
-def starter() -> FakeStarter:
-    return FakeStarter()
-
-
-@pytest.fixture
-def client(starter: FakeStarter) -> Iterator[TestClient]:
-    with TestClient(create_app(fake_state(starter))) as c:
-        yield c
 
 
 def events(response: Any) -> list[Any]:

@@ -4,30 +4,16 @@ DELETE, its bounds) and the fields Ember refuses by name."""
 
 import base64
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from server_fakes import FakeStarter, fake_state
 
-from ember.server.app import create_app
 from ember.server.response_store import ResponseStore, StoredResponse
 from ember.server.responses_api import InputItem, prompt_messages
 
 CALL = '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>'
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
-
-
-@pytest.fixture
-def starter() -> FakeStarter:
-    return FakeStarter()
-
-
-@pytest.fixture
-def client(starter: FakeStarter) -> Iterator[TestClient]:
-    with TestClient(create_app(fake_state(starter))) as c:
-        yield c
 
 
 def create(client: TestClient, **body: Any) -> Any:

@@ -2,26 +2,12 @@
 codes, the load and unload forms, thinking and tool calls parsed from output, embeddings."""
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from server_fakes import FakeStarter, fake_state
 
-from ember.server.app import create_app
 from ember.server.errors import RUNNER_STOPPED_MESSAGE
-
-
-@pytest.fixture
-def starter() -> FakeStarter:
-    return FakeStarter()
-
-
-@pytest.fixture
-def client(starter: FakeStarter) -> Iterator[TestClient]:
-    with TestClient(create_app(fake_state(starter))) as c:
-        yield c
 
 
 def lines(response: Any) -> list[dict[str, Any]]:

@@ -3,16 +3,13 @@ each mode accepts and rejects, in Qwen's tagged format, bare JSON and Mistral's 
 thinking before the calls; and the grammar each route sends the (fake) runner."""
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import llguidance
 import pytest
 from fastapi.testclient import TestClient
-from server_fakes import FakeStarter, fake_state
 
 from ember.server.api import ChatRequest, RequestError, Tool
-from ember.server.app import create_app
 from ember.server.thinking import THINK
 from ember.server.tool_grammar import Thinking, chat_grammar, choice_mode, tool_grammar
 from ember.server.tools import BARE_JSON, ToolCallFormat
@@ -210,17 +207,6 @@ def test_a_forced_call_with_a_format_is_refused() -> None:
 
 
 # --- through the routes, over a fake runner ---
-
-
-@pytest.fixture
-def starter() -> FakeStarter:
-    return FakeStarter()
-
-
-@pytest.fixture
-def client(starter: FakeStarter) -> Iterator[TestClient]:
-    with TestClient(create_app(fake_state(starter))) as c:
-        yield c
 
 
 def chat(client: TestClient, path: str = "/api/chat", **body: Any) -> Any:
