@@ -20,7 +20,7 @@ run: setup
 	.venv/bin/ember run $(MODEL) "$(PROMPT)"
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not model"
