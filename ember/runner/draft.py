@@ -6,7 +6,7 @@ Verification and acceptance are the engine's (engine.py); a drafter only propose
 """
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -16,6 +16,9 @@ from ember.model import Model
 from ember.runner.inputcache import common_prefix
 from ember.runner.memory import reserve
 from ember.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # sequence.py imports this module for Drafter
+    from ember.runner.sequence import Request
 
 NGRAM_MAX = 3  # prompt lookup matches the last 3 tokens, else the last 2, else the last one
 
@@ -118,3 +121,19 @@ def check_vocabulary(target: Tokenizer, draft: Tokenizer) -> None:
             "the draft model's vocabulary differs from the model's: a draft model must use the "
             "same tokenizer"
         )
+
+
+def choose_drafter(
+    request: "Request", draft_model: "DraftModel | None"
+) -> tuple[Drafter | None, int]:
+    """Who drafts for request, and at most how many tokens a step: prompt lookup when it asks
+    for it, else the draft model if one is loaded. Never under a grammar (a drafted token could
+    break it) nor for an embedding."""
+    opts = request.options
+    if request.grammar is not None or request.embedding:
+        return None, 0
+    if opts.draft_ngram > 0:
+        return NgramDrafter(), opts.draft_ngram
+    if draft_model is not None and opts.draft_num_predict > 0:
+        return draft_model, opts.draft_num_predict
+    return None, 0

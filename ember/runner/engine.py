@@ -25,11 +25,12 @@ from ember.batch import Batch
 from ember.errors import EmberError
 from ember.kvcache import KV_TYPES as KV_CACHE_TYPES
 from ember.kvcache import CellCounter
-from ember.model import POOLING_CLS, POOLING_LAST, POOLING_MEAN, POOLING_RANK, Model, Ranker
+from ember.model import Model
 from ember.options import MAX_DRAFT
-from ember.runner.draft import Drafter, DraftModel, NgramDrafter
+from ember.runner.draft import DraftModel, choose_drafter
 from ember.runner.inputcache import InputCache
 from ember.runner.memory import reserve
+from ember.runner.pooling import Pooler
 from ember.runner.sequence import CLOSED, LENGTH, STOP, Piece, Request, Sequence, TokenLogprob
 from ember.sample import sample_rows
 from ember.sample.sampler import logprobs
@@ -105,9 +106,7 @@ class Engine:
         self.num_ctx = min(num_ctx, model.context_length)  # per sequence
         self.num_batch = min(num_batch, self.num_ctx)
         self.kv_type = kv_type
-        pooling = getattr(model, "pooling_type", POOLING_MEAN)
-        self._pooling = POOLING_CLS if pooling == POOLING_RANK else pooling  # rank: its [CLS]
-        self._ranker = model if isinstance(model, Ranker) else None  # scores what it pools
+        self._pooler = Pooler(model)
         self.cache = model.make_cache()
         self.inputs = InputCache(
             self.cache, num_ctx=self.num_ctx, num_slots=num_parallel, multiuser=multiuser
@@ -145,26 +144,13 @@ class Engine:
         called (on the loop thread) after each event is queued: to wake an async consumer."""
         seq = Sequence(request, self.tokenizer, self.num_ctx)
         seq.on_event = on_event
-        seq.drafter, seq.draft_limit = self._drafter(request)
+        seq.drafter, seq.draft_limit = choose_drafter(request, self.draft)
         with self._cond:
             if self._closed:
                 raise EngineClosedError("the model is being unloaded")
             self._waiting.append(seq)
             self._cond.notify()
         return seq
-
-    def _drafter(self, request: Request) -> tuple[Drafter | None, int]:
-        """Who drafts for request, and at most how many tokens a step: prompt lookup when it
-        asks for it, else the draft model if one is loaded. Never under a grammar (a drafted
-        token could break it) nor for an embedding."""
-        opts = request.options
-        if request.grammar is not None or request.embedding:
-            return None, 0
-        if opts.draft_ngram > 0:
-            return NgramDrafter(), opts.draft_ngram
-        if self.draft is not None and opts.draft_num_predict > 0:
-            return self.draft, opts.draft_num_predict
-        return None, 0
 
     def busy(self) -> int:
         """How many sequences are waiting or running."""
@@ -451,26 +437,18 @@ class Engine:
         return self.tokenizer.token_bytes(token).decode("utf-8", errors="replace")
 
     def _pool(self, p: Part, hidden: torch.Tensor) -> None:
-        """Adds an embedding sequence's hidden states; the mean once its prompt is done, or the
-        first token's row where the model pools by its [CLS] token, or the last token's."""
+        """Adds an embedding sequence's hidden states; its embedding, or its score where the
+        model ranks, once its prompt is done."""
         seq = p.seq
-        rows = hidden[p.output : p.output + p.count]
-        if self._pooling == POOLING_CLS:
-            seq.pooled = rows[0] if seq.pooled is None else seq.pooled
-        elif self._pooling == POOLING_LAST:
-            seq.pooled = rows[-1]
-        else:
-            seq.pooled = rows.sum(dim=0) if seq.pooled is None else seq.pooled + rows.sum(dim=0)
+        seq.pooled = self._pooler.add(seq.pooled, hidden[p.output : p.output + p.count])
         if not seq.pending:
             seq.first_token = _now()
-            is_mean = self._pooling not in (POOLING_CLS, POOLING_LAST)
-            pooled = seq.pooled / len(seq.prompt) if is_mean else seq.pooled
-            if self._ranker is None:
+            pooled = self._pooler.result(seq.pooled, len(seq.prompt))
+            score = self._pooler.score(pooled)
+            if score is None:
                 self._finish(seq, STOP, embedding=pooled.tolist())
-                return
-            with torch.inference_mode():
-                score = float(self._ranker.score(pooled[None])[0])
-            self._finish(seq, STOP, score=score)
+            else:
+                self._finish(seq, STOP, score=score)
 
     def _finish(
         self,
