@@ -1,5 +1,6 @@
 """The Model seam: forward(batch, cache) -> logits of the batch's output rows."""
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -54,3 +55,13 @@ class PromptRanker(Ranker, Protocol):
 
     def rerank_prompt(self, query: str, document: str) -> str:
         """The text whose last token's score ranks document against query."""
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """An image's place in the prompt: its tokens (placeholders where embeddings go) and what
+    the model reads at offsets of the span: usually one (rows, C) tensor whose rows replace the
+    placeholders from there on; several where marker tokens sit between rows of patches."""
+
+    tokens: list[int]
+    pieces: dict[int, object]

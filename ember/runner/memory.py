@@ -37,8 +37,10 @@ def reserve(
     """Sizes cache for num_parallel sequences of num_ctx tokens and runs a worst-case batch of
     num_batch tokens over all of it, with logits at num_outputs of its rows (at least one a
     sequence; more where drafted tokens are verified). Returns the bytes the KV cache takes."""
-    if isinstance(model, ImageModel):  # an image's inputs share one batch, even past num_batch
-        num_batch = max(num_batch, len(model.image_inputs()[0]))
+    if isinstance(model, ImageModel):  # an image's inputs share one batch, even past num_batch;
+        # a worst-case image (the vision encoder's buffers, as Ollama's) gives the longest span
+        worst_span = model.image_span(model.encode_multimodal(worst_case_image()))
+        num_batch = max(num_batch, len(worst_span.tokens))
     # Bytes per cell, measured on a small cache of the same model: no per-arch arithmetic (a
     # sliding-window layer's cache holds fewer cells: the cache says how many).
     cache.init(max_sequences=1, capacity=num_batch, max_batch=num_batch, dtype=dtype)
@@ -64,8 +66,6 @@ def reserve(
         # a batch over all cells is counted in `need` above.
         _run_worst_case(model, cache, num_batch, end=num_ctx, outputs=outputs)
         _run_worst_case(model, cache, 1, end=cells, outputs=1)
-        if isinstance(model, ImageModel):  # the vision encoder's buffers too, as Ollama's
-            model.encode_multimodal(worst_case_image())
     except (RuntimeError, MemoryError) as err:  # torch reports a failed allocation this way
         first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InsufficientMemoryError(

@@ -10,9 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-import torch
-
 from ember.errors import EmberError
+from ember.model.base import ImageSpan
 from ember.tokenizer import Tokenizer
 
 _TAG = re.compile(r"\[img-(\d+)\]")
@@ -20,11 +19,11 @@ _TAG = re.compile(r"\[img-(\d+)\]")
 
 @runtime_checkable
 class ImageModel(Protocol):
-    def encode_multimodal(self, data: bytes) -> torch.Tensor:
-        """An image's embeddings (rows, C); raises an EmberError for a bad image."""
+    def encode_multimodal(self, data: bytes) -> Any:
+        """An image's encoding (embeddings); raises an EmberError for a bad image."""
 
-    def image_inputs(self) -> tuple[list[int], int, int]:
-        """(token span of one image, index of its first embedding row in it, number of rows)."""
+    def image_span(self, encoded: Any) -> ImageSpan:
+        """The span of an encoded image; its length may depend on the image's size."""
 
 
 @dataclass
@@ -60,12 +59,11 @@ def prompt_inputs(
         image_id = int(piece)
         if image_id not in images:
             raise EmberError(f"invalid image index: {image_id}")
-        rows = model.encode_multimodal(images[image_id])
-        span, first_row, _ = model.image_inputs()
+        span = model.image_span(model.encode_multimodal(images[image_id]))
         start = len(out.tokens)
-        out.same_batch[start] = len(span) - 1
+        out.same_batch[start] = len(span.tokens) - 1
         digest = hashlib.sha256(images[image_id]).digest()
         out.image_hashes[start] = int.from_bytes(digest[:8], "little")
-        out.multimodal[start + first_row] = rows
-        out.tokens += span
+        out.multimodal.update({start + offset: piece for offset, piece in span.pieces.items()})
+        out.tokens += span.tokens
     return out

@@ -67,11 +67,13 @@ def engine(loaded, *, num_parallel: int, num_batch: int) -> Engine:
 def test_the_prompt_holds_the_image_span(loaded):
     model, _ = loaded
     req = request(loaded, 0)
-    span, first_row, rows = model.image_inputs()
+    span = model.image_span(model.encode_multimodal(image_bytes(*IMAGES[0])))
+    ((offset, rows),) = span.pieces.items()
     (start,) = req.same_batch
-    assert req.inputs[start : start + len(span)] == span
-    assert set(req.multimodal) == {start + first_row}
-    assert req.multimodal[start + first_row].shape == (rows, 64)
+    assert req.inputs[start : start + len(span.tokens)] == span.tokens
+    assert set(req.multimodal) == {start + offset}
+    assert req.multimodal[start + offset].shape == rows.shape
+    assert rows.shape[1] == 64 and len(span.tokens) > len(rows)
 
 
 def test_an_image_prompt_alone_equals_it_beside_three_others(loaded):

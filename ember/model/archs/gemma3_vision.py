@@ -17,6 +17,7 @@ from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache, WrapperCache
 from ember.model.archs.gemma3 import Gemma3
+from ember.model.base import ImageSpan
 from ember.model.config import Config
 from ember.model.imageproc import decode_image, to_pixels
 from ember.model.registry import register, register_projector
@@ -147,7 +148,7 @@ class VisionTower:
 
 
 class Gemma3Vision(Gemma3):
-    """Gemma 3 whose prompts may hold images (`encode_multimodal`, `image_inputs`); the tower
+    """Gemma 3 whose prompts may hold images (`encode_multimodal`, `image_span`); the tower
     comes from the model's own file or from an mmproj file."""
 
     def __init__(self, gguf: GGUFFile, config: Config, projector: GGUFFile | None = None) -> None:
@@ -174,13 +175,11 @@ class Gemma3Vision(Gemma3):
         with torch.inference_mode():
             return self.vision(self.preprocess(data))
 
-    def image_inputs(self) -> tuple[list[int], int, int]:
-        """(tokens of an image's span, index of its first embedding row, number of rows): the
-        span is [\\n\\n] <start_of_image> placeholders... <end_of_image> [\\n\\n], as Ollama."""
-        n = self.vision_options.tokens_per_image
+    def image_span(self, encoded: torch.Tensor) -> ImageSpan:
+        """[\\n\\n] <start_of_image> a placeholder per row... <end_of_image> [\\n\\n], as Ollama."""
         nl = [] if self.newlines is None else [self.newlines]
-        tokens = [*nl, self.image_start, *[0] * n, self.image_end, *nl]
-        return tokens, len(nl) + 1, n
+        tokens = [*nl, self.image_start, *[0] * len(encoded), self.image_end, *nl]
+        return ImageSpan(tokens, {len(nl) + 1: encoded})
 
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         images = [t for t in batch.multimodal_data if isinstance(t, torch.Tensor)]

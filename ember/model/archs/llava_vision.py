@@ -17,6 +17,7 @@ from ember.gguf import GGUFFile
 from ember.kvcache import Cache
 from ember.model.archs.gemma3_vision import MmprojNames, VisionBlock, VisionOptions
 from ember.model.archs.llama import Llama
+from ember.model.base import ImageSpan
 from ember.model.config import Config, ModelLoadError
 from ember.model.imageproc import decode_image, resize_and_crop, to_pixels
 from ember.model.registry import register_projector
@@ -98,7 +99,7 @@ def _triple(c: Config, key: str, default: tuple[float, float, float]) -> tuple[f
 
 
 class LlavaVision(Llama):
-    """Llama plus a CLIP tower from an mmproj file (`encode_multimodal`, `image_inputs`)."""
+    """Llama plus a CLIP tower from an mmproj file (`encode_multimodal`, `image_span`)."""
 
     def __init__(self, gguf: GGUFFile, config: Config, projector: GGUFFile) -> None:
         super().__init__(gguf, config)
@@ -127,10 +128,9 @@ class LlavaVision(Llama):
         with torch.inference_mode():
             return self.vision(self.preprocess(data))
 
-    def image_inputs(self) -> tuple[list[int], int, int]:
+    def image_span(self, encoded: torch.Tensor) -> ImageSpan:
         """One placeholder token per patch (HF's expanded <image>); no markers, as llava's."""
-        n = self.vision_options.tokens_per_image
-        return [0] * n, 0, n
+        return ImageSpan([0] * len(encoded), {0: encoded})
 
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         images = [t for t in batch.multimodal_data if isinstance(t, torch.Tensor)]
