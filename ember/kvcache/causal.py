@@ -208,6 +208,14 @@ class CausalCache:
         kv = self.stores[self.layer].view(self.lo, self.hi)
         return None if kv is None else (kv[0], kv[1], self.mask)
 
+    def stored_floats(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The current layer's keys (H, cells, Dk) and values as stored, for a native layer that
+        writes and reads them in place: None before the layer's first put, or when quantized."""
+        store = self.stores.get(self.layer)
+        if store is None or store.kind not in FLOAT_TYPES:
+            return None
+        return store.k, store.v
+
     @property
     def keys(self) -> dict[int, torch.Tensor]:
         """Every layer's stored keys (H_kv, cells, D) as float32 (a copy unless f32)."""

@@ -33,6 +33,8 @@ class Kernels:
     dequant(type, W, out, rows, K) -> same codes: out (rows, K) float32
     attend(kv_type, q, H, D, k, k_hs, k_cs, v, v_hs, v_cs, H_kv, D_v, S, mask, scale, out) -> 0
         | -1 | -2 | -3: one token's attention over a float KV cache range (attend.h)
+    layer(&em_layer, threads) -> same codes: one decoder layer for a few tokens (layer.h; the
+        struct is ember/backend/layer.py's LayerArgs)
     """
 
     isa: str
@@ -40,6 +42,7 @@ class Kernels:
     dequant: ctypes._CFuncPtr  # type: ignore[name-defined]
     block_elems: ctypes._CFuncPtr  # type: ignore[name-defined]
     attend: ctypes._CFuncPtr  # type: ignore[name-defined]
+    layer: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def supports(self, ggml_type: int) -> bool:
         return self.block_elems(int(ggml_type)) > 0
@@ -124,7 +127,9 @@ def _kernels_of(isa: str) -> Kernels:
     attend = getattr(lib, f"ember_attend_{isa}")
     attend.argtypes = [_int, _ptr, _i64, _i64, *[_ptr, _i64, _i64] * 2, _i64, _i64, _i64]
     attend.argtypes += [_ptr, ctypes.c_float, _ptr]
-    return Kernels(isa, matmul, dequant, block_elems, attend)
+    layer = getattr(lib, f"ember_layer_{isa}")
+    layer.argtypes = [_ptr, _int]
+    return Kernels(isa, matmul, dequant, block_elems, attend, layer)
 
 
 def kernels(isa: str | None = None) -> Kernels | None:

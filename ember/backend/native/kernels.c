@@ -14,6 +14,7 @@
  *   ember_block_elems_<isa>(type): elements of a block, 0 for a type it lacks.
  *   ember_attend_<isa>(...): one token's attention over a float KV cache range (attend.h);
  *       returns 0, -1 for a cache type it lacks, -2 for a bad shape, -3 when out of memory.
+ *   ember_layer_<isa>(layer, threads): one decoder layer for a few tokens (layer.h).
  */
 #include <stdlib.h>
 
@@ -87,80 +88,42 @@ static int em_threads(int64_t weight_bytes) {
     return ember_num_threads > 0 ? ember_num_threads : 0;
 }
 
-/* The parallel loop over chunks of W rows; DOT(wrow, m) gives y[m, n]. */
-#define EM_ROWS(DOT)                                                                          \
-    do {                                                                                      \
-        const int64_t chunks = (N + EM_ROWS_PER_CHUNK - 1) / EM_ROWS_PER_CHUNK;               \
-        const int nth = em_threads(N * row_bytes);                                            \
-        _Pragma("omp parallel for schedule(static) num_threads(nth ? nth : omp_default) if (nth != 1)") \
-        for (int64_t c = 0; c < chunks; c++) {                                                \
-            const int64_t n1 = (c + 1) * EM_ROWS_PER_CHUNK < N ? (c + 1) * EM_ROWS_PER_CHUNK : N; \
-            for (int64_t n = c * EM_ROWS_PER_CHUNK; n < n1; n++) {                            \
-                const uint8_t *wrow = W + n * row_bytes;                                      \
-                for (int64_t m = 0; m < M; m++) y[m * N + n] = DOT;                           \
-            }                                                                                 \
-        }                                                                                     \
-    } while (0)
+/* Activations prepared once for a weight type's dot products: int16 blocks (simple.h) for the
+ * 32-element types; for the K types q8_K (int8 per 256 values) twice, x itself then what that
+ * left out (x - q8_K(x)), whose step is ~1/254 of the first (one int8 pass alone put Gemma 3's
+ * ffn_down outputs, heavy-tailed inputs, 5% of their largest value off and its logits outside
+ * the reference's tolerance; two passes are as close as int16); F16/BF16 read x as it is. */
+typedef struct {
+    int type;
+    int64_t K, nb, row_bytes;
+    const float *x;
+    em_block_q16 *q16; /* (M, nb) */
+    kq_block_q8_K *q8k; /* (2M, nb): row 2m is x[m]'s first pass, 2m + 1 its second */
+} em_prep;
 
-/* The same loop for a kernel that takes several rows of activations at once (RDOT(wrow, xs,
- * stride, count, nb, out)): each x row owns P consecutive activation rows (its passes), and its
- * y is the sum of their dots, up to EM_GROUP_ROWS activation rows a call. */
-#define EM_GROUP_ROWS 16
-#define EM_ROW_GROUPS(RDOT, XS, NB, P)                                                        \
-    do {                                                                                      \
-        const int64_t chunks = (N + EM_ROWS_PER_CHUNK - 1) / EM_ROWS_PER_CHUNK;               \
-        const int nth = em_threads(N * row_bytes);                                            \
-        const int64_t per = EM_GROUP_ROWS / (P);                                              \
-        _Pragma("omp parallel for schedule(static) num_threads(nth ? nth : omp_default) if (nth != 1)") \
-        for (int64_t c = 0; c < chunks; c++) {                                                \
-            float part[EM_GROUP_ROWS];                                                        \
-            const int64_t n1 = (c + 1) * EM_ROWS_PER_CHUNK < N ? (c + 1) * EM_ROWS_PER_CHUNK : N; \
-            for (int64_t n = c * EM_ROWS_PER_CHUNK; n < n1; n++) {                            \
-                const uint8_t *wrow = W + n * row_bytes;                                      \
-                for (int64_t m0 = 0; m0 < M; m0 += per) {                                     \
-                    const int64_t mc = M - m0 < per ? M - m0 : per;                           \
-                    RDOT(wrow, (XS) + m0 * (P) * (NB), (NB), (int)(mc * (P)), (NB), part);    \
-                    for (int64_t m = 0; m < mc; m++) {                                        \
-                        float v = part[m * (P)];                                              \
-                        for (int p = 1; p < (P); p++) v += part[m * (P) + p];                 \
-                        y[(m0 + m) * N + n] = v;                                              \
-                    }                                                                         \
-                }                                                                             \
-            }                                                                                 \
-        }                                                                                     \
-    } while (0)
-
-int omp_get_max_threads(void);
-
-int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, int64_t M,
-                            int64_t N, int64_t K) {
+/* Bytes of the buffer em_prepare needs; -1 for a type this library lacks, -2 for a K that is
+ * not whole blocks. */
+static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
     int elems, bytes;
     em_block_size(type, &elems, &bytes);
     if (!elems) return -1;
-    if (K % elems || M < 0 || N < 0) return -2;
-    if (M == 0 || N == 0) return 0;
-    const uint8_t *W = (const uint8_t *)w;
-    const int64_t nb = K / elems, row_bytes = nb * bytes;
-    const int omp_default = omp_get_max_threads();
-    if (type == EM_F16 || type == EM_BF16) {
-        const em_dot_f32 dot = type == EM_F16 ? em_dot_f16 : em_dot_bf16;
-        EM_ROWS(dot(wrow, x + m * K, K));
-        return 0;
-    }
+    if (K % elems) return -2;
+    if (type == EM_F16 || type == EM_BF16) return 0;
+    if (elems == KQ_QK) return 2 * M * (K / KQ_QK) * (int64_t)sizeof(kq_block_q8_K) + K * 4;
+    return M * (K / EM_QK) * (int64_t)sizeof(em_block_q16);
+}
+
+/* Quantizes x (M, K) for `type` into buf (em_prep_bytes of it). */
+static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t K, void *buf) {
+    int elems, bytes;
+    em_block_size(type, &elems, &bytes);
+    p->type = type, p->K = K, p->x = x, p->q16 = 0, p->q8k = 0;
+    p->nb = K / elems, p->row_bytes = p->nb * bytes;
+    const int64_t nb = p->nb;
+    if (type == EM_F16 || type == EM_BF16) return;
     if (elems == KQ_QK) {
-        /* K types: activations as q8_K (int8 per 256 values), twice: x itself, then what that
-         * left out (x - q8_K(x)), whose step is ~1/254 of the first. One int8 pass alone put
-         * Gemma 3's ffn_down outputs (heavy-tailed inputs) 5% of their largest value off and
-         * its logits outside the reference's tolerance; two passes are as close as int16. */
-        /* row 2m of xk: x[m]'s first pass, row 2m + 1 its second; kq_dot_rows unpacks each
-         * weight block once for all of them (and gives each row the bits of a lone dot) */
-        const kq_dot_rows_fn rows_dot = kq_dot_rows_for_type(type);
-        kq_block_q8_K *xk = (kq_block_q8_K *)malloc((size_t)(2 * M * nb) * sizeof(kq_block_q8_K));
-        float *rest = (float *)malloc((size_t)K * sizeof(float));
-        if (!xk || !rest) {
-            free(xk), free(rest);
-            return -3;
-        }
+        kq_block_q8_K *xk = p->q8k = (kq_block_q8_K *)buf;
+        float *rest = (float *)(xk + 2 * M * nb);
         for (int64_t m = 0; m < M; m++) {
             kq_block_q8_K *x1 = xk + 2 * m * nb, *x2 = x1 + nb;
             kq_quantize_row_q8_K(x + m * K, x1, K);
@@ -169,16 +132,59 @@ int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, i
                     rest[b * KQ_QK + j] = x[m * K + b * KQ_QK + j] - x1[b].d * (float)x1[b].qs[j];
             kq_quantize_row_q8_K(rest, x2, K);
         }
-        EM_ROW_GROUPS(rows_dot, xk, nb, 2);
-        free(xk), free(rest);
-        return 0;
+        return;
     }
-    const em_dot_q16 dot = em_q16_dot_of(type);
-    em_block_q16 *xq = (em_block_q16 *)malloc((size_t)(M * nb) * sizeof(em_block_q16));
-    if (!xq) return -3;
-    for (int64_t m = 0; m < M; m++) em_quantize_row_q16(x + m * K, xq + m * nb, nb);
-    EM_ROWS(dot(wrow, xq + m * nb, nb));
-    free(xq);
+    p->q16 = (em_block_q16 *)buf;
+    for (int64_t m = 0; m < M; m++) em_quantize_row_q16(x + m * K, p->q16 + m * nb, nb);
+}
+
+/* y[m * ldy + n] = W[n] . x[m] for the W rows n0..n1 and every row m of the prepared x. */
+#define EM_GROUP_ROWS 16 /* activation rows (passes) a K-type call takes */
+static void em_rows(const em_prep *p, const uint8_t *W, int64_t M, int64_t ldy, int64_t n0,
+                    int64_t n1, float *y) {
+    const int64_t nb = p->nb, K = p->K;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *wrow = W + n * p->row_bytes;
+        if (p->type == EM_F16 || p->type == EM_BF16) {
+            const em_dot_f32 dot = p->type == EM_F16 ? em_dot_f16 : em_dot_bf16;
+            for (int64_t m = 0; m < M; m++) y[m * ldy + n] = dot(wrow, p->x + m * K, K);
+        } else if (p->q8k) { /* the weight block unpacked once for all rows (both passes) */
+            const kq_dot_rows_fn rows_dot = kq_dot_rows_for_type(p->type);
+            float part[EM_GROUP_ROWS];
+            for (int64_t m0 = 0; m0 < M; m0 += EM_GROUP_ROWS / 2) {
+                const int64_t mc = M - m0 < EM_GROUP_ROWS / 2 ? M - m0 : EM_GROUP_ROWS / 2;
+                rows_dot(wrow, p->q8k + 2 * m0 * nb, nb, (int)(2 * mc), nb, part);
+                for (int64_t m = 0; m < mc; m++) y[(m0 + m) * ldy + n] = part[2 * m] + part[2 * m + 1];
+            }
+        } else {
+            const em_dot_q16 dot = em_q16_dot_of(p->type);
+            for (int64_t m = 0; m < M; m++) y[m * ldy + n] = dot(wrow, p->q16 + m * nb, nb);
+        }
+    }
+}
+
+int omp_get_max_threads(void);
+int omp_get_thread_num(void);
+
+int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, int64_t M,
+                            int64_t N, int64_t K) {
+    const int64_t need = em_prep_bytes(type, M, K);
+    if (need < 0) return (int)need;
+    if (M < 0 || N < 0) return -2;
+    if (M == 0 || N == 0) return 0;
+    void *buf = need ? malloc((size_t)need) : 0;
+    if (need && !buf) return -3;
+    em_prep p;
+    em_prepare(&p, type, x, M, K, buf);
+    const uint8_t *W = (const uint8_t *)w;
+    const int64_t chunks = (N + EM_ROWS_PER_CHUNK - 1) / EM_ROWS_PER_CHUNK;
+    const int nth = em_threads(N * p.row_bytes), omp_default = omp_get_max_threads();
+    #pragma omp parallel for schedule(static) num_threads(nth ? nth : omp_default) if (nth != 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t n0 = c * EM_ROWS_PER_CHUNK, n1 = n0 + EM_ROWS_PER_CHUNK < N ? n0 + EM_ROWS_PER_CHUNK : N;
+        em_rows(&p, W, M, N, n0, n1, y);
+    }
+    free(buf);
     return 0;
 }
 
@@ -245,3 +251,5 @@ int EM_EXPORT(ember_attend)(int kv_type, const float *q, int64_t H, int64_t D, c
     free(scores);
     return 0;
 }
+
+#include "layer.h" /* after the matmul pieces it uses */

@@ -86,6 +86,38 @@ static inline float em_bf16(const uint8_t *p) {
     return f;
 }
 
+/* float32 to float16 and bfloat16 bits, rounding to nearest even as torch's .to() does */
+static inline uint16_t em_f16_from(float f) {
+#if defined(EM_X86)
+    return (uint16_t)_cvtss_sh(f, 0);
+#elif defined(EM_NEON)
+    __fp16 h = (__fp16)f;
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+#else
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax = x & 0x7fffffff;
+    if (ax > 0x7f800000) return sign | 0x7e00; /* NaN */
+    if (ax >= 0x477ff000) return sign | 0x7c00; /* rounds past 65504: infinity */
+    if (ax < 0x38800000) /* below 2^-14: a subnormal half (exact scaling, then rint) */
+        return sign | (uint16_t)rintf(fabsf(f) * 16777216.0f);
+    uint32_t h = ((ax >> 23) - 112) << 10 | ((ax & 0x7fffff) >> 13);
+    const uint32_t rest = ax & 0x1fff;
+    h += rest > 0x1000 || (rest == 0x1000 && (h & 1));
+    return sign | (uint16_t)h;
+#endif
+}
+
+static inline uint16_t em_bf16_from(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40); /* NaN stays quiet */
+    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
 /* ---- activations ---- */
 
 static void em_quantize_row_q16(const float *x, em_block_q16 *y, int64_t nb) {

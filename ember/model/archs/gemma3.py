@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ember.backend.layer import ACT_GELU_TANH, MAX_ROWS, LayerShape, NativeLayer
 from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache, WrapperCache
@@ -16,6 +17,7 @@ from ember.model.config import Config
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import RoPE, Rotation, attention, rms_norm
+from ember.nn.native_layers import rope_tables, run_native
 
 SLIDING, GLOBAL = 0, 1
 LOCAL_ROPE_BASE = 10_000.0  # not in the file: Gemma 3's default
@@ -87,6 +89,19 @@ class Block:
         self.ffn_down = w.linear(p + "ffn_down.weight", o.hidden, o.ffn)
         self.post_ffw_norm = w.tensor(p + "post_ffw_norm.weight", (o.hidden,))
 
+    def native(self, o: Gemma3Options) -> NativeLayer | None:
+        shape = LayerShape(
+            hidden=o.hidden, heads=o.num_heads, kv_heads=o.num_kv_heads, head_dim=o.head_dim,
+            value_dim=o.head_dim, ffn=o.ffn, rope_dim=o.head_dim, neox=True, eps=o.eps,
+            scale=o.query_scale, act=ACT_GELU_TANH,
+        )  # fmt: skip
+        return NativeLayer.bind(
+            shape, attn_norm=self.attn_norm, qkv=self.attn_qkv, attn_output=self.attn_output,
+            q_norm=self.qk_norm[0], k_norm=self.qk_norm[o.num_heads],
+            post_attn_norm=self.post_attention_norm, ffn_norm=self.ffn_norm,
+            gate_up=self.ffn_gate_up, down=self.ffn_down, post_ffn_norm=self.post_ffw_norm,
+        )  # fmt: skip
+
     def __call__(
         self,
         x: torch.Tensor,
@@ -147,10 +162,28 @@ class Gemma3:
         x = self.token_embd.lookup(torch.tensor(batch.tokens)) * o.hidden**0.5  # (T, C)
         return self.layers(x, batch, cache)
 
+    def native_layers(self) -> list[NativeLayer] | None:
+        """The blocks bound for the native layer call (once), or None where they cannot be."""
+        if not hasattr(self, "_native"):
+            layers = [b.native(self.options) for b in self.blocks]
+            self._native = None if None in layers else layers
+        return self._native  # type: ignore[return-value]
+
     def layers(self, x: torch.Tensor, batch: Batch, cache: Cache) -> torch.Tensor:
-        """The blocks and final norm over embeddings x (T, C) of batch's tokens."""
+        """The blocks and final norm over embeddings x (T, C) of batch's tokens: a small batch
+        through the native layers where they run, else through the Python blocks."""
         o = self.options
         positions = torch.tensor(batch.positions)
+        if len(batch) <= MAX_ROWS:
+            local = rope_tables(o.local_rope.cos_sin(positions))
+            world = rope_tables(o.global_rope.cos_sin(positions))
+            kinds = [o.layer_type(i) for i in range(o.num_layers)]
+            done = run_native(
+                self.native_layers(), x, cache, lambda i: world if kinds[i] == GLOBAL else local
+            )
+            if done is not None:
+                rows = _rows(batch)
+                return rms_norm(done if rows is None else done[rows], self.output_norm, o.eps)
         groups = [(o.num_heads, o.query_scale), (o.num_kv_heads, 1.0)]
         rots = {
             SLIDING: o.local_rope.rotation(positions, o.head_dim, groups),

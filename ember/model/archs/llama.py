@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ember.backend.layer import MAX_ROWS, LayerShape, NativeLayer
 from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache
@@ -16,6 +17,7 @@ from ember.model.config import Config
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import RoPE, Rotation, attention, rms_norm
+from ember.nn.native_layers import rope_tables, run_native
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,18 @@ class Block:
         )
         self.ffn_down = w.linear(p + "ffn_down.weight", o.hidden, o.ffn)
 
+    def native(self, o: LlamaOptions) -> NativeLayer | None:
+        shape = LayerShape(
+            hidden=o.hidden, heads=o.num_heads, kv_heads=o.num_kv_heads, head_dim=o.head_dim,
+            value_dim=o.value_dim, ffn=o.ffn, rope_dim=o.rope.dim, neox=o.rope.is_neox,
+            eps=o.eps, scale=o.head_dim**-0.5,
+        )  # fmt: skip
+        return NativeLayer.bind(
+            shape, attn_norm=self.attn_norm, qkv=self.attn_qkv, qkv_bias=self.qkv_bias,
+            attn_output=self.attn_output, ffn_norm=self.ffn_norm, gate_up=self.ffn_gate_up,
+            down=self.ffn_down,
+        )  # fmt: skip
+
     def __call__(
         self,
         x: torch.Tensor,
@@ -121,6 +135,12 @@ class Llama:
     def make_cache(self) -> Cache:
         return CausalCache(shift=self.shift)
 
+    def native_layers(self) -> list[NativeLayer] | None:
+        """The blocks bound for the native layer call (once), or None where they cannot be."""
+        if not hasattr(self, "_native"):
+            self._native = _native_of(self)
+        return self._native
+
     def shift(self, layer: int, key: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         return self.options.rope.shift(key, delta)
 
@@ -134,15 +154,32 @@ class Llama:
         return self.layers(self.token_embd.lookup(torch.tensor(batch.tokens)), batch, cache)
 
     def layers(self, x: torch.Tensor, batch: Batch, cache: Cache) -> torch.Tensor:
-        """The blocks and final norm over embeddings x (T, C) of batch's tokens."""
+        """The blocks and final norm over embeddings x (T, C) of batch's tokens: a small batch
+        through the native layers where they run, else through the Python blocks."""
         o = self.options
-        groups = [(o.num_heads, o.head_dim**-0.5), (o.num_kv_heads, 1.0)]
-        rot = o.rope.rotation(torch.tensor(batch.positions), o.head_dim, groups)
+        positions = torch.tensor(batch.positions)
         outputs = _rows(batch)
+        if len(batch) <= MAX_ROWS:
+            tables = rope_tables(o.rope.cos_sin(positions))
+            done = run_native(self.native_layers(), x, cache, lambda i: tables)
+            if done is not None:
+                x = done if outputs is None else done[outputs]
+                return rms_norm(x, self.output_norm, o.eps)
+        groups = [(o.num_heads, o.head_dim**-0.5), (o.num_kv_heads, 1.0)]
+        rot = o.rope.rotation(positions, o.head_dim, groups)
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)
             x = block(x, rot, cache, o, outputs if i == o.num_layers - 1 else None)
         return rms_norm(x, self.output_norm, o.eps)
+
+
+def _native_of(model: Llama) -> list[NativeLayer] | None:
+    """Every block bound for the native layer call, or None unless all are plain llama Blocks
+    that bind (subclasses with other blocks keep their own forward)."""
+    if not all(type(b) is Block for b in model.blocks):
+        return None
+    layers = [b.native(model.options) for b in model.blocks]
+    return None if any(layer is None for layer in layers) else layers  # type: ignore[return-value]
 
 
 def _rows(batch: Batch) -> torch.Tensor | None:

@@ -1,0 +1,47 @@
+"""A decode step's layers through the native layer call (ember/backend/layer.py): one call a
+layer over the cache's float keys and values in place, for batches of up to MAX_ROWS tokens.
+Where any layer cannot run natively (a quantized cache, a layer not stored yet, a cache kind
+without cells), nothing is run and the caller takes its Python layers."""
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ember.backend.layer import MAX_ROWS, NativeLayer, StepView
+from ember.kvcache import Cache, CausalCache, WrapperCache
+
+RopeTables = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # layer -> (cos, sin) (T, dim/2)
+
+
+def rope_tables(cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE.cos_sin's (T, 1, dim/2) tables as the native layer reads them."""
+    cos, sin = cos_sin
+    return cos.reshape(cos.shape[0], -1).contiguous(), sin.reshape(sin.shape[0], -1).contiguous()
+
+
+def run_native(
+    layers: Sequence[NativeLayer] | None, x: torch.Tensor, cache: Cache, tables: RopeTables
+) -> torch.Tensor | None:
+    """x (T, C) through every layer (a new tensor), or None where the step must go in Python."""
+    if layers is None or not 0 < x.shape[0] <= MAX_ROWS:
+        return None
+    stored: list[tuple[CausalCache, tuple[torch.Tensor, torch.Tensor]]] = []
+    for i in range(len(layers)):
+        cache.set_layer(i)
+        layer_cache = cache.current if isinstance(cache, WrapperCache) else cache
+        if not isinstance(layer_cache, CausalCache):
+            return None
+        kv = layer_cache.stored_floats()
+        if kv is None:
+            return None
+        stored.append((layer_cache, kv))
+    views: dict[int, StepView] = {}
+    x = x.float().contiguous().clone()
+    for i, (layer, (c, (keys, values))) in enumerate(zip(layers, stored, strict=True)):
+        view = views.get(id(c))
+        if view is None:
+            mask = None if c.mask is None else c.mask.float().contiguous()
+            view = views[id(c)] = StepView(c.locs.long().contiguous(), c.lo, c.hi - c.lo, mask)
+        cos, sin = tables(i)
+        layer(x, cos, sin, keys, values, view)
+    return x
