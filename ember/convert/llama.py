@@ -79,15 +79,15 @@ def llama3_rope_factors(rope: HFConfig, dim: int) -> torch.Tensor:
     base, factor = rope.float("rope_theta", 10000.0), rope.float("factor", 8.0)
     low, high = rope.float("low_freq_factor", 1.0), rope.float("high_freq_factor", 4.0)
     old_context = rope.float("original_max_position_embeddings", 8192)
-    if high <= low:
-        raise ConvertError("rope: high_freq_factor must exceed low_freq_factor")
+    if high < low:  # equal in Llama 4: no band between the kept and the scaled frequencies
+        raise ConvertError("rope: high_freq_factor must not be below low_freq_factor")
     freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
     out = []
     for freq in freqs.tolist():
         wavelen = 2 * math.pi / freq
         if wavelen < old_context / high:
             out.append(1.0)
-        elif wavelen > old_context / low:
+        elif wavelen > old_context / low or high == low:
             out.append(factor)
         else:
             smooth = (old_context / wavelen - low) / (high - low)

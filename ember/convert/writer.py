@@ -19,6 +19,7 @@ from ember.convert.gemma3_vision import Gemma3VisionDecoder
 from ember.convert.gptoss import GptOssDecoder
 from ember.convert.granite import GraniteDecoder
 from ember.convert.llama import LlamaDecoder
+from ember.convert.llama4 import Llama4Decoder
 from ember.convert.llava import LlavaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
 from ember.convert.olmo2 import Olmo2Decoder
@@ -34,6 +35,8 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "GptOssForCausalLM": GptOssDecoder,
     "GraniteForCausalLM": GraniteDecoder,
     "LlamaForCausalLM": LlamaDecoder,
+    "Llama4ForCausalLM": Llama4Decoder,
+    "Llama4ForConditionalGeneration": Llama4Decoder,
     "MistralForCausalLM": LlamaDecoder,
     "Olmo2ForCausalLM": Olmo2Decoder,
     "Phi3ForCausalLM": Phi3Decoder,

@@ -34,6 +34,13 @@ def top_k_softmax(logits: torch.Tensor, k: int) -> Routing:
     return Routing(experts, torch.softmax(top, dim=-1))
 
 
+def sigmoid_top_k(logits: torch.Tensor, k: int) -> Routing:
+    """Llama 4's router: the k largest logits, each weighted by its own sigmoid (no sum to
+    one)."""
+    top, experts = torch.topk(logits, k, dim=-1)  # (T, K)
+    return Routing(experts, torch.sigmoid(top))
+
+
 class Experts(Protocol):
     def __call__(self, expert: int, x: torch.Tensor) -> torch.Tensor:
         """The output (n, C) of one expert over the rows x (n, C) routed to it."""
@@ -99,16 +106,25 @@ class ClampedSwiGLUExperts:
         return self.down[expert]((up + 1) * glu) + self.down_bias[expert]
 
 
-def mixture(x: torch.Tensor, routing: Routing, experts: Experts) -> torch.Tensor:
-    """x (T, C) through the experts routing names: sum over k of weight * expert(x)."""
+def mixture(
+    x: torch.Tensor, routing: Routing, experts: Experts, *, weights_inputs: bool = False
+) -> torch.Tensor:
+    """x (T, C) through the experts routing names: sum over k of weight * expert(x), or with
+    `weights_inputs` sum over k of expert(weight * x) (Llama 4 scales what goes in)."""
     num_tokens, num_k = routing.experts.shape
     pairs = routing.experts.flatten()  # (T * K,): token t's j-th expert at t * K + j
     order = torch.argsort(pairs, stable=True)  # the token-expert pairs grouped by expert
     used, counts = torch.unique_consecutive(pairs[order], return_counts=True)
     if num_tokens == 0:
         return torch.zeros_like(x)
-    groups = (order // num_k).split(counts.tolist())  # the tokens of each used expert
-    grouped = torch.cat([experts(e, x[g]) for e, g in zip(used.tolist(), groups, strict=True)])
+    rows = x[order // num_k]  # (T * K, C): each pair's token, grouped by expert
+    if weights_inputs:
+        rows = rows * routing.weights.flatten()[order, None]
+    groups = rows.split(counts.tolist())  # the rows of each used expert
+    grouped = torch.cat([experts(e, g) for e, g in zip(used.tolist(), groups, strict=True)])
     out = torch.empty_like(grouped)
     out[order] = grouped  # back to (token, j) order; index_add_ is ~10^4 times slower on CPU
-    return torch.bmm(routing.weights[:, None, :], out.view(num_tokens, num_k, -1))[:, 0]
+    out = out.view(num_tokens, num_k, -1)
+    if weights_inputs:
+        return out.sum(dim=1)
+    return torch.bmm(routing.weights[:, None, :], out)[:, 0]

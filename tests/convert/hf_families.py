@@ -1,6 +1,6 @@
 """Tiny random-weight HF models of the text families beyond llama/qwen2/gemma3 (qwen3,
-mistral, gemma2, olmo2, phi3, granite; qwen3moe with 8 experts, top-2), saved as
-`save_pretrained` saves them with a byte-level BPE tokenizer (tinymodels' Qwen2-like
+mistral, gemma2, olmo2, phi3, granite; qwen3moe, gpt-oss, llama4 with 8 experts, top-2), saved
+as `save_pretrained` saves them with a byte-level BPE tokenizer (tinymodels' Qwen2-like
 vocabulary), for the converter tests."""
 
 from __future__ import annotations
@@ -50,6 +50,17 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "num_experts_per_tok": 2, "sliding_window": 6, "rope_parameters": {
             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
             "beta_slow": 1.0, "original_max_position_embeddings": 32, "truncate": True,
+        },
+    }),
+    # layers 1 and 3 MoE (8 experts, top-2, a shared one), 0 and 2 dense; layer 3 NoPE with
+    # temperature tuning from position 3 on, the others chunked by 8 with llama 3 RoPE scaling
+    "llama4": ("Llama4ForCausalLM", "Llama4TextConfig", {
+        "tie_word_embeddings": False, "num_hidden_layers": 4, "intermediate_size": 32,
+        "intermediate_size_mlp": 128, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "interleave_moe_layer_step": 2, "attention_chunk_size": 8, "floor_scale": 4,
+        "attn_scale": 0.5, "rope_parameters": {
+            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
         },
     }),
 }  # fmt: skip

@@ -98,18 +98,19 @@ class Spy:
         return call
 
 
-def spy_on_experts(model) -> list[list[tuple[int, int]]]:
-    """Per layer, the (expert, rows) of each call of its gate projections."""
+def spy_on_experts(experts) -> list[list[tuple[int, int]]]:
+    """Per MoE layer (its SwiGLUExperts), the (expert, rows) of each call of its gate
+    projections."""
     calls: list[list[tuple[int, int]]] = []
-    for block in model.blocks:
+    for layer in experts:
         calls.append([])
-        block.experts.gate = Spy(block.experts.gate, calls[-1])
+        layer.gate = Spy(layer.gate, calls[-1])
     return calls
 
 
-def test_a_batch_spreads_over_the_experts_and_decode_reads_only_the_routed_ones(converted):
-    model = load_model(GGUFFile.open(converted[0]))
-    calls = spy_on_experts(model)
+def check_routing(model, calls: list[list[tuple[int, int]]]) -> None:
+    """A batch of two sequences spreads over the experts, one call per used expert; decoding
+    one token calls only its USED experts, on one row each."""
     run_both(model)
     for layer in calls:
         experts = [e for e, _ in layer]
@@ -123,6 +124,11 @@ def test_a_batch_spreads_over_the_experts_and_decode_reads_only_the_routed_ones(
         layer.clear()
     forward(model, cache, Batch.single([77], len(PROMPT)))
     assert [sorted(n for _, n in layer) for layer in calls] == [[1] * USED] * len(calls)
+
+
+def test_a_batch_spreads_over_the_experts_and_decode_reads_only_the_routed_ones(converted):
+    model = load_model(GGUFFile.open(converted[0]))
+    check_routing(model, spy_on_experts(block.experts for block in model.blocks))
 
 
 def quantize_experts(source: Path, out: Path) -> dict[str, np.ndarray]:

@@ -2,7 +2,7 @@
 
 import torch
 
-from ember.nn.moe import Routing, mixture, softmax_top_k, top_k_softmax
+from ember.nn.moe import Routing, mixture, sigmoid_top_k, softmax_top_k, top_k_softmax
 
 NUM_EXPERTS, HIDDEN = 6, 8
 
@@ -55,6 +55,28 @@ def test_top_k_softmax_weighs_only_the_chosen_logits():
     routing = top_k_softmax(logits, 2)
     assert routing.experts.tolist() == [[1, 3], [3, 0]]
     assert torch.allclose(routing.weights[0], torch.softmax(torch.tensor([3.0, 1.0]), -1))
+
+
+def test_sigmoid_top_k_weighs_the_inputs_of_nonlinear_experts():
+    """Llama 4: the k largest logits' sigmoids scale what goes into each expert (for a nonlinear
+    expert that differs from scaling what comes out)."""
+    gen = torch.Generator().manual_seed(2)
+    x, logits = torch.randn(7, HIDDEN, generator=gen), torch.randn(7, NUM_EXPERTS, generator=gen)
+    routing = sigmoid_top_k(logits, 2)
+    assert torch.equal(routing.weights, torch.sigmoid(torch.topk(logits, 2).values))
+    linear = Linear()
+
+    def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(linear(e, rows))
+
+    expected = torch.stack([
+        sum(torch.tanh(w * x[t] @ linear.w[e]) for e, w in
+            zip(routing.experts[t].tolist(), routing.weights[t], strict=True))
+        for t in range(7)
+    ])  # fmt: skip
+    got = mixture(x, routing, expert, weights_inputs=True)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert not torch.allclose(mixture(x, routing, expert), expected, atol=1e-2)
 
 
 def test_a_batch_without_rows_runs_no_expert():

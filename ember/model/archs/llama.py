@@ -37,17 +37,7 @@ class LlamaOptions:
     def from_config(cls, c: Config, w: Weights, *, is_neox: bool) -> "LlamaOptions":
         hidden, num_heads = c.uint("embedding_length"), c.uint("attention.head_count")
         head_dim = c.uint("attention.key_length", hidden // num_heads)
-        scaling = c.string("rope.scaling.type", "none")
-        scale = c.float("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0
-        rope_dim = c.uint("rope.dimension_count", head_dim)
-        factors = w.optional("rope_freqs.weight", (rope_dim // 2,))  # llama 3.1 long-context
-        rope = RoPE(
-            rope_dim,
-            c.float("rope.freq_base", 10000.0),
-            is_neox,
-            scale,
-            factors,
-        )
+        rope = llama_rope(c, w, head_dim, is_neox=is_neox)
         return cls(
             num_layers=c.uint("block_count", maximum=1024),
             hidden=hidden,
@@ -60,6 +50,16 @@ class LlamaOptions:
             context_length=c.uint("context_length", 2048, maximum=1 << 28),
             rope=rope,
         )
+
+
+def llama_rope(c: Config, w: Weights, head_dim: int, *, is_neox: bool) -> RoPE:
+    """RoPE as llama-family files give it: linear scaling by its keys, llama 3's scaling as
+    per-frequency divisors in the `rope_freqs` tensor."""
+    scaling = c.string("rope.scaling.type", "none")
+    scale = c.float("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0
+    rope_dim = c.uint("rope.dimension_count", head_dim)
+    factors = w.optional("rope_freqs.weight", (rope_dim // 2,))  # llama 3.1 long-context
+    return RoPE(rope_dim, c.float("rope.freq_base", 10000.0), is_neox, scale, factors)
 
 
 class Block:
