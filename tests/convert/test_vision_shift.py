@@ -27,6 +27,7 @@ NUM_CTX = 32
 IMAGE = image_bytes((50, 30), "RGB", 1)
 LATE = "Hello world the sky the sky [img-0] is blue"  # the image at 16..21 of 24 inputs
 EARLY = "Hi [img-0] the sky the sky the sky the sky the sky is blue and green"  # at 4..9 of 30
+AFTER = "Hello world the sky the sky the sky the sky [img-0] is blue"  # at 20..25 of 28
 NO_EOS = ((1, -100.0), (5, -100.0))  # the tiny model's end tokens: generate past num_ctx
 
 
@@ -127,12 +128,16 @@ def test_num_keep_inside_an_image_keeps_the_image_whole(loaded):
     assert seq.num_keep == start
 
 
-def test_a_shift_evaluating_again_gives_a_kept_image_its_embeddings(loaded):
+@pytest.mark.parametrize(
+    ("text", "keep"),
+    [(EARLY, 6), (AFTER, 2)],  # num_keep inside the image (kept whole, to 10); before the cut
+    ids=["image-in-num-keep", "image-after-the-cut"],
+)
+def test_a_shift_evaluating_again_gives_a_kept_image_its_embeddings(loaded, text, keep):
     """Cells shared between slots cannot shift in place: the kept inputs are evaluated again,
-    the image inside num_keep with its embeddings: the logits then equal a fresh run's."""
-    inputs = inputs_of(loaded, EARLY)
-    (start,) = inputs.same_batch
-    keep = start + 2  # inside the image: kept whole, to start + 6
+    a kept image with its embeddings: the logits then equal a fresh run's over those inputs."""
+    inputs = inputs_of(loaded, text)
+    ((start, n),) = inputs.same_batch.items()
     e = engine(loaded, num_parallel=2, multiuser=True)
     spy = Spy(e)
     try:  # the first leaves its prompt in slot 0; the second shares those cells
@@ -145,18 +150,22 @@ def test_a_shift_evaluating_again_gives_a_kept_image_its_embeddings(loaded):
     assert done.done_reason == "length" and seq.slot.id == 1 and done.prompt_cached_count > 0
     before, after, again, row_index = spy.shifts[0]
     assert len(before) == NUM_CTX and after == []
-    assert again[: start + 6] == inputs.tokens[: start + 6]  # the image's span, whole
-    assert seq.multimodal.keys() == inputs.multimodal.keys()  # still needed: kept
+    moved = start - again.index(inputs.tokens[start])  # 0: kept in num_keep
+    assert (moved > 0) == (keep < start)
+    span = inputs.tokens[start : start + n + 1]
+    assert again[start - moved : start + n + 1 - moved] == span  # the image's span, whole
+    assert set(seq.multimodal) == {i - moved for i in inputs.multimodal}  # still needed
     length, reevaluated = spy.rows[row_index]
     last = seq.generated[row_index - 1]  # the token pending at the shift
     assert length == len(again) + 1
 
     def fresh(with_images: bool) -> torch.Tensor:
-        images = inputs if with_images else PromptInputs(same_batch=inputs.same_batch)
+        at = {i - moved: v for i, v in inputs.multimodal.items()} if with_images else {}
+        kept = PromptInputs([*again, last], {start - moved: n}, at)
         f = engine(loaded)
         fspy = Spy(f)
         try:
-            finish(f.submit(request(images, num_keep=keep, num_predict=1, tokens=[*again, last])))
+            finish(f.submit(request(kept, num_keep=keep, num_predict=1)))
         finally:
             f.close()
         return fspy.rows[0][1]
