@@ -126,6 +126,10 @@ def test_num_keep_inside_an_image_keeps_the_image_whole(loaded):
     # where keeping the image would leave nothing to discard, it is dropped whole instead
     seq = Sequence(request(inputs, num_keep=start + 2, num_predict=1), tok, start + 6)
     assert seq.num_keep == start
+    # a prompt truncated to fit num_ctx keeps it whole too
+    seq = Sequence(request(inputs, num_keep=start + 2, num_predict=1), tok, 20)
+    assert seq.prompt == inputs.tokens[: start + 6] + inputs.tokens[-20 + start + 6 :]
+    assert seq.multimodal.keys() == inputs.multimodal.keys()
 
 
 @pytest.mark.parametrize(
