@@ -218,11 +218,10 @@ class Engine:
             seq.slot, num_past = self.inputs.load(
                 seq.prompt, reuse=not seq.embedding, images=seq.image_hashes
             )
-            seq.pending, seq.num_past = seq.prompt[num_past:], num_past
-            seq.groups = [seq.same_batch.get(i, 0) for i in range(num_past, len(seq.prompt))]
+            seq.num_past = num_past
+            seq.queue(seq.prompt[num_past:], num_past)
             if seq.embedding and not getattr(self.model, "is_causal", True):
                 seq.groups[0] = len(seq.pending) - 1  # an encoder sees its whole input at once
-            seq.carried = [seq.multimodal.get(i) for i in range(num_past, len(seq.prompt))]
             self._active.append(seq)
 
     def _next_batch(self) -> list[Part]:
@@ -258,10 +257,10 @@ class Engine:
             if not seq.request.shift:
                 self._finish(seq, LENGTH)
                 return 0
-            again = self.inputs.shift(seq.slot, seq.num_keep)
-            seq.pending[:0] = again
-            seq.groups[:0] = [0] * len(again)
-            seq.carried[:0] = [None] * len(again)
+            held = len(seq.slot.inputs)
+            again = self.inputs.shift(seq.slot, seq.num_keep, seq.same_batch)
+            seq.shifted(held - len(again) - len(seq.slot.inputs), again)
+            need = 1 + seq.groups[0]
         limit = min(room, self.num_ctx - len(seq.slot.inputs))
         if batch_empty:
             limit = max(limit, need)  # a group larger than num_batch still goes, alone

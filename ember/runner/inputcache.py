@@ -8,9 +8,12 @@ again.
 
 import itertools
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ember.errors import EmberError
 from ember.kvcache import Cache, CacheFullError
+
+T = TypeVar("T")
 
 
 class NoFreeSlotError(EmberError):
@@ -44,11 +47,28 @@ def matching_prefix(slot: Slot, prompt: list[int], images: dict[int, int]) -> in
     return min([n, *differ])
 
 
-def shift_discard(length: int, num_ctx: int, num_keep: int) -> int:
+def shift_discard(
+    length: int, num_ctx: int, num_keep: int, groups: dict[int, int] | None = None
+) -> int:
     """How many inputs after num_keep a shift drops: enough to free half of what is not kept
-    (Ollama's ShiftDiscard)."""
+    (Ollama's ShiftDiscard), and the rest of any group (an image's span: its start -> how many
+    inputs follow it) the cut would fall inside, so a span is dropped whole or not at all."""
     target_free = max((num_ctx - num_keep) // 2, 1)
-    return max(0, min(target_free - (num_ctx - length), length - num_keep))
+    end = num_keep + max(0, min(target_free - (num_ctx - length), length - num_keep))
+    for start, n in (groups or {}).items():
+        if start < end <= start + n:
+            end = start + n + 1
+    return min(end, length) - num_keep
+
+
+def without_cut(by_index: dict[int, T], begin: int, count: int) -> dict[int, T]:
+    """Entries keyed by input position after inputs begin..begin + count were dropped: those in
+    the cut gone, the later ones moved down."""
+    return {
+        (i if i < begin else i - count): v
+        for i, v in by_index.items()
+        if i < begin or i >= begin + count
+    }
 
 
 class InputCache:
@@ -108,22 +128,20 @@ class InputCache:
         slot.in_use = False
         slot.last_used = next(self._clock)
 
-    def shift(self, slot: Slot, num_keep: int) -> list[int]:
-        """Frees room in slot's context: drops inputs after num_keep and shifts the later ones
-        down. Returns the inputs to evaluate again when the cache cannot shift in place
-        (cells shared with another slot): then the slot is emptied and they come back."""
-        discard = shift_discard(len(slot.inputs), self.num_ctx, num_keep)
+    def shift(self, slot: Slot, num_keep: int, groups: dict[int, int] | None = None) -> list[int]:
+        """Frees room in slot's context: drops inputs after num_keep (never part of a group:
+        `groups` maps a group's first position to how many inputs follow it) and shifts the
+        later ones down. Returns the inputs to evaluate again when the cache cannot shift in
+        place (cells shared with another slot): then the slot is emptied and they come back,
+        its images at the positions they will be evaluated at."""
+        discard = shift_discard(len(slot.inputs), self.num_ctx, num_keep, groups)
+        slot.images = without_cut(slot.images, num_keep, discard)
         try:
             self.cache.remove(slot.id, num_keep, num_keep + discard)
         except (CacheFullError, NotImplementedError):
             kept = slot.inputs[:num_keep] + slot.inputs[num_keep + discard :]
             self.cache.remove(slot.id, 0, None)
-            slot.inputs, slot.images = [], {}
+            slot.inputs = []
             return kept
         del slot.inputs[num_keep : num_keep + discard]
-        slot.images = {
-            (i if i < num_keep else i - discard): h
-            for i, h in slot.images.items()
-            if i < num_keep or i >= num_keep + discard
-        }
         return []

@@ -5,20 +5,17 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
 
 import torch
 
 from ember.errors import EmberError
 from ember.options import Options
 from ember.runner.draft import Drafter
-from ember.runner.inputcache import Slot
+from ember.runner.inputcache import Slot, without_cut
 from ember.runner.stop import StopMatcher
 from ember.sample import Sampler
 from ember.sample.grammar import Grammar
 from ember.tokenizer import Tokenizer
-
-T = TypeVar("T")
 
 # done_reason values, as the runner reports them (Ollama's DoneReason 0, 1, 2)
 STOP, LENGTH, CLOSED = "stop", "length", "closed"
@@ -104,13 +101,13 @@ def truncate(inputs: list[int], num_ctx: int, num_keep: int, same_batch: dict[in
     return end - num_keep
 
 
-def _without_cut(by_index: dict[int, T], num_keep: int, cut: int) -> dict[int, T]:
-    """Entries keyed by input index after inputs num_keep..num_keep + cut were dropped."""
-    return {
-        (i if i < num_keep else i - cut): v
-        for i, v in by_index.items()
-        if i < num_keep or i >= num_keep + cut
-    }
+def keep_whole_groups(num_keep: int, same_batch: dict[int, int], num_ctx: int) -> int:
+    """num_keep moved off the inside of a same_batch group (an image's span): to its end, so
+    the image is kept whole, unless that leaves nothing to discard; then to its start."""
+    for start, n in same_batch.items():
+        if start < num_keep <= start + n:
+            return start + n + 1 if start + n + 1 < num_ctx else start
+    return num_keep
 
 
 class Sequence:
@@ -129,9 +126,11 @@ class Sequence:
             len(request.token_types) != len(inputs) or not request.embedding
         ):  # an embedding's inputs are only ever cut at the end, their types with them
             raise EmberError("token types go with an embedding request, one per input")
-        self.request = request
-        self.num_keep = min(len(inputs) if opts.num_keep < 0 else opts.num_keep, num_ctx - 1)
+        # its images' embeddings are kept only in self.multimodal, which a context shift edits
+        self.request = replace(request, multimodal={})
         same_batch, multimodal = dict(request.same_batch), dict(request.multimodal)
+        num_keep = min(len(inputs) if opts.num_keep < 0 else opts.num_keep, num_ctx - 1)
+        self.num_keep = keep_whole_groups(num_keep, same_batch, num_ctx)
         image_hashes = dict(request.image_hashes)
         if len(inputs) > num_ctx and request.embedding and request.truncate:
             del inputs[num_ctx:]  # an embedding keeps the start of its text, as Ollama's
@@ -143,15 +142,18 @@ class Sequence:
                 )
             cut = truncate(inputs, num_ctx, self.num_keep, same_batch)
             del inputs[self.num_keep : self.num_keep + cut]
-            same_batch = _without_cut(same_batch, self.num_keep, cut)
-            multimodal = _without_cut(multimodal, self.num_keep, cut)
-            image_hashes = _without_cut(image_hashes, self.num_keep, cut)
+            same_batch = without_cut(same_batch, self.num_keep, cut)
+            multimodal = without_cut(multimodal, self.num_keep, cut)
+            image_hashes = without_cut(image_hashes, self.num_keep, cut)
         self.prompt = inputs
         self.token_types = request.token_types[: len(inputs)]  # cut as an embedding's inputs
-        self.same_batch = same_batch  # keyed by position in the sequence
+        # keyed by position in the sequence (in its slot's cache), kept so by `shifted`
+        self.same_batch = same_batch
         self.multimodal = multimodal
         self.image_hashes = image_hashes
         self.pending: list[int] = []  # inputs not yet in the cache; set when a slot is taken
+        self.groups = []
+        self.carried = []
         self.num_ctx = num_ctx
         limit = 10 * num_ctx  # as Ollama: num_predict < 0 or > 10 × num_ctx means that cap
         self.num_predict = opts.num_predict if 0 <= opts.num_predict <= limit else limit
@@ -174,6 +176,24 @@ class Sequence:
         self.draft_limit = 0  # tokens drafted per step, at most
         self.draft_proposed = 0
         self.draft_accepted = 0
+
+    def queue(self, inputs: list[int], first: int) -> None:
+        """Puts inputs (at positions first on) before those pending, each with its same_batch
+        group and the image data it carries."""
+        positions = range(first, first + len(inputs))
+        self.pending[:0] = inputs
+        self.groups[:0] = [self.same_batch.get(i, 0) for i in positions]
+        self.carried[:0] = [self.multimodal.get(i) for i in positions]
+
+    def shifted(self, dropped: int, again: list[int]) -> None:
+        """After a context shift dropped `dropped` inputs after num_keep: the images in the cut
+        are forgotten (their embeddings with them), the later ones move down; `again`, the kept
+        inputs of a shift not done in place, are evaluated once more, images with embeddings."""
+        cut = (self.num_keep, dropped)
+        self.same_batch = without_cut(self.same_batch, *cut)
+        self.multimodal = without_cut(self.multimodal, *cut)
+        self.image_hashes = without_cut(self.image_hashes, *cut)
+        self.queue(again, 0)
 
     def cancel(self) -> None:
         self.cancelled = True

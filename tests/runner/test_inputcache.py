@@ -94,3 +94,26 @@ def test_shift_of_shared_cells_falls_back_to_evaluating_again():
     slot, _ = ic.load([*list(range(30)), 99])  # shares 30 cells with slot 0
     again = ic.shift(slot, 2)
     assert slot.inputs == [] and again == [0, 1, *range(15, 30)]  # 13 dropped
+
+
+def test_shift_discard_drops_a_group_it_would_cut_whole():
+    # half of 28 after num_keep 4 ends at 18, inside the image at 15..20: the cut goes to 21
+    assert shift_discard(32, 32, 4) == 14
+    assert shift_discard(32, 32, 4, {15: 5}) == 17
+    assert shift_discard(32, 32, 4, {18: 5}) == 14  # a group starting at the cut stays
+    assert shift_discard(32, 32, 4, {2: 1, 25: 3}) == 14  # groups away from the cut
+
+
+def test_shift_moves_a_slots_images_whether_in_place_or_evaluated_again():
+    images, groups = {1: 11, 10: 22, 24: 33}, {1: 2, 10: 2, 24: 2}  # kept, dropped, moved
+    ic = filled(1, [list(range(32))])
+    slot = ic.slots[0]
+    slot.images = dict(images)
+    assert ic.shift(slot, 4, groups) == []  # 14 dropped
+    assert slot.images == {1: 11, 10: 33}
+    ic = filled(2, [list(range(32)), []], multiuser=True)
+    ic.slots[0].images = dict(images)
+    slot, _ = ic.load([*range(30), 99], images=images)  # shares 30 cells with slot 0
+    again = ic.shift(slot, 4, groups)  # 12 dropped
+    assert slot.inputs == [] and again == [*range(4), *range(16, 30)]
+    assert slot.images == {1: 11, 12: 33}  # where they will be evaluated again
