@@ -14,6 +14,7 @@ from ember.model.archs import (
     qwen2,
     qwen3,
     qwen3moe,
+    qwen25vl,
 )
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "qwen2",
     "qwen3",
     "qwen3moe",
+    "qwen25vl",
 ]

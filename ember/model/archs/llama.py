@@ -133,11 +133,15 @@ class Llama:
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         return self.layers(self.token_embd.lookup(torch.tensor(batch.tokens)), batch, cache)
 
+    def rope_positions(self, batch: Batch) -> torch.Tensor:
+        """Each token's RoPE position (T,): its cache position (M-RoPE models differ)."""
+        return torch.tensor(batch.positions)
+
     def layers(self, x: torch.Tensor, batch: Batch, cache: Cache) -> torch.Tensor:
         """The blocks and final norm over embeddings x (T, C) of batch's tokens."""
         o = self.options
         groups = [(o.num_heads, o.head_dim**-0.5), (o.num_kv_heads, 1.0)]
-        rot = o.rope.rotation(torch.tensor(batch.positions), o.head_dim, groups)
+        rot = o.rope.rotation(self.rope_positions(batch), o.head_dim, groups)
         outputs = _rows(batch)
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)
