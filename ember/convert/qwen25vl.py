@@ -5,10 +5,11 @@ pair: a `qwen2vl` text GGUF and an mmproj (`clip`, projector type `qwen2.5vl_mer
 As both converters: the fused qkv of each vision block is split into q/k/v, and the Conv3d
 patch kernel into one 2-D kernel per temporal frame."""
 
+from pathlib import Path
 from typing import Any
 
 from ember.convert.qwen2 import Qwen2Decoder
-from ember.convert.source import ConvertError, HFConfig
+from ember.convert.source import ConvertError, HFConfig, read_json
 
 _TOWER_PREFIXES = ("model.visual.", "visual.")
 _BLOCK_NAMES = {"norm1": "ln1", "norm2": "ln2", "attn.proj": "attn_out",
@@ -18,6 +19,7 @@ _BLOCK_NAMES = {"norm1": "ln1", "norm2": "ln2", "attn.proj": "attn_out",
 _MMPROJ = {"v.patch_embd_0.weight": "v.patch_embd.weight",
            "v.patch_embd_1.weight": "v.patch_embd.weight.1",
            "v.merger.ln_q.weight": "v.post_ln.weight"}  # fmt: skip
+MAX_PIXELS = 2 << 20  # Ollama's bound: a folder may lower it, never raise it (CPU reservation)
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
@@ -37,6 +39,7 @@ class Qwen25VLDecoder(Qwen2Decoder):
         self.merge_size = v.int("spatial_merge_size", 2, maximum=64)
         self.out_hidden = v.int("out_hidden_size", self.hidden)
         self.full_attention = v.get("fullatt_block_indexes", [7, 15, 23, 31])
+        self.max_pixels = MAX_PIXELS
         if v.int("temporal_patch_size", 2, maximum=16) != 2:
             raise ConvertError("vision_config: only temporal_patch_size 2 is supported")
         if v.int("in_channels", v.int("in_chans", 3, maximum=3), maximum=3) != 3:
@@ -100,6 +103,15 @@ class Qwen25VLDecoder(Qwen2Decoder):
                     vision[f"v.blk.{i}.{name}.bias"] = (shape[0],)
         return shapes | vision, required | set(vision)
 
+    def directory_metadata(self, directory: Path) -> dict[str, Any]:
+        processor = read_json(directory / "preprocessor_config.json", required=False) or {}
+        size = processor.get("size") if isinstance(processor.get("size"), dict) else {}
+        most = processor.get("max_pixels", size.get("longest_edge", MAX_PIXELS))
+        if isinstance(most, bool) or not isinstance(most, int) or most < 56 * 56:
+            raise ConvertError("preprocessor_config.json: max_pixels must be an integer >= 3136")
+        self.max_pixels = min(most, MAX_PIXELS)
+        return super().directory_metadata(directory)
+
     def metadata(self) -> dict[str, Any]:
         a = self.arch
         return super().metadata() | {
@@ -117,6 +129,7 @@ class Qwen25VLDecoder(Qwen2Decoder):
             f"{a}.vision.rope.freq_base": 10000.0,
             f"{a}.vision.fullatt_block_indexes": self.full_attention,
             f"{a}.vision.temporal_patch_size": 2,
+            f"{a}.vision.max_pixels": self.max_pixels,
         }
 
     # ------------------------------------------------------------ llama.cpp's pair
@@ -157,6 +170,7 @@ class Qwen25VLDecoder(Qwen2Decoder):
             "clip.vision.n_wa_pattern": pattern,
             "clip.vision.window_size": self.vision.int("window_size", 112, maximum=1 << 16),
             "clip.vision.spatial_merge_size": self.merge_size,
+            "clip.vision.max_pixels": self.max_pixels,
             "clip.vision.image_mean": CLIP_MEAN,
             "clip.vision.image_std": CLIP_STD,
         }

@@ -17,6 +17,7 @@ from tinymodels import Vocab, bpe_vocab
 
 SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 PATCH, MERGE, WINDOW = 14, 2, 56  # windows of 2 x 2 merged tokens
+MAX_PIXELS = 168 * 168  # small, so the load-time worst-case image stays cheap
 
 
 def qwen25vl_vocab() -> Vocab:
@@ -53,5 +54,9 @@ def build_qwen25vl(directory: Path, *, seed: int = 0) -> T.Qwen2_5_VLForConditio
     _randomize(model, seed)
     model.save_pretrained(directory)
     _save_bpe("qwen2", vocab, directory)
+    processor = {"min_pixels": 56 * 56, "max_pixels": MAX_PIXELS, "patch_size": PATCH,
+                 "merge_size": MERGE, "temporal_patch_size": 2,
+                 "image_processor_type": "Qwen2VLImageProcessor"}  # fmt: skip
+    (directory / "preprocessor_config.json").write_text(json.dumps(processor))
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": vocab.eos_id}))
     return model

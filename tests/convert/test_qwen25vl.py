@@ -10,7 +10,7 @@ import torch
 
 T = pytest.importorskip("transformers")
 
-from hf_qwen25vl import build_qwen25vl  # noqa: E402
+from hf_qwen25vl import MAX_PIXELS, build_qwen25vl  # noqa: E402
 from PIL import Image  # noqa: E402
 from test_gemma3_vision import image_bytes  # noqa: E402
 
@@ -19,7 +19,8 @@ from ember.convert import convert_directory  # noqa: E402
 from ember.gguf import GGUFFile  # noqa: E402
 from ember.model import load_model  # noqa: E402
 from ember.model.archs.qwen25vl import Qwen25VL  # noqa: E402
-from ember.model.archs.qwen25vl_vision import preprocess  # noqa: E402
+from ember.model.archs.qwen25vl_vision import VisionOptions, preprocess  # noqa: E402
+from ember.model.config import Config  # noqa: E402
 from ember.model.imageproc import decode_image  # noqa: E402
 from ember.runner.positions import after_discard, image_shifts, offsets  # noqa: E402
 
@@ -28,12 +29,9 @@ IMAGES = [((112, 112), "RGB", 1), ((60, 150), "RGBA", 2), ((90, 50), "P", 3)]
 PREFIX, SUFFIX = [10, 11, 12], [13, 14, 15, 16]
 
 
-def hf_processor():  # Qwen2.5-VL's real preprocessor_config.json
-    return T.Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056)
-
-
-def hf_pixels(data: bytes) -> tuple[torch.Tensor, torch.Tensor]:
-    out = hf_processor()(Image.open(io.BytesIO(data)), return_tensors="pt")
+def hf_pixels(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[torch.Tensor, torch.Tensor]:
+    processor = T.Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=max_pixels)
+    out = processor(Image.open(io.BytesIO(data)), return_tensors="pt")
     return out["pixel_values"], out["image_grid_thw"]
 
 
@@ -59,13 +57,21 @@ def models(root, request):
 
 @pytest.mark.parametrize("mode", ["RGB", "RGBA", "P", "L"])
 @pytest.mark.parametrize("size", [(640, 480), (97, 203), (28, 28), (1000, 30)])
-def test_preprocessing_equals_qwen2vl_image_processor(root, size, mode):
-    _, ember = root[1], load_model(GGUFFile.open(root[0] / "one.gguf"))
+def test_preprocessing_equals_qwen2vl_image_processor(size, mode):
+    """With Qwen2.5-VL's real preprocessor_config.json (min 3136, max 12,845,056 pixels)."""
+    options = VisionOptions.from_config(Config({"a.vision.block_count": 1,
+        "a.vision.embedding_length": 32, "a.vision.attention.head_count": 2,
+        "a.vision.max_pixels": 12845056}, "a"))  # fmt: skip
     data = image_bytes(size, mode, 7)
-    ours = preprocess(decode_image(data), ember.vision_options)
-    theirs, grid = hf_pixels(data)
+    ours = preprocess(decode_image(data), options)
+    theirs, grid = hf_pixels(data, 12845056)
     assert grid.tolist() == [[1, ours.height, ours.width]]
     assert (ours.rows - theirs).abs().max() < 1e-5
+
+
+def test_max_pixels_comes_from_the_folder_capped_at_ollamas(root):
+    with GGUFFile.open(root[0] / "one.gguf") as f:
+        assert f.metadata["qwen25vl.vision.max_pixels"] == MAX_PIXELS
 
 
 def image_types(hf, ids: list[int]) -> torch.Tensor:

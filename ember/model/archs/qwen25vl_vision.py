@@ -7,7 +7,6 @@ merger). Weights under Ollama's names (`v.patch_embd_0`, `v.blk.N.*`, `v.merger.
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -157,15 +156,13 @@ class VisionBlock:
         self.ffn, self.eps, self.num_heads = ffn, o.eps, o.num_heads
 
     def __call__(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], windows: list[int] | None
     ) -> torch.Tensor:
         n, c = x.shape
         h = rms_norm(x, self.ln1, self.eps)
         q, k, v = (self.qkv(h) + self.qkv_bias).view(n, 3, -1, c // self.num_heads).unbind(1)
         q, k = _rotate(q, *rope), _rotate(k, *rope)  # (N, H, D)
-        att = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
-        )
+        att = _attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), windows)
         x = x + self.out(att.transpose(0, 1).flatten(1)) + self.out_bias
         gate_up = self.gate_up(rms_norm(x, self.ln2, self.eps)) + self.gate_up_bias
         h = F.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn :]
@@ -202,9 +199,8 @@ class VisionTower:
         angles = self._angles(patches.height, patches.width).view(-1, unit, o.head_dim // 2)
         angles = torch.cat([angles[order].flatten(0, 1)] * 2, -1)[:, None]  # (N, 1, D)
         rope = angles.cos(), angles.sin()
-        window = _block_mask(bounds, len(x))
         for i, block in enumerate(self.blocks):
-            x = block(x, rope, None if i in o.full_attention else window)
+            x = block(x, rope, None if i in o.full_attention else bounds)
         x = rms_norm(x, self.ln_q, o.eps).view(-1, o.hidden * unit)
         x = self.mlp2(F.gelu(self.mlp0(x) + self.mlp0_bias)) + self.mlp2_bias
         return x[torch.argsort(order)]
@@ -237,11 +233,23 @@ def window_order(gh: int, gw: int, o: VisionOptions) -> tuple[torch.Tensor, list
     return torch.tensor(order), bounds
 
 
-def _block_mask(bounds: list[int], n: int) -> torch.Tensor | None:
-    """True where a patch may see another: both in one window."""
-    if len(bounds) == 1:
-        return None
-    window = torch.zeros(n, dtype=torch.long)
-    window[np.asarray(bounds[:-1])] = 1
-    ids = window.cumsum(0)
-    return ids[:, None] == ids[None, :]
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int] | None
+) -> torch.Tensor:
+    """Attention over (H, N, D): among all patches, or only within each window (bounds: where
+    each ends). Windows of one size go through one batched call; no N x N mask is built."""
+    if bounds is None or len(bounds) == 1:
+        return F.scaled_dot_product_attention(q, k, v)
+    starts: dict[int, list[int]] = {}
+    for start, end in zip([0, *bounds[:-1]], bounds, strict=True):
+        starts.setdefault(end - start, []).append(start)
+    out = torch.empty_like(q)
+    for size, firsts in starts.items():
+        rows = (torch.tensor(firsts)[:, None] + torch.arange(size)).flatten()
+
+        def windows(t: torch.Tensor, rows: torch.Tensor = rows, n: int = len(firsts)):
+            return t[:, rows].unflatten(1, (n, -1)).transpose(0, 1)  # (W, H, size, D)
+
+        att = F.scaled_dot_product_attention(windows(q), windows(k), windows(v))
+        out[:, rows] = att.transpose(0, 1).flatten(1, 2)
+    return out
