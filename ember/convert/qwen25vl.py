@@ -5,6 +5,7 @@ pair: a `qwen2vl` text GGUF and an mmproj (`clip`, projector type `qwen2.5vl_mer
 As both converters: the fused qkv of each vision block is split into q/k/v, and the Conv3d
 patch kernel into one 2-D kernel per temporal frame."""
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,9 @@ class Qwen25VLDecoder(Qwen2Decoder):
         return HFConfig(values, text.label)
 
     def rename(self, hf_name: str) -> str | None:
-        rest = next((hf_name.removeprefix(p) for p in _TOWER_PREFIXES if hf_name.startswith(p)), None)
+        rest = next(
+            (hf_name.removeprefix(p) for p in _TOWER_PREFIXES if hf_name.startswith(p)), None
+        )
         if rest is None:
             return super().rename(hf_name)
         if rest.startswith("merger."):
@@ -105,7 +108,8 @@ class Qwen25VLDecoder(Qwen2Decoder):
 
     def directory_metadata(self, directory: Path) -> dict[str, Any]:
         processor = read_json(directory / "preprocessor_config.json", required=False) or {}
-        size = processor.get("size") if isinstance(processor.get("size"), dict) else {}
+        size = processor.get("size")
+        size = size if isinstance(size, dict) else {}
         most = processor.get("max_pixels", size.get("longest_edge", MAX_PIXELS))
         if isinstance(most, bool) or not isinstance(most, int) or most < 56 * 56:
             raise ConvertError("preprocessor_config.json: max_pixels must be an integer >= 3136")
@@ -152,7 +156,7 @@ class Qwen25VLDecoder(Qwen2Decoder):
     def mmproj_metadata(self) -> dict[str, Any]:
         full = sorted(self.full_attention)
         pattern = full[0] + 1 if full else self.v_layers + 1
-        if any(b - a != pattern for a, b in zip(full, full[1:], strict=False)):
+        if any(b - a != pattern for a, b in itertools.pairwise(full)):
             raise ConvertError(f"fullatt_block_indexes {full} are not evenly spaced")
         return {
             "general.type": "mmproj",

@@ -25,8 +25,8 @@ from ember.convert.olmo2 import Olmo2Decoder
 from ember.convert.phi3 import Phi3Decoder
 from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.qwen3 import Qwen3Decoder
-from ember.convert.qwen25vl import Qwen25VLDecoder
 from ember.convert.qwen3moe import Qwen3MoeDecoder
+from ember.convert.qwen25vl import Qwen25VLDecoder
 from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
 
 CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {

@@ -3,6 +3,7 @@ and as a text GGUF + mmproj: pixels equal Qwen2VLImageProcessor's, image embeddi
 logits of a prompt with an image and text after it equal HF's (1e-4, float32), and the runner's
 per-sequence position shift gives HF's M-RoPE positions after an image."""
 
+import functools
 import io
 
 import pytest
@@ -78,8 +79,10 @@ def image_types(hf, ids: list[int]) -> torch.Tensor:
     return (torch.tensor([ids]) == hf.config.image_token_id).int()
 
 
+@functools.cache
 def hf_run(hf, data: bytes) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """HF's input ids, image embeddings (as the text model received them) and logits."""
+    """HF's input ids, image embeddings (as the text model received them) and logits (once per
+    image: both file conventions compare with them)."""
     pixels, grid = hf_pixels(data)
     n = int(grid.prod()) // 4
     c = hf.config
@@ -166,9 +169,12 @@ def test_the_files_follow_ollama_and_llama_cpp(root):
     with GGUFFile.open(root / "mmproj.gguf") as f:
         assert f.metadata["clip.projector_type"] == "qwen2.5vl_merger"
         assert f.metadata["clip.vision.n_wa_pattern"] == 2
-        assert {"v.patch_embd.weight", "v.patch_embd.weight.1", "v.post_ln.weight", "mm.2.bias"} <= set(
-            f.tensors
-        )
+        assert {
+            "v.patch_embd.weight",
+            "v.patch_embd.weight.1",
+            "v.post_ln.weight",
+            "mm.2.bias",
+        } <= set(f.tensors)
     with GGUFFile.open(root / "text.gguf") as f:
         assert f.metadata["general.architecture"] == "qwen2vl"
         assert f.metadata["qwen2vl.rope.dimension_sections"] == [2, 3, 3, 0]

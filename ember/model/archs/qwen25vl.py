@@ -11,6 +11,7 @@ Weights: Ollama's one file (`qwen25vl`, `v.*`), or a `qwen2vl` text file plus ll
 """
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -42,7 +43,9 @@ class MRoPE(RoPE):
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if positions.dim() == 1:
             return RoPE.cos_sin(self, positions)
-        which = torch.repeat_interleave(torch.arange(len(self.sections)), torch.tensor(self.sections))
+        which = torch.repeat_interleave(
+            torch.arange(len(self.sections)), torch.tensor(self.sections)
+        )
         per_freq = positions.to(torch.float64)[which]  # (dim/2, T)
         angles = per_freq.T / self.scale * self.inv_freq()[None, :]
         return angles.cos().float()[:, None, :], angles.sin().float()[:, None, :]
@@ -72,7 +75,9 @@ class Qwen2VL(Qwen2):
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         super().__init__(gguf, config)
         o, rope = self.options, self.options.rope
-        mrope = MRoPE(rope.dim, rope.base, True, rope.scale, rope.factors, _sections(config, rope.dim))
+        mrope = MRoPE(
+            rope.dim, rope.base, True, rope.scale, rope.factors, _sections(config, rope.dim)
+        )
         self.options = replace(o, rope=mrope)
 
     def rope_positions(self, batch: Batch) -> torch.Tensor:
@@ -142,7 +147,7 @@ class Qwen25VL(Qwen2VL):
 class MmprojNames:
     """llama.cpp's mmproj names seen under Ollama's, for Weights."""
 
-    RENAMES = {"v.patch_embd.weight": "v.patch_embd_0.weight",
+    RENAMES: ClassVar[dict[str, str]] = {"v.patch_embd.weight": "v.patch_embd_0.weight",
                "v.patch_embd.weight.1": "v.patch_embd_1.weight",
                "v.post_ln.weight": "v.merger.ln_q.weight"}  # fmt: skip
 

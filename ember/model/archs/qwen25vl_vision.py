@@ -98,11 +98,11 @@ def _indexes(value: object, layers: int) -> frozenset[int]:
     return frozenset(i for i in value if 0 <= i < layers)
 
 
-def _triple(c: Config, key: str, default: tuple[float, float, float]) -> tuple[float, ...]:
+def _triple(c: Config, key: str, default: tuple[float, float, float]) -> tuple[float, float, float]:
     value = c.metadata.get(f"clip.vision.{key}", default)
     if not isinstance(value, (list, tuple)) or len(value) != 3:
         raise ModelLoadError(f"clip.vision.{key} must list 3 numbers")
-    return tuple(float(x) for x in value)
+    return float(value[0]), float(value[1]), float(value[2])
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int):
