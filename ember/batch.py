@@ -25,6 +25,9 @@ class Batch:
     # each token's segment (BERT's token type: 0 the first text of a pair, 1 the second), or ()
     # when every token is of type 0
     token_types: tuple[int, ...] = ()
+    # each token's RoPE position minus its cache position (after an image, for models whose
+    # positions advance over it by less than its tokens: model.base.PositionShifter), or ()
+    position_offsets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -36,6 +39,8 @@ class Batch:
             raise ValueError("a batch needs data for each multimodal entry, or none")
         if self.token_types and len(self.token_types) != n:
             raise ValueError("a batch needs one token type per token, or none")
+        if self.position_offsets and len(self.position_offsets) != n:
+            raise ValueError("a batch needs one position offset per token, or none")
 
     @classmethod
     def single(cls, tokens: list[int], start: int, *, seq: int = 0) -> "Batch":

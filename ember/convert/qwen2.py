@@ -15,5 +15,5 @@ class Qwen2Decoder(LlamaDecoder):
 
     def metadata(self) -> dict[str, Any]:
         meta = super().metadata()
-        del meta["qwen2.vocab_size"], meta["qwen2.rope.dimension_count"]  # as Qwen's own files
+        del meta[f"{self.arch}.vocab_size"], meta[f"{self.arch}.rope.dimension_count"]  # as Qwen's
         return meta

@@ -27,6 +27,7 @@ from ember.convert.phi3 import Phi3Decoder
 from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.qwen3 import Qwen3Decoder
 from ember.convert.qwen3moe import Qwen3MoeDecoder
+from ember.convert.qwen25vl import Qwen25VLDecoder
 from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
 
 CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
@@ -47,6 +48,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Gemma3ForCausalLM": Gemma3Decoder,
     "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
     "LlavaForConditionalGeneration": LlavaDecoder,
+    "Qwen2_5_VLForConditionalGeneration": Qwen25VLDecoder,
 }
 _FILE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 32}  # llama_ftype
 
@@ -98,13 +100,19 @@ def convert_directory(
             clip_meta = decoder.mmproj_metadata()
         elif isinstance(decoder, Gemma3VisionDecoder):
             clip_meta = mmproj_metadata(decoder)
+        elif isinstance(decoder, Qwen25VLDecoder):
+            clip_meta = decoder.mmproj_metadata()
         else:
             raise ConvertError("only a vision model has an mmproj file")
-        vision = [replace(p, name=mmproj_name(p.name)) for p in plan if is_vision_tensor(p.name)]
+        rename = decoder.mmproj_name if isinstance(decoder, Qwen25VLDecoder) else mmproj_name
+        vision = [replace(p, name=rename(p.name)) for p in plan if is_vision_tensor(p.name)]
         file_type = _FILE_TYPES[next(p.dtype for p in vision if len(p.shape) == 2)]
         _write(mmproj, "clip", clip_meta | {"general.file_type": file_type}, vision)
         plan = [p for p in plan if not is_vision_tensor(p.name)]
         meta = {k: v for k, v in meta.items() if not k.startswith(("gemma3.vision.", "gemma3.mm."))}
+        if isinstance(decoder, Qwen25VLDecoder):
+            _write(out, decoder.text_arch, decoder.text_only(meta), plan)
+            return
     _write(out, decoder.arch, meta, plan)
 
 

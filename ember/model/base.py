@@ -57,6 +57,16 @@ class PromptRanker(Ranker, Protocol):
         """The text whose last token's score ranks document against query."""
 
 
+@runtime_checkable
+class PositionShifter(Protocol):
+    """A model whose RoPE positions run apart from cache positions after an image (M-RoPE:
+    Qwen 2.5 VL advances positions over an image by its grid's longer side, not its rows)."""
+
+    def position_shift(self, piece: object) -> tuple[int, int]:
+        """(rows, shift) of an image piece: the inputs after its `rows` take RoPE positions
+        `shift` past their cache positions (negative: behind)."""
+
+
 @dataclass(frozen=True)
 class ImageSpan:
     """An image's place in the prompt: its tokens (placeholders where embeddings go) and what

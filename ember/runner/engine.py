@@ -31,6 +31,7 @@ from ember.runner.draft import DraftModel, choose_drafter
 from ember.runner.inputcache import InputCache
 from ember.runner.memory import reserve
 from ember.runner.pooling import Pooler
+from ember.runner.positions import after_discard, image_shifts, offsets
 from ember.runner.sequence import CLOSED, LENGTH, STOP, Piece, Request, Sequence, TokenLogprob
 from ember.sample import sample_rows
 from ember.sample.sampler import logprobs
@@ -222,6 +223,7 @@ class Engine:
             seq.queue(seq.prompt[num_past:], num_past)
             if seq.embedding and not getattr(self.model, "is_causal", True):
                 seq.groups[0] = len(seq.pending) - 1  # an encoder sees its whole input at once
+            seq.position_shifts = image_shifts(self.model, seq.multimodal)
             self._active.append(seq)
 
     def _next_batch(self) -> list[Part]:
@@ -259,7 +261,9 @@ class Engine:
                 return 0
             held = len(seq.slot.inputs)
             again = self.inputs.shift(seq.slot, seq.num_keep, seq.same_batch)
-            seq.shifted(held - len(again) - len(seq.slot.inputs), again)
+            discard = held - len(again) - len(seq.slot.inputs)
+            seq.position_shifts = after_discard(seq.position_shifts, seq.num_keep, discard)
+            seq.shifted(discard, again)
             need = 1 + seq.groups[0]
         limit = min(room, self.num_ctx - len(seq.slot.inputs))
         if batch_empty:
@@ -340,7 +344,9 @@ class Engine:
         outputs: list[int] = []
         multimodal: list[tuple[int, object]] = []
         types: list[int] = []
+        shifted: list[int] = []  # RoPE position offsets (models.base.PositionShifter)
         has_types = any(p.seq.token_types for p in parts)
+        has_shifts = any(p.seq.position_shifts for p in parts)
         for p in parts:
             seq, start = p.seq, len(p.seq.slot.inputs)
             carried = enumerate(seq.carried[: p.count], start=p.first)
@@ -348,6 +354,8 @@ class Engine:
             tokens += seq.pending[: p.count]
             positions += range(start, start + p.count)
             sequences += [seq.slot.id] * p.count
+            if has_shifts:
+                shifted += offsets(seq.position_shifts, start, p.count + len(p.draft))
             if has_types:  # an encoder's input is whole in its batch: its types from 0
                 types += seq.token_types[start : start + p.count] or [0] * p.count
             if seq.embedding:
@@ -368,6 +376,7 @@ class Engine:
             indices,
             data,
             tuple(types),
+            tuple(shifted),
         )
 
     def _forward(self, batch: Batch) -> torch.Tensor:

@@ -172,6 +172,7 @@ class Sequence:
         self.first_token = 0  # when prompt processing ended
         self.pooled: torch.Tensor | None = None  # sum of hidden states (embedding requests)
         self.num_past = 0  # prompt tokens found in the cache
+        self.position_shifts: list[tuple[int, int]] = []  # set by the engine (positions.py)
         self.drafter: Drafter | None = None  # who drafts its tokens (set by the engine)
         self.draft_limit = 0  # tokens drafted per step, at most
         self.draft_proposed = 0

@@ -15,6 +15,7 @@ from ember.model.archs import (
     qwen2,
     qwen3,
     qwen3moe,
+    qwen25vl,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "qwen2",
     "qwen3",
     "qwen3moe",
+    "qwen25vl",
 ]

@@ -153,11 +153,15 @@ class Llama:
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         return self.layers(self.token_embd.lookup(torch.tensor(batch.tokens)), batch, cache)
 
+    def rope_positions(self, batch: Batch) -> torch.Tensor:
+        """Each token's RoPE position (T,): its cache position (M-RoPE models differ)."""
+        return torch.tensor(batch.positions)
+
     def layers(self, x: torch.Tensor, batch: Batch, cache: Cache) -> torch.Tensor:
         """The blocks and final norm over embeddings x (T, C) of batch's tokens: a small batch
         through the native layers where they run, else through the Python blocks."""
         o = self.options
-        positions = torch.tensor(batch.positions)
+        positions = self.rope_positions(batch)
         outputs = _rows(batch)
         if len(batch) <= MAX_ROWS:
             tables = rope_tables(o.rope.cos_sin(positions))
