@@ -201,60 +201,90 @@ static inline __m256i em_bits32(const uint8_t *p) { /* byte j = 0xFF where bit j
     return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
 }
 
-/* 32 int8 codes times 32 int16 activations: 8 int32 lanes, lane i holding the products of
+/* A block's 32 codes as int16: elements 0..15 in lo, 16..31 in hi. The 4-bit types widen their
+ * bytes once and split the nibbles in int16 lanes (three ops); the others widen int8 codes. */
+typedef struct {
+    __m256i lo, hi;
+} em_w16;
+
+static inline em_w16 em_w16_of_i8(__m256i w) {
+    const em_w16 r = {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
+                      _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1))};
+    return r;
+}
+
+static inline em_w16 em_w16_nibbles(const uint8_t *p, short offset) {
+    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    const __m256i o = _mm256_set1_epi16(offset);
+    const em_w16 r = {_mm256_sub_epi16(_mm256_and_si256(bytes, _mm256_set1_epi16(15)), o),
+                      _mm256_sub_epi16(_mm256_srli_epi16(bytes, 4), o)};
+    return r;
+}
+
+/* 32 int16 codes times 32 int16 activations: 8 int32 lanes, lane i holding the products of
  * elements 2i, 2i+1, 16+2i and 17+2i (exact), as floats */
-static inline __m256 em_dot_i8i16(__m256i w, const int16_t *y) {
-    const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-    const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+static inline __m256 em_dot_w16(em_w16 w, const int16_t *y) {
     const __m256i y0 = _mm256_loadu_si256((const __m256i *)y);
     const __m256i y1 = _mm256_loadu_si256((const __m256i *)(y + 16));
 #if defined(EM_VNNI)
-    const __m256i sum = _mm256_dpwssd_epi32(_mm256_madd_epi16(lo, y0), hi, y1);
+    const __m256i sum = _mm256_dpwssd_epi32(_mm256_madd_epi16(w.lo, y0), w.hi, y1);
 #else
-    const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(lo, y0), _mm256_madd_epi16(hi, y1));
+    const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(w.lo, y0), _mm256_madd_epi16(w.hi, y1));
 #endif
     return _mm256_cvtepi32_ps(sum);
 }
 
-static inline __m256i em_v_q4_0(const uint8_t *b) { return _mm256_sub_epi8(em_nibbles(b + 2), _mm256_set1_epi8(8)); }
-static inline __m256i em_v_q4_1(const uint8_t *b) { return em_nibbles(b + 4); }
-static inline __m256i em_v_q5_0(const uint8_t *b) { /* nibble | 0xF0 where the bit is clear: q - 16 */
-    return _mm256_or_si256(em_nibbles(b + 6), _mm256_andnot_si256(em_bits32(b + 2), _mm256_set1_epi8((char)0xF0)));
+static inline em_w16 em_w_q4_0(const uint8_t *b) { return em_w16_nibbles(b + 2, 8); }
+static inline em_w16 em_w_q4_1(const uint8_t *b) { return em_w16_nibbles(b + 4, 0); }
+static inline em_w16 em_w_q5_0(const uint8_t *b) { /* nibble | 0xF0 where the bit is clear: q - 16 */
+    return em_w16_of_i8(_mm256_or_si256(em_nibbles(b + 6), _mm256_andnot_si256(em_bits32(b + 2), _mm256_set1_epi8((char)0xF0))));
 }
-static inline __m256i em_v_q5_1(const uint8_t *b) {
-    return _mm256_or_si256(em_nibbles(b + 8), _mm256_and_si256(em_bits32(b + 4), _mm256_set1_epi8(0x10)));
+static inline em_w16 em_w_q5_1(const uint8_t *b) {
+    return em_w16_of_i8(_mm256_or_si256(em_nibbles(b + 8), _mm256_and_si256(em_bits32(b + 4), _mm256_set1_epi8(0x10))));
 }
-static inline __m256i em_v_q8_0(const uint8_t *b) { return _mm256_loadu_si256((const __m256i *)(b + 2)); }
-static inline __m256i em_v_iq4_nl(const uint8_t *b) {
+static inline em_w16 em_w_q8_0(const uint8_t *b) {
+    const em_w16 r = {_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 2))),
+                      _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 18)))};
+    return r;
+}
+static inline em_w16 em_w_iq4_nl(const uint8_t *b) {
     const __m128i values = _mm_loadu_si128((const __m128i *)em_kvalues_iq4nl);
     const __m128i t = _mm_loadu_si128((const __m128i *)(b + 2)), m4 = _mm_set1_epi8(15);
-    return _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(t, 4), m4)),
-                            _mm_shuffle_epi8(values, _mm_and_si128(t, m4)));
+    const em_w16 r = {_mm256_cvtepi8_epi16(_mm_shuffle_epi8(values, _mm_and_si128(t, m4))),
+                      _mm256_cvtepi8_epi16(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(t, 4), m4)))};
+    return r;
 }
 
-/* Two blocks a step into two accumulators (even and odd blocks), so the adds overlap. */
+/* [d_w x.d, m_w x.s, ., .]: a block's scale times the activations' and, for the affine types
+ * (d and m adjacent halves), its offset times theirs; the same products as in scalar code */
+static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
+    int32_t dm;
+    memcpy(&dm, w, 4);
+    const __m128 wf = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+    return _mm_mul_ps(wf, _mm_castpd_ps(_mm_load_sd((const double *)&x->d)));
+}
+
+/* Two blocks a step into two accumulators (even and odd blocks), so the adds overlap; the
+ * offsets' sums build in lane 1 of two more, in block order as the portable code's. */
 #define EM_DOT_X86(T, BYTES, AFFINE)                                                          \
     static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {           \
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                        \
-        float off0 = 0.0f, off1 = 0.0f;                                                       \
+        __m128 off0 = _mm_setzero_ps(), off1 = _mm_setzero_ps();                              \
         int64_t b = 0;                                                                        \
         for (; b + 1 < nb; b += 2, w += 2 * BYTES) {                                          \
-            const __m256 d0 = _mm256_set1_ps(em_f16(w) * x[b].d);                             \
-            const __m256 d1 = _mm256_set1_ps(em_f16(w + BYTES) * x[b + 1].d);                 \
-            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(d0, em_dot_i8i16(em_v_##T(w), x[b].qs)));  \
-            acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(d1, em_dot_i8i16(em_v_##T(w + BYTES), x[b + 1].qs))); \
-            if (AFFINE) {                                                                     \
-                off0 += em_f16(w + 2) * x[b].s;                                               \
-                off1 += em_f16(w + BYTES + 2) * x[b + 1].s;                                   \
-            }                                                                                 \
+            const __m128 s0 = em_scales(w, x + b), s1 = em_scales(w + BYTES, x + b + 1);      \
+            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_broadcastss_ps(s0), em_dot_w16(em_w_##T(w), x[b].qs))); \
+            acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_broadcastss_ps(s1), em_dot_w16(em_w_##T(w + BYTES), x[b + 1].qs))); \
+            if (AFFINE) off0 = _mm_add_ps(off0, s0), off1 = _mm_add_ps(off1, s1);             \
         }                                                                                     \
         if (b < nb) {                                                                         \
-            const __m256 d0 = _mm256_set1_ps(em_f16(w) * x[b].d);                             \
-            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(d0, em_dot_i8i16(em_v_##T(w), x[b].qs)));  \
-            if (AFFINE) off0 += em_f16(w + 2) * x[b].s;                                       \
+            const __m128 s0 = em_scales(w, x + b);                                            \
+            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_broadcastss_ps(s0), em_dot_w16(em_w_##T(w), x[b].qs))); \
+            if (AFFINE) off0 = _mm_add_ps(off0, s0);                                          \
         }                                                                                     \
         const float sum = em_hsum8(_mm256_add_ps(acc0, acc1));                                \
-        return AFFINE ? sum + (off0 + off1) : sum;                                            \
+        if (!AFFINE) return sum;                                                              \
+        return sum + (_mm_cvtss_f32(_mm_movehdup_ps(off0)) + _mm_cvtss_f32(_mm_movehdup_ps(off1))); \
     }
 #define EM_DOT_SYM(T, BYTES) EM_DOT_X86(T, BYTES, 0)
 #define EM_DOT_AFFINE(T, BYTES) EM_DOT_X86(T, BYTES, 1)
