@@ -1,0 +1,132 @@
+"""EmbeddingGemma converted from a sentence-transformers folder: a tiny random-weight
+Gemma3TextModel with bidirectional attention (six layers: five sliding, whose window inputs of 12
+tokens outgrow) plus two random Dense modules. Its hidden states equal transformers' within
+1e-4, batched as alone, and embeddings through the runner's engine equal the sentence-transformers
+pipeline computed by hand: mean pooling, Dense, Dense, unit length."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from encoders import embed, ember_hidden
+from hf_dirs import _save_sentencepiece
+from safetensors.torch import save_file
+from tinymodels import hf_config, randomize, spm_vocab
+
+from ember.convert import ConvertError, convert_directory
+from ember.gguf import GGUFFile
+from ember.model import load_model
+from ember.runner.engine import Engine
+from ember.tokenizer import Tokenizer
+
+pytest.importorskip("transformers")
+
+HIDDEN, DENSE = 64, 96
+TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog again and again", "a",
+         "Sentence embeddings capture meaning; numbers 12345 too."]  # fmt: skip
+
+
+def save_tiny_embeddinggemma(out: Path) -> tuple[object, list[torch.Tensor]]:
+    """The folder (config.json, model.safetensors, tokenizer.model, modules.json, 1_Pooling,
+    2_Dense, 3_Dense, 4_Normalize); returns the HF model and the Dense weights."""
+    from transformers import Gemma3TextModel
+
+    vocab = spm_vocab()
+    config = hf_config("gemma3", vocab, use_bidirectional_attention=True)
+    config._attn_implementation = "eager"  # type: ignore[attr-defined]
+    model = Gemma3TextModel(config).float().eval()
+    randomize(model, "gemma3", seed=0)
+    model.save_pretrained(out)
+    _save_sentencepiece(vocab, out)
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config | {"add_eos_token": True}))
+    kinds = ["Transformer", "Pooling", "Dense", "Dense", "Normalize"]
+    paths = ["", "1_Pooling", "2_Dense", "3_Dense", "4_Normalize"]
+    modules = [{"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{k}"}
+               for i, (k, p) in enumerate(zip(kinds, paths, strict=True))]  # fmt: skip
+    (out / "modules.json").write_text(json.dumps(modules))
+    (out / "1_Pooling").mkdir()
+    pooling = {"word_embedding_dimension": HIDDEN, "pooling_mode_mean_tokens": True}
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    gen = torch.Generator().manual_seed(1)
+    dense = []
+    for folder, (n_in, n_out) in (("2_Dense", (HIDDEN, DENSE)), ("3_Dense", (DENSE, HIDDEN))):
+        (out / folder).mkdir()
+        weight = torch.randn(n_out, n_in, generator=gen) / n_in**0.5
+        save_file({"linear.weight": weight}, str(out / folder / "model.safetensors"))
+        spec = {"in_features": n_in, "out_features": n_out, "bias": False,
+                "activation_function": "torch.nn.modules.linear.Identity"}  # fmt: skip
+        (out / folder / "config.json").write_text(json.dumps(spec))
+        dense.append(weight)
+    return model, dense
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("embeddinggemma")
+    model, dense = save_tiny_embeddinggemma(root / "hf")
+    convert_directory(root / "hf", root / "model.gguf")
+    return model, dense, root
+
+
+def hf_hidden(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).last_hidden_state[0]
+
+
+def test_metadata_as_ollama_writes_it(tiny) -> None:
+    gguf = GGUFFile.open(tiny[2] / "model.gguf")
+    md = gguf.metadata
+    assert md["general.architecture"] == "gemma3"
+    assert md["gemma3.pooling_type"] == 1 and md["gemma3.attention.causal"] is False
+    assert md["gemma3.attention.sliding_window"] == 8
+    assert gguf.tensors["dense.0.weight"].shape == (DENSE, HIDDEN)
+    assert gguf.tensors["dense.1.weight"].shape == (HIDDEN, DENSE)
+    assert "output.weight" not in gguf.tensors and "output_norm.weight" in gguf.tensors
+    assert md["tokenizer.ggml.add_bos_token"] is True and md["tokenizer.ggml.add_eos_token"]
+
+
+def test_hidden_states_equal_hf_batched_or_alone(tiny) -> None:
+    hf, _, root = tiny
+    gguf = GGUFFile.open(root / "model.gguf")
+    model, tokenizer = load_model(gguf), Tokenizer.from_metadata(gguf.metadata)
+    seqs = [tokenizer.encode(t) for t in TEXTS]
+    assert max(len(s) for s in seqs) > 12  # past the window of the sliding layers
+    together = ember_hidden(model, seqs)
+    for ids, rows in zip(seqs, together, strict=True):
+        expected = hf_hidden(hf, ids)
+        assert torch.allclose(rows, expected, atol=1e-4), (rows - expected).abs().max()
+        (alone,) = ember_hidden(model, [ids])
+        assert torch.allclose(alone, rows, atol=1e-5)
+
+
+def test_engine_embeddings_equal_the_sentence_transformers_pipeline(tiny) -> None:
+    hf, dense, root = tiny
+    gguf = GGUFFile.open(root / "model.gguf")
+    model, tokenizer = load_model(gguf), Tokenizer.from_metadata(gguf.metadata)
+    engine = Engine(model, tokenizer, num_parallel=4, num_ctx=64, num_batch=64)
+    try:
+        together = embed(engine, tokenizer, TEXTS)
+        alone = [embed(engine, tokenizer, [t])[0] for t in TEXTS]
+    finally:
+        engine.close()
+    for text, a, b in zip(TEXTS, together, alone, strict=True):
+        pooled = hf_hidden(hf, tokenizer.encode(text)).mean(dim=0)
+        expected = pooled @ dense[0].T @ dense[1].T
+        assert len(a) == HIDDEN
+        assert torch.allclose(torch.tensor(a), expected / expected.norm(), atol=1e-5), text
+        assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
+    with pytest.raises(Exception, match="embedding model"):
+        model.logits(torch.zeros(1, HIDDEN))
+
+
+def test_a_dense_module_with_bias_is_refused(tmp_path: Path) -> None:
+    save_tiny_embeddinggemma(tmp_path / "hf")
+    spec = json.loads((tmp_path / "hf" / "3_Dense" / "config.json").read_text())
+    (tmp_path / "hf" / "3_Dense" / "config.json").write_text(json.dumps(spec | {"bias": True}))
+    with pytest.raises(ConvertError, match="without bias"):
+        convert_directory(tmp_path / "hf", tmp_path / "model.gguf")
+    (tmp_path / "hf" / "modules.json").unlink()
+    with pytest.raises(ConvertError, match=r"modules\.json"):
+        convert_directory(tmp_path / "hf", tmp_path / "model.gguf")
