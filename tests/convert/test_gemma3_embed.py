@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from embed_dirs import DENSE, save_tiny_embeddinggemma
+from embed_dirs import GEMMA_HIDDEN as HIDDEN
 from encoders import embed, ember_hidden
-from hf_dirs import _save_sentencepiece
-from safetensors.torch import save_file
-from tinymodels import hf_config, randomize, spm_vocab
 
 from ember.convert import ConvertError, convert_directory
 from ember.gguf import GGUFFile
@@ -22,44 +21,8 @@ from ember.tokenizer import Tokenizer
 
 pytest.importorskip("transformers")
 
-HIDDEN, DENSE = 64, 96
 TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog again and again", "a",
          "Sentence embeddings capture meaning; numbers 12345 too."]  # fmt: skip
-
-
-def save_tiny_embeddinggemma(out: Path) -> tuple[object, list[torch.Tensor]]:
-    """The folder (config.json, model.safetensors, tokenizer.model, modules.json, 1_Pooling,
-    2_Dense, 3_Dense, 4_Normalize); returns the HF model and the Dense weights."""
-    from transformers import Gemma3TextModel
-
-    vocab = spm_vocab()
-    config = hf_config("gemma3", vocab, use_bidirectional_attention=True)
-    config._attn_implementation = "eager"  # type: ignore[attr-defined]
-    model = Gemma3TextModel(config).float().eval()
-    randomize(model, "gemma3", seed=0)
-    model.save_pretrained(out)
-    _save_sentencepiece(vocab, out)
-    tok_config = json.loads((out / "tokenizer_config.json").read_text())
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_config | {"add_eos_token": True}))
-    kinds = ["Transformer", "Pooling", "Dense", "Dense", "Normalize"]
-    paths = ["", "1_Pooling", "2_Dense", "3_Dense", "4_Normalize"]
-    modules = [{"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{k}"}
-               for i, (k, p) in enumerate(zip(kinds, paths, strict=True))]  # fmt: skip
-    (out / "modules.json").write_text(json.dumps(modules))
-    (out / "1_Pooling").mkdir()
-    pooling = {"word_embedding_dimension": HIDDEN, "pooling_mode_mean_tokens": True}
-    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
-    gen = torch.Generator().manual_seed(1)
-    dense = []
-    for folder, (n_in, n_out) in (("2_Dense", (HIDDEN, DENSE)), ("3_Dense", (DENSE, HIDDEN))):
-        (out / folder).mkdir()
-        weight = torch.randn(n_out, n_in, generator=gen) / n_in**0.5
-        save_file({"linear.weight": weight}, str(out / folder / "model.safetensors"))
-        spec = {"in_features": n_in, "out_features": n_out, "bias": False,
-                "activation_function": "torch.nn.modules.linear.Identity"}  # fmt: skip
-        (out / folder / "config.json").write_text(json.dumps(spec))
-        dense.append(weight)
-    return model, dense
 
 
 @pytest.fixture(scope="module")
