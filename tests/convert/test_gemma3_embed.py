@@ -5,8 +5,11 @@ tokens outgrow) plus two random Dense modules. Its hidden states equal transform
 pipeline computed by hand: mean pooling, Dense, Dense, unit length."""
 
 import json
+import shutil
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
 from embed_dirs import DENSE, save_tiny_embeddinggemma
@@ -16,6 +19,9 @@ from encoders import embed, ember_hidden
 from ember.convert import ConvertError, convert_directory
 from ember.gguf import GGUFFile
 from ember.model import load_model
+from ember.model.archs.gemma3 import Gemma3Options
+from ember.model.archs.gemma3_embed import Gemma3Embedding
+from ember.model.config import Config
 from ember.runner.engine import Engine
 from ember.tokenizer import Tokenizer
 
@@ -84,8 +90,45 @@ def test_engine_embeddings_equal_the_sentence_transformers_pipeline(tiny) -> Non
         model.logits(torch.zeros(1, HIDDEN))
 
 
-def test_a_dense_module_with_bias_is_refused(tmp_path: Path) -> None:
-    save_tiny_embeddinggemma(tmp_path / "hf")
+def as_llama_cpp(source: Path, out: Path) -> None:
+    """A copy of an Ollama-form EmbeddingGemma file in llama.cpp's form: `gemma-embedding`
+    keys, rope.freq_base_swa, dense_2 and dense_3."""
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(out, "gemma-embedding")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        name = field.name.replace("gemma3.", "gemma-embedding.")
+        name = name.replace("rope.local.freq_base", "rope.freq_base_swa")
+        writer.add_key_value(name, field.contents(), field.types[0], field.types[-1])
+    names = {"dense.0.weight": "dense_2.weight", "dense.1.weight": "dense_3.weight"}
+    for t in reader.tensors:
+        data = np.array(t.data).reshape(tuple(int(n) for n in reversed(t.shape)))
+        writer.add_tensor(names.get(t.name, t.name), data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_llama_cpp_form_loads_the_same(tiny) -> None:
+    root = tiny[2]
+    as_llama_cpp(root / "model.gguf", root / "llama-cpp.gguf")
+    ours = load_model(GGUFFile.open(root / "model.gguf"))
+    theirs = load_model(GGUFFile.open(root / "llama-cpp.gguf"))
+    assert isinstance(theirs, Gemma3Embedding) and len(theirs.dense) == 2
+    ids = [2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 1]
+    (a,), (b,) = ember_hidden(ours, [ids]), ember_hidden(theirs, [ids])
+    assert torch.equal(a, b)
+    assert torch.equal(ours.project(a[:1]), theirs.project(b[:1]))
+    md = GGUFFile.open(root / "llama-cpp.gguf").metadata
+    assert Gemma3Options.from_config(Config(md)).local_rope.base == 10_000.0
+    md = dict(md) | {"gemma-embedding.rope.freq_base_swa": 500.0}  # the key is read
+    assert Gemma3Options.from_config(Config(md)).local_rope.base == 500.0
+
+
+def test_a_dense_module_with_bias_is_refused(tiny, tmp_path: Path) -> None:
+    shutil.copytree(tiny[2] / "hf", tmp_path / "hf")
     spec = json.loads((tmp_path / "hf" / "3_Dense" / "config.json").read_text())
     (tmp_path / "hf" / "3_Dense" / "config.json").write_text(json.dumps(spec | {"bias": True}))
     with pytest.raises(ConvertError, match="without bias"):
