@@ -69,6 +69,8 @@ def _dense_shape(folder: Path, width: int) -> tuple[Path, tuple[int, int]]:
         raise ConvertError(f"the Dense module's {folder.name}/config.json is missing")
     if config.get("bias", True) or config.get("activation_function") not in _IDENTITY:
         raise ConvertError(f"{folder.name}: only a Dense layer without bias or activation")
+    if not (folder / "model.safetensors").is_file():
+        raise ConvertError(f"{folder.name}/model.safetensors is missing (only safetensors convert)")
     features = config.get("in_features"), config.get("out_features")
     if features[0] != width or not isinstance(features[1], int) or features[1] <= 0:
         raise ConvertError(f"{folder.name}: in_features must be {width}, got {features[0]!r}")
