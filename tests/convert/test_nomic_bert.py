@@ -17,6 +17,7 @@ from ember.convert import ConvertError, convert_directory
 from ember.gguf import GGUFFile
 from ember.model import load_model
 from ember.runner.engine import Engine
+from ember.server.model import read_facts
 from ember.tokenizer import Tokenizer
 
 
@@ -39,6 +40,8 @@ def test_metadata_as_llama_cpp_writes_it(tiny) -> None:
         "nomic-bert.attention.layer_norm_epsilon": pytest.approx(EPS),
         "nomic-bert.rope.freq_base": 1000.0, "nomic-bert.pooling_type": 1,
     }  # fmt: skip
+    facts = read_facts(tiny[1])  # what the server serves it as: an embedding model only
+    assert facts.is_embedding and not facts.is_rerank
     assert md["tokenizer.ggml.model"] == "bert" and md["tokenizer.ggml.token_type_count"] == 2
     assert len(md["tokenizer.ggml.tokens"]) == -(-len(VOCAB) // 8) * 8
     layer = ["attn_qkv.weight", "attn_output.weight", "attn_output_norm.weight",
