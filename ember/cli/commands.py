@@ -177,15 +177,16 @@ def _upload_directory(client: Client, path: Path, source: str) -> dict[str, str]
         raise CLIError(f"FROM {source}: the folder has no .safetensors files")
     files = weights + [path / n for n in HF_FILES if (path / n).is_file()]
     named = {f.name: f for f in files}
-    for module in _module_folders(path):  # sentence-transformers' Pooling config (BERT)
-        if (path / module / "config.json").is_file():
-            named[f"{module}/config.json"] = path / module / "config.json"
+    for module in _module_folders(path):  # sentence-transformers' Pooling and Dense modules
+        for name in ("config.json", "model.safetensors"):
+            if (path / module / name).is_file():
+                named[f"{module}/{name}"] = path / module / name
     return {name: client.upload_blob(f) for name, f in named.items()}
 
 
 def _module_folders(path: Path) -> list[str]:
     """The one-level folders of a sentence-transformers modules.json, as Ollama's create
-    uploads their config.json."""
+    uploads their config.json (and a Dense module's weights)."""
     try:
         modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

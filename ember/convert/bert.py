@@ -161,17 +161,7 @@ class BertCrossEncoder(BertEncoder):
 def pooling_type(directory: Path) -> int:
     """Mean or CLS pooling, from the Pooling module that modules.json names (mean without one,
     as sentence-transformers' default for a plain BERT checkpoint)."""
-    modules: Any = []
-    path = directory / "modules.json"
-    if path.is_file():
-        if path.stat().st_size > 1 << 20:
-            raise ConvertError("modules.json is too large")
-        try:
-            modules = json.loads(path.read_bytes())
-        except (ValueError, RecursionError) as e:
-            raise ConvertError(f"modules.json is not valid JSON: {e}") from None
-    if not isinstance(modules, list):
-        raise ConvertError("modules.json must be a list")
+    modules = sentence_modules(directory)
     is_pooling = [
         isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling") for m in modules
     ]
@@ -189,6 +179,22 @@ def pooling_type(directory: Path) -> int:
     if modes == ["pooling_mode_cls_token"]:
         return POOLING_CLS
     raise ConvertError(f"pooling {modes} is not supported (only mean or CLS)")
+
+
+def sentence_modules(directory: Path) -> list[Any]:
+    """The entries of sentence-transformers' modules.json (none without one)."""
+    modules: Any = []
+    path = directory / "modules.json"
+    if path.is_file():
+        if path.stat().st_size > 1 << 20:
+            raise ConvertError("modules.json is too large")
+        try:
+            modules = json.loads(path.read_bytes())
+        except (ValueError, RecursionError) as e:
+            raise ConvertError(f"modules.json is not valid JSON: {e}") from None
+    if not isinstance(modules, list):
+        raise ConvertError("modules.json must be a list")
+    return modules
 
 
 def bert_vocabulary(directory: Path, *, vocab_size: int) -> dict[str, Any]:

@@ -150,7 +150,8 @@ class TextDecoder:
     # ------------------------------------------------------------ metadata
 
     def directory_metadata(self, directory: Path) -> dict[str, Any]:
-        """Keys from the directory's other files (the tokenizer); read before metadata()."""
+        """Keys from the directory's other files (the tokenizer); read first, before the
+        tensors are planned (extra_tensors) and metadata() is asked."""
         return tokenizer_metadata(directory, self.text, vocab_size=self.vocab_size)
 
     def metadata(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ LARGE_LAYERS = 62  # Gemma 3 27B scales queries by hidden/heads
 
 class Gemma3Decoder(TextDecoder):
     arch = "gemma3"
+    is_embedding = False  # EmbeddingGemma (gemma3_embed.py): bidirectional attention
     layer_names = _LAYER | {"post_attention_layernorm": "post_attention_norm"}
 
     def __init__(self, config: HFConfig) -> None:
@@ -30,9 +31,10 @@ class Gemma3Decoder(TextDecoder):
         for key in ("final_logit_softcapping", "attn_logit_softcapping"):
             if c.get(key) is not None:
                 raise ConvertError(f"{key} is not supported for gemma3")
-        if c.get("use_bidirectional_attention", False):
+        if c.get("use_bidirectional_attention", False) != self.is_embedding:
             raise ConvertError(
-                "gemma3 embedding models (bidirectional attention) do not convert yet"
+                "a gemma3 with bidirectional attention converts only as an embedding model "
+                "(Gemma3TextModel), and only such a model converts from Gemma3TextModel"
             )
         self.global_rope = c.rope("full_attention")
         self.local_rope = c.rope("sliding_attention")

@@ -15,6 +15,7 @@ from ember.convert.bert import BertCrossEncoder, BertEncoder
 from ember.convert.decoder import Combined, TextDecoder
 from ember.convert.gemma2 import Gemma2Decoder
 from ember.convert.gemma3 import Gemma3Decoder
+from ember.convert.gemma3_embed import Gemma3EmbeddingDecoder
 from ember.convert.gemma3_vision import Gemma3VisionDecoder
 from ember.convert.gptoss import GptOssDecoder
 from ember.convert.granite import GraniteDecoder
@@ -22,6 +23,7 @@ from ember.convert.llama import LlamaDecoder
 from ember.convert.llama4 import Llama4Decoder
 from ember.convert.llava import LlavaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
+from ember.convert.nomic_bert import NomicBertEncoder
 from ember.convert.olmo2 import Olmo2Decoder
 from ember.convert.phi3 import Phi3Decoder
 from ember.convert.qwen2 import Qwen2Decoder
@@ -39,6 +41,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Llama4ForCausalLM": Llama4Decoder,
     "Llama4ForConditionalGeneration": Llama4Decoder,
     "MistralForCausalLM": LlamaDecoder,
+    "NomicBertModel": NomicBertEncoder,
     "Olmo2ForCausalLM": Olmo2Decoder,
     "Phi3ForCausalLM": Phi3Decoder,
     "Qwen2ForCausalLM": Qwen2Decoder,
@@ -46,6 +49,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeDecoder,
     "Gemma2ForCausalLM": Gemma2Decoder,
     "Gemma3ForCausalLM": Gemma3Decoder,
+    "Gemma3TextModel": Gemma3EmbeddingDecoder,
     "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
     "LlavaForConditionalGeneration": LlavaDecoder,
     "Qwen2_5_VLForConditionalGeneration": Qwen25VLDecoder,
@@ -90,8 +94,8 @@ def convert_directory(
     config = HFConfig(read_json(directory / "config.json") or {})
     decoder = converter_for(config)
     tensors = Tensors(directory)
+    files = decoder.directory_metadata(directory)  # first: it may name tensors of other files
     plan = _plan(decoder, tensors)
-    files = decoder.directory_metadata(directory)
     meta = _general(decoder, plan, name) | decoder.metadata() | files
     if isinstance(decoder, LlavaDecoder) and mmproj is None:
         raise ConvertError("a llava model converts to a text GGUF plus an mmproj file")

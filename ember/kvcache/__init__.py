@@ -1,8 +1,9 @@
 """KV caches: the Cache seam, a causal cache (optionally sliding-window or chunked), an encoder
-cache (cross-attention), a per-layer-type wrapper; keys and values held as f32, f16, bf16, q8_0
-or q4_0 (store.py)."""
+cache (cross-attention), a per-layer-type wrapper, the batch-only caches of embedding encoders;
+keys and values held as f32, f16, bf16, q8_0 or q4_0 (store.py)."""
 
 from ember.kvcache.base import Cache, CacheFullError, CellCounter, ShiftFn
+from ember.kvcache.bidirectional import BidirectionalCache, NoCache
 from ember.kvcache.causal import CausalCache
 from ember.kvcache.encoder import EncoderCache
 from ember.kvcache.store import KV_TYPES, kv_type_name
@@ -10,11 +11,13 @@ from ember.kvcache.wrapper import WrapperCache
 
 __all__ = [
     "KV_TYPES",
+    "BidirectionalCache",
     "Cache",
     "CacheFullError",
     "CausalCache",
     "CellCounter",
     "EncoderCache",
+    "NoCache",
     "ShiftFn",
     "WrapperCache",
     "kv_type_name",

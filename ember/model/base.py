@@ -42,6 +42,15 @@ def forward(model: Model, cache: Cache, batch: Batch) -> torch.Tensor:
 
 
 @runtime_checkable
+class EmbeddingHead(Protocol):
+    """An embedding model whose pooled state is projected before it is returned (EmbeddingGemma's
+    sentence-transformers Dense layers)."""
+
+    def project(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Embeddings (n, E) of pooled hidden states (n, C), one per input."""
+
+
+@runtime_checkable
 class Ranker(Protocol):
     """A cross-encoder (a reranker): its pooled input is scored, not returned as a vector."""
 

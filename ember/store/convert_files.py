@@ -17,9 +17,10 @@ from ember.store.manifest import Layer
 from ember.store.names import Digest
 from ember.store.store import Store
 
-# The one subfolder file a conversion reads: a sentence-transformers module's config.json
-# (BERT's 1_Pooling/config.json), as Ollama's create uploads it.
-_MODULE_CONFIG = re.compile(r"(?!\.\.?/)[\w.-]+/config\.json")
+# The subfolder files a conversion reads: a sentence-transformers module's config.json (BERT's
+# 1_Pooling/config.json) and a Dense module's weights (EmbeddingGemma's 2_Dense), as Ollama's
+# create uploads them.
+_MODULE_FILE = re.compile(r"(?!\.\.?/)[\w.-]+/(config\.json|model\.safetensors)")
 
 
 def is_hf_directory(files: Mapping[str, str]) -> bool:
@@ -33,7 +34,7 @@ def convert_files(store: Store, files: Mapping[str, str]) -> tuple[list[Layer], 
     scratch = Path(tempfile.mkdtemp(prefix="convert-", dir=store.tmp_dir))
     try:
         for name, digest in files.items():
-            if "/" in name and not _MODULE_CONFIG.fullmatch(name):
+            if "/" in name and not _MODULE_FILE.fullmatch(name):
                 raise CreateError(f"an HF model directory is flat: {name!r} is in a subfolder")
             blob = store.blob_path(Digest.parse(digest))
             if not blob.is_file():

@@ -21,8 +21,8 @@ def save_tiny_bert(out: Path, *, pooling: str = "mean", seed: int = 0) -> Path:
     from transformers import BertModel
 
     _randomized(BertModel(_tiny_config(seed))).save_pretrained(out)
-    _save_tokenizer(out)
-    _save_pooling(out, pooling)
+    save_tokenizer(out)
+    save_pooling(out, pooling)
     return out
 
 
@@ -33,7 +33,7 @@ def save_tiny_cross_encoder(out: Path, *, seed: int = 0) -> Path:
 
     config = _tiny_config(seed, num_labels=1)
     _randomized(BertForSequenceClassification(config)).save_pretrained(out)
-    _save_tokenizer(out)
+    save_tokenizer(out)
     return out
 
 
@@ -63,7 +63,7 @@ def _randomized(model):  # type: ignore[no-untyped-def]
     return model.eval()
 
 
-def _save_tokenizer(out: Path) -> None:
+def save_tokenizer(out: Path) -> None:
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
     tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(VOCAB)}, unk_token="[UNK]"))
@@ -82,10 +82,12 @@ def _save_tokenizer(out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config))
 
 
-def _save_pooling(out: Path, pooling: str) -> None:
-    kinds = ["Transformer", "Pooling"]
+def save_pooling(out: Path, pooling: str, *, dim: int = 32, extra: tuple[str, ...] = ()) -> None:
+    """modules.json (Transformer, Pooling, then the `extra` module kinds, e.g. "Normalize") and
+    the Pooling module's config.json."""
+    kinds = ["Transformer", "Pooling", *extra]
     modules = [
-        {"idx": i, "name": str(i), "path": ["", "1_Pooling"][i],
+        {"idx": i, "name": str(i), "path": ["", "1_Pooling"][i] if i < 2 else f"{i}_{kind}",
          "type": f"sentence_transformers.models.{kind}"}
         for i, kind in enumerate(kinds)
     ]  # fmt: skip
@@ -96,7 +98,7 @@ def _save_pooling(out: Path, pooling: str) -> None:
         "pooling_mode_mean_tokens": pooling == "mean",
     }
     (out / "1_Pooling" / "config.json").write_text(
-        json.dumps({"word_embedding_dimension": 32} | modes)
+        json.dumps({"word_embedding_dimension": dim} | modes)
     )
 
 

@@ -12,17 +12,14 @@ import torch
 pytest.importorskip("transformers")
 
 from bert_dirs import SENTENCES, VOCAB, minilm_dir, save_tiny_bert
+from encoders import embed, ember_hidden
 
-from ember.batch import Batch
 from ember.convert import ConvertError, convert_directory
 from ember.convert.bert import phantom
 from ember.gguf import GGUFFile
 from ember.model import load_model
 from ember.model.config import ModelLoadError
-from ember.options import Options
 from ember.runner.engine import Engine
-from ember.runner.sequence import Done, Request
-from ember.server.embedding import normalize
 from ember.tokenizer import Tokenizer
 from ember.tokenizer.wordpiece import wordpiece_token
 
@@ -38,29 +35,6 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
 def hf_hidden(model, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([ids])).last_hidden_state[0]
-
-
-def ember_hidden(model, seqs: list[list[int]]) -> list[torch.Tensor]:
-    """Several sequences in one batch; each one's hidden states."""
-    tokens = [t for s in seqs for t in s]
-    positions = [p for s in seqs for p in range(len(s))]
-    sequences = [i for i, s in enumerate(seqs) for _ in s]
-    batch = Batch(tuple(tokens), tuple(positions), tuple(sequences), tuple(range(len(tokens))))
-    with torch.inference_mode():
-        rows = model.hidden(batch, model.make_cache())
-    return list(rows.split([len(s) for s in seqs]))
-
-
-def embed(engine: Engine, tokenizer: Tokenizer, texts: list[str]) -> list[list[float]]:
-    """As the runner's /embedding and the server's normalize: every text submitted at once."""
-    seqs = [engine.submit(Request(tokenizer.encode(t), Options(), embedding=True)) for t in texts]
-    out = []
-    for seq in seqs:
-        while not isinstance(event := seq.events.get(timeout=60), Done):
-            pass
-        assert event.embedding is not None, event.error
-        out.append(normalize(event.embedding))
-    return out
 
 
 def test_metadata_as_llama_cpp_writes_it(tiny: tuple[Path, Path]) -> None:

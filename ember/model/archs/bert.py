@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ember.batch import Batch
 from ember.errors import EmberError
 from ember.gguf import GGUFFile
-from ember.kvcache import Cache
+from ember.kvcache import Cache, NoCache
 from ember.model.base import POOLING_CLS, POOLING_MEAN, POOLING_RANK
 from ember.model.config import Config, ModelLoadError
 from ember.model.registry import register
@@ -74,12 +74,12 @@ class Block:
         self.qkv_bias = torch.cat([w.tensor(p + f"attn_{n}.bias", (c,)) for n in "qkv"])
         self.attn_output = w.linear(p + "attn_output.weight", c, c)
         self.attn_output_bias = w.tensor(p + "attn_output.bias", (c,))
-        self.attn_norm = _norm(w, p + "attn_output_norm", c)
+        self.attn_norm = layer_norm_weights(w, p + "attn_output_norm", c)
         self.ffn_up = w.linear(p + "ffn_up.weight", o.ffn, c)
         self.ffn_up_bias = w.tensor(p + "ffn_up.bias", (o.ffn,))
         self.ffn_down = w.linear(p + "ffn_down.weight", c, o.ffn)
         self.ffn_down_bias = w.tensor(p + "ffn_down.bias", (c,))
-        self.out_norm = _norm(w, p + "layer_output_norm", c)
+        self.out_norm = layer_norm_weights(w, p + "layer_output_norm", c)
 
     def __call__(self, x: torch.Tensor, mask: torch.Tensor | None, o: BertOptions) -> torch.Tensor:
         t = x.shape[0]
@@ -87,14 +87,41 @@ class Block:
         q, k, v = qkv.permute(1, 2, 0, 3).unbind(0)  # each (H, T, D)
         h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # scale 1/sqrt(D)
         h = h.transpose(0, 1).reshape(t, o.hidden)
-        x = _layer_norm(x + self.attn_output(h) + self.attn_output_bias, self.attn_norm, o.eps)
+        x = layer_norm(x + self.attn_output(h) + self.attn_output_bias, self.attn_norm, o.eps)
         up = F.gelu(self.ffn_up(x) + self.ffn_up_bias)  # exact (erf) GELU, as HF's "gelu"
-        return _layer_norm(x + self.ffn_down(up) + self.ffn_down_bias, self.out_norm, o.eps)
+        return layer_norm(x + self.ffn_down(up) + self.ffn_down_bias, self.out_norm, o.eps)
 
 
-class Bert:
+class Encoder:
+    """What the embedding encoders share: no cache and no logits, the token types of a batch."""
+
     is_causal = False  # the runner keeps each input whole in one batch
+    token_types: torch.Tensor  # (type_vocab, C)
 
+    def make_cache(self) -> Cache:
+        return NoCache()
+
+    def forward(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        """An encoder has no logits: its forward pass is `hidden`."""
+        return self.hidden(batch, cache)
+
+    def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        raise NotImplementedError
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise EmbeddingOnlyError("this is an embedding model: it does not generate text")
+
+    def _types(self, batch: Batch) -> torch.Tensor:
+        """The token type embedding of each token (T, C), or type 0's row (C) for them all."""
+        if not batch.token_types:
+            return self.token_types[0]
+        types = torch.tensor(batch.token_types)
+        if int(types.max()) >= self.token_types.shape[0] or int(types.min()) < 0:
+            raise EmberError(f"a token type is outside 0..{self.token_types.shape[0] - 1}")
+        return self.token_types[types]
+
+
+class Bert(Encoder):
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         w = Weights(gguf)
         o = self.options = BertOptions.from_config(config)
@@ -105,45 +132,20 @@ class Bert:
         self.position_embd = w.tensor("position_embd.weight", (o.context_length, o.hidden))
         # a batch without token types is all "sentence A" (type 0), as llama.cpp runs BERT
         self.token_types = w.tensor("token_types.weight", (o.type_vocab, o.hidden))
-        self.embd_norm = _norm(w, "token_embd_norm", o.hidden)
+        self.embd_norm = layer_norm_weights(w, "token_embd_norm", o.hidden)
         self.blocks = [Block(w, i, o) for i in range(o.num_layers)]
-
-    def make_cache(self) -> Cache:
-        return NoCache()
-
-    def forward(self, batch: Batch, cache: Cache) -> torch.Tensor:
-        """An encoder has no logits: its forward pass is `hidden`."""
-        return self.hidden(batch, cache)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        raise EmbeddingOnlyError("this is an embedding model: it does not generate text")
 
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         """The final hidden state of each output row (one per token for an embedding)."""
         o = self.options
-        sequences = torch.tensor(batch.sequences)
-        positions = _positions(batch)
-        if int(positions.max()) >= o.context_length:
-            raise EmberError(f"a BERT input holds at most {o.context_length} tokens")
+        positions = input_positions(batch, o.context_length)
         x = self.token_embd.lookup(torch.tensor(batch.tokens))
         x = x + self.position_embd[positions] + self._types(batch)
-        x = _layer_norm(x, self.embd_norm, o.eps)
-        same = sequences[:, None] == sequences[None, :]
-        mask = None if bool(same.all()) else same  # (T, T): each token sees its own sequence
+        x = layer_norm(x, self.embd_norm, o.eps)
+        mask = sequence_mask(batch)
         for block in self.blocks:
             x = block(x, mask, o)
-        if batch.outputs == tuple(range(len(batch))):
-            return x
-        return x[torch.tensor(batch.outputs, dtype=torch.long)]
-
-    def _types(self, batch: Batch) -> torch.Tensor:
-        """The token type embedding of each token (T, C), or type 0's row (C) for them all."""
-        if not batch.token_types:
-            return self.token_types[0]
-        types = torch.tensor(batch.token_types)
-        if int(types.max()) >= self.token_types.shape[0] or int(types.min()) < 0:
-            raise EmberError(f"a token type is outside 0..{self.token_types.shape[0] - 1}")
-        return self.token_types[types]
+        return output_rows(x, batch)
 
 
 class BertRanker(Bert):
@@ -169,65 +171,38 @@ def bert(gguf: GGUFFile, config: Config) -> Bert:
     return Bert(gguf, config)
 
 
-class NoCache:
-    """The cache of an encoder that keeps nothing between batches (each input is one batch)."""
-
-    def set_layer(self, layer: int) -> None:
-        pass
-
-    def put(self, key: torch.Tensor, value: torch.Tensor) -> None:
-        raise EmberError("an encoder stores no keys or values")
-
-    def get(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        raise EmberError("an encoder stores no keys or values")
-
-    def view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
-        return None  # nothing stored
-
-    def init(
-        self,
-        *,
-        max_sequences: int,
-        capacity: int,
-        max_batch: int,
-        dtype: torch.dtype | str | None = None,
-    ) -> None:
-        pass
-
-    def nbytes(self) -> int:
-        return 0
-
-    def planned_bytes(self, *, max_sequences: int, capacity: int, max_batch: int) -> int:
-        return 0
-
-    def start_forward(self, batch: Batch, *, reserve: bool = False) -> None:
-        pass
-
-    def copy_prefix(self, src: int, dst: int, length: int) -> None:
-        pass
-
-    def remove(self, seq: int, begin: int, end: int | None) -> None:
-        pass
-
-    def can_resume(self, seq: int, pos: int) -> bool:
-        return False
-
-
-def _positions(batch: Batch) -> torch.Tensor:
+def input_positions(batch: Batch, context_length: int) -> torch.Tensor:
     """Each token's position within its sequence's part of the batch (its whole input)."""
     first: dict[int, int] = {}
     for s, p in zip(batch.sequences, batch.positions, strict=True):
         first.setdefault(s, p)
-    return torch.tensor(
+    positions = torch.tensor(
         [p - first[s] for s, p in zip(batch.sequences, batch.positions, strict=True)]
     )
+    if int(positions.max()) >= context_length:
+        raise EmberError(f"an input of this model holds at most {context_length} tokens")
+    return positions
 
 
-def _norm(w: Weights, name: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_mask(batch: Batch) -> torch.Tensor | None:
+    """(T, T) True where a token sees another (its own sequence's); None when all do."""
+    sequences = torch.tensor(batch.sequences)
+    same = sequences[:, None] == sequences[None, :]
+    return None if bool(same.all()) else same
+
+
+def output_rows(x: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The rows of x (T, C) that the batch outputs."""
+    if batch.outputs == tuple(range(len(batch))):
+        return x
+    return x[torch.tensor(batch.outputs, dtype=torch.long)]
+
+
+def layer_norm_weights(w: Weights, name: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     return w.tensor(name + ".weight", (dim,)), w.tensor(name + ".bias", (dim,))
 
 
-def _layer_norm(
+def layer_norm(
     x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor], eps: float
 ) -> torch.Tensor:
     return F.layer_norm(x, norm[0].shape, norm[0], norm[1], eps)

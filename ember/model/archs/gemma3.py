@@ -46,6 +46,7 @@ class Gemma3Options:
         # Gemma 3 27B (62 layers) scales queries by hidden/heads instead of the head size.
         query_dim = hidden // num_heads if num_layers == 62 else head_dim
         scale = c.float("rope.scaling.factor", 1.0)
+        local_base = c.float("rope.freq_base_swa", LOCAL_ROPE_BASE)  # llama.cpp's gemma-embedding
         return cls(
             num_layers=num_layers,
             hidden=hidden,
@@ -57,7 +58,7 @@ class Gemma3Options:
             window=c.uint("attention.sliding_window", 4096, maximum=1 << 28),
             context_length=c.uint("context_length", 32768, maximum=1 << 28),
             query_scale=query_dim**-0.5,
-            local_rope=RoPE(head_dim, c.float("rope.local.freq_base", LOCAL_ROPE_BASE), True),
+            local_rope=RoPE(head_dim, c.float("rope.local.freq_base", local_base), True),
             global_rope=RoPE(head_dim, c.float("rope.freq_base", 1_000_000.0), True, scale),
         )
 

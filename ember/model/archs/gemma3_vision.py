@@ -17,6 +17,7 @@ from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache, WrapperCache
 from ember.model.archs.gemma3 import Gemma3
+from ember.model.archs.gemma3_embed import Gemma3Embedding
 from ember.model.base import ImageSpan
 from ember.model.config import Config
 from ember.model.imageproc import decode_image, to_pixels
@@ -252,7 +253,10 @@ def _bidirectional(cache: Cache, spans: list[tuple[int, int]]) -> None:
 
 
 def build(gguf: GGUFFile, config: Config) -> Gemma3:
-    """Gemma3Vision where the file holds a vision tower, else the text-only model."""
+    """Gemma3Vision where the file holds a vision tower, EmbeddingGemma where it has a pooling
+    type (Ollama's form of it), else the text-only model."""
+    if "gemma3.pooling_type" in config.metadata:
+        return Gemma3Embedding(gguf, config)
     if "v.patch_embedding.weight" in gguf.tensors:
         return Gemma3Vision(gguf, config)
     return Gemma3(gguf, config)
