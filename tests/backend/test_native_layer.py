@@ -1,0 +1,87 @@
+"""The native decoder layer (backend/native/layer.h) against the Python layers it replaces: the
+same logits to float32 rounding for decode steps and small batches of several sequences, on
+every ISA path this CPU runs, over f32, f16 and bf16 caches; a cache it cannot read (q8_0)
+leaves the step to the Python layers."""
+
+import pytest
+import torch
+from tinymodels import write_tiny_gguf
+
+from ember.backend import native
+from ember.backend.layer import NativeLayer
+from ember.batch import Batch
+from ember.gguf import GGUFFile
+from ember.model import forward, load_model
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no native library")
+
+SIZES = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "head_dim": 64}
+# each arch in a type whose kernels differ: 32-element blocks, K blocks, a mix (gemma3's
+# Q4_K_M-like file: Q5_0 q/k/v, Q8_0 v, Q6_K down)
+CASES = {
+    "llama": ("Q4_1", {}),
+    "qwen2": ("Q4_K", {}),
+    "gemma3": ("Q5_0", {"*attn_v*": "Q8_0", "*ffn_down*": "Q6_K"}),
+}
+PROMPT = [(5 * i + 2) % 150 + 5 for i in range(20)]
+# of max |logit|: the layers round differently by an ulp here and there (sums in another
+# order), which a half-size cache's rounding of a key can turn into one of its own ulps
+TOLERANCE = {"f32": 1e-4, "f16": 1e-3, "bf16": 1e-2}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("native_layer")
+    out = {}
+    for arch, (ggml_type, types) in CASES.items():
+        out[arch] = root / f"{arch}.gguf"
+        write_tiny_gguf(arch, out[arch], ggml_type=ggml_type, tensor_types=types, **SIZES)
+    return out
+
+
+def load(path, isa, monkeypatch):
+    monkeypatch.setenv("EMBER_CPU_ISA", isa)
+    return load_model(GGUFFile.open(path))
+
+
+def decode(model, *, native_on: bool, kv: str) -> list[torch.Tensor]:
+    """Logits of the prompt's prefill (Python: 20 tokens), 4 greedy steps, then one batch of
+    three tokens: the next step of sequence 0 and two tokens of a new sequence 1 (a mask)."""
+    model._native = model.native_layers() if native_on else None
+    cache = model.make_cache()
+    cache.init(max_sequences=2, capacity=64, max_batch=32, dtype=kv)
+    out = [forward(model, cache, Batch.single(PROMPT, 0))[0]]
+    token = int(out[-1].argmax())
+    for step in range(4):
+        out.append(forward(model, cache, Batch.single([token], len(PROMPT) + step))[0])
+        token = int(out[-1].argmax())
+    pos = len(PROMPT) + 4
+    batch = Batch((token, 9, 11), (pos, 0, 1), (0, 1, 1), (0, 1, 2))
+    out.extend(forward(model, cache, batch))
+    return out
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("arch", list(CASES))
+def test_native_layers_equal_the_python_layers(files, arch, kv, monkeypatch):
+    for isa in native.runnable_isas():
+        model = load(files[arch], isa, monkeypatch)
+        assert model.native_layers() is not None, f"{arch} binds no native layers on {isa}"
+        calls = []
+        original = NativeLayer.__call__
+        monkeypatch.setattr(NativeLayer, "__call__", lambda s, *a: calls.append(1) or original(s, *a))
+        ours = decode(model, native_on=True, kv=kv)
+        assert len(calls) == 5 * len(model.blocks)  # 4 steps and the batch, every layer
+        monkeypatch.undo()
+        monkeypatch.setenv("EMBER_CPU_ISA", isa)
+        theirs = decode(model, native_on=False, kv=kv)
+        for a, b in zip(ours, theirs, strict=True):
+            assert (a - b).abs().max() <= TOLERANCE[kv] * b.abs().max(), (arch, kv, isa)
+
+
+def test_a_quantized_cache_takes_the_python_layers(files, monkeypatch):
+    model = load(files["llama"], native.runnable_isas()[0], monkeypatch)
+    calls = []
+    monkeypatch.setattr(NativeLayer, "__call__", lambda *a: calls.append(1))
+    decode(model, native_on=True, kv="q8_0")
+    assert not calls
