@@ -20,6 +20,7 @@ from ember.convert.gptoss import GptOssDecoder
 from ember.convert.granite import GraniteDecoder
 from ember.convert.llama import LlamaDecoder
 from ember.convert.llava import LlavaDecoder
+from ember.convert.mllama import MllamaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
 from ember.convert.olmo2 import Olmo2Decoder
 from ember.convert.phi3 import Phi3Decoder
@@ -44,6 +45,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Gemma3ForCausalLM": Gemma3Decoder,
     "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
     "LlavaForConditionalGeneration": LlavaDecoder,
+    "MllamaForConditionalGeneration": MllamaDecoder,
 }
 _FILE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 32}  # llama_ftype
 
