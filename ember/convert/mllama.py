@@ -19,7 +19,9 @@ from ember.convert.source import ConvertError, HFConfig
 
 _VISION = re.compile(r"(?:model\.)?vision_model\.(.+)")
 _PROJECTOR = re.compile(r"(?:model\.)?multi_modal_projector\.(weight|bias)")
-_CROSS = re.compile(r"(?:model\.language_model|language_model\.model)\.layers\.(\d+)\.(cross_attn.+)")
+_CROSS = re.compile(
+    r"(?:model\.language_model|language_model\.model)\.layers\.(\d+)\.(cross_attn.+)"
+)
 _VISION_LAYER = re.compile(r"(global_)?transformer\.layers\.(\d+)\.(.+)")
 _VISION_NAMES = {
     "class_embedding": "v.class_embd",
@@ -53,7 +55,9 @@ class MllamaDecoder(LlamaDecoder):
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
         if self.is_tied:
-            raise ConvertError("mllama: tied embeddings are not supported (the head has fewer rows)")
+            raise ConvertError(
+                "mllama: tied embeddings are not supported (the head has fewer rows)"
+            )
         layers = self.text.get("cross_attention_layers", [])
         if not isinstance(layers, list) or not all(
             isinstance(i, int) and 0 <= i < self.num_layers for i in layers
@@ -78,7 +82,9 @@ class MllamaDecoder(LlamaDecoder):
         if v.int("vision_output_dim", self.v_hidden * (1 + len(indices))) != self.v_hidden * (
             1 + len(indices)
         ):
-            raise ConvertError("vision_config.vision_output_dim must be hidden × (1 + intermediate layers)")
+            raise ConvertError(
+                "vision_config.vision_output_dim must be hidden × (1 + intermediate layers)"
+            )
         if v.get("hidden_act", "gelu") != "gelu":
             raise ConvertError("vision hidden_act must be gelu")
 
@@ -163,12 +169,14 @@ class MllamaDecoder(LlamaDecoder):
             "v.position_embd.weight": (positions, c), "v.position_embd.gate": (1,),
             "v.tile_position_embd.weight": (ratios, t * positions * c),
             "v.tile_position_embd.gate": (1,),
-            "v.pre_tile_position_embd.weight": (ratios, t * c), "v.pre_tile_position_embd.gate": (1,),
+            "v.pre_tile_position_embd.weight": (ratios, t * c),
+            "v.pre_tile_position_embd.gate": (1,),
             "v.post_tile_position_embd.weight": (ratios, t * c),
             "v.post_tile_position_embd.gate": (1,),
             "v.pre_ln.weight": (c,), "v.pre_ln.bias": (c,),
             "v.post_ln.weight": (c,), "v.post_ln.bias": (c,),
-            "mm.0.weight": (self.hidden, c * (1 + len(self.intermediate))), "mm.0.bias": (self.hidden,),
+            "mm.0.weight": (self.hidden, c * (1 + len(self.intermediate))),
+            "mm.0.bias": (self.hidden,),
         }  # fmt: skip
         per_layer = {
             "attn_q.weight": (c, c), "attn_k.weight": (c, c), "attn_v.weight": (c, c),

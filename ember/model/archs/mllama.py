@@ -56,7 +56,9 @@ class CrossBlock:
         return rms_norm(kv[:, 0], self.k_norm, o.eps), kv[:, 1]
 
     def __call__(
-        self, x: torch.Tensor, images: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        self,
+        x: torch.Tensor,
+        images: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         o: LlamaOptions,
     ) -> torch.Tensor:
         """x (T, C); images: (rows of x, keys, values (H_kv, T_enc, D)) per sequence."""
@@ -92,7 +94,9 @@ class Mllama:
         if not self.cross_layers <= set(range(o.num_layers)):
             raise ModelLoadError("mllama.attention.cross_attention_layers names a missing layer")
         if "output.weight" not in gguf.tensors:
-            raise ModelLoadError("an mllama file needs output.weight (its embeddings have more rows)")
+            raise ModelLoadError(
+                "an mllama file needs output.weight (its embeddings have more rows)"
+            )
         self.vocab_size = gguf.tensors["output.weight"].shape[0]  # the embeddings add 8 rows
         self.context_length = o.context_length
         self.token_embd = w.embedding("token_embd.weight", w.vocab_size(), o.hidden)
@@ -165,7 +169,10 @@ class Mllama:
         return rms_norm(x, self.output_norm, o.eps)
 
     def _image_kv(
-        self, block: CrossBlock, batch: Batch, encoder: EncoderCache,
+        self,
+        block: CrossBlock,
+        batch: Batch,
+        encoder: EncoderCache,
         images: dict[int, torch.Tensor],
     ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Per sequence that sees an image: its rows, the image's keys and values (stored

@@ -29,7 +29,12 @@ STD = (0.26862954, 0.26130258, 0.27577711)
 def aspect_ratios(max_tiles: int) -> list[tuple[int, int]]:
     """Every (rows, columns) arrangement of at most max_tiles tiles; an image's aspect-ratio
     id is its index here plus one (0: no image)."""
-    return [(a, b) for a in range(1, max_tiles + 1) for b in range(1, max_tiles + 1) if a * b <= max_tiles]
+    return [
+        (a, b)
+        for a in range(1, max_tiles + 1)
+        for b in range(1, max_tiles + 1)
+        if a * b <= max_tiles
+    ]
 
 
 def best_canvas(height: int, width: int, max_tiles: int, tile: int) -> tuple[int, int]:
@@ -80,7 +85,9 @@ def to_tiles(image: Image.Image, tile: int, max_tiles: int) -> Tiles:
     pixels = (scaled - np.asarray(MEAN, np.float32)) / np.asarray(STD, np.float32)
     rows, cols = canvas[0] // tile, canvas[1] // tile
     tiles = pixels.reshape(rows, tile, cols, tile, 3).transpose(0, 2, 4, 1, 3)
-    return Tiles(torch.from_numpy(np.ascontiguousarray(tiles.reshape(-1, 3, tile, tile))), (rows, cols))
+    return Tiles(
+        torch.from_numpy(np.ascontiguousarray(tiles.reshape(-1, 3, tile, tile))), (rows, cols)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,13 +143,26 @@ class EncoderLayer:
 
     def __init__(self, w: Weights, prefix: str, o: VisionOptions, *, gated: bool) -> None:
         c, f = o.hidden, o.ffn
-        self.attn_norm = w.tensor(prefix + "attn_norm.weight", (c,)), w.tensor(prefix + "attn_norm.bias", (c,))
+        self.attn_norm = (
+            w.tensor(prefix + "attn_norm.weight", (c,)),
+            w.tensor(prefix + "attn_norm.bias", (c,)),
+        )
         self.qkv = w.fused([prefix + f"attn_{n}.weight" for n in "qkv"], [c, c, c], c)
         self.out = w.linear(prefix + "attn_output.weight", c, c)
-        self.ffn_norm = w.tensor(prefix + "ffn_norm.weight", (c,)), w.tensor(prefix + "ffn_norm.bias", (c,))
+        self.ffn_norm = (
+            w.tensor(prefix + "ffn_norm.weight", (c,)),
+            w.tensor(prefix + "ffn_norm.bias", (c,)),
+        )
         self.up = w.linear(prefix + "ffn_up.weight", f, c), w.tensor(prefix + "ffn_up.bias", (f,))
-        self.down = w.linear(prefix + "ffn_down.weight", c, f), w.tensor(prefix + "ffn_down.bias", (c,))
-        self.gates = (w.tensor(prefix + "attn_gate", (1,)), w.tensor(prefix + "ffn_gate", (1,))) if gated else None
+        self.down = (
+            w.linear(prefix + "ffn_down.weight", c, f),
+            w.tensor(prefix + "ffn_down.bias", (c,)),
+        )
+        self.gates = (
+            (w.tensor(prefix + "attn_gate", (1,)), w.tensor(prefix + "ffn_gate", (1,)))
+            if gated
+            else None
+        )
 
     def __call__(self, x: torch.Tensor, mask: torch.Tensor, o: VisionOptions) -> torch.Tensor:
         h = F.layer_norm(x, (o.hidden,), *self.attn_norm, eps=o.eps)
@@ -178,9 +198,13 @@ class VisionEncoder:
             EncoderLayer(w, f"v.global.blk.{i}.", o, gated=True) for i in range(o.num_global_layers)
         ]
 
-    def _tile_embedding(self, w: Weights, name: str, ratios: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tile_embedding(
+        self, w: Weights, name: str, ratios: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         o = self.options
-        return w.tensor(f"{name}.weight", (ratios, o.max_tiles * o.hidden)), w.tensor(f"{name}.gate", (1,))
+        return w.tensor(f"{name}.weight", (ratios, o.max_tiles * o.hidden)), w.tensor(
+            f"{name}.gate", (1,)
+        )
 
     def _per_tile(self, table: tuple[torch.Tensor, torch.Tensor], ratio_id: int) -> torch.Tensor:
         return (table[0][ratio_id] * table[1]).view(self.options.max_tiles, 1, self.options.hidden)
@@ -188,7 +212,9 @@ class VisionEncoder:
     def __call__(self, pixels: torch.Tensor, ratio_id: int, num_tiles: int) -> torch.Tensor:
         o = self.options
         tiles, n, c = o.max_tiles, o.positions, o.hidden
-        x = F.conv2d(pixels, self.patch, stride=o.patch_size).flatten(2).transpose(1, 2)  # (T, N-1, C)
+        x = (
+            F.conv2d(pixels, self.patch, stride=o.patch_size).flatten(2).transpose(1, 2)
+        )  # (T, N-1, C)
         x = x + self._per_tile(self.pre_tile, ratio_id)
         x = torch.cat((self.class_embd.expand(tiles, 1, c), x), dim=1)  # (T, N, C)
         x = x + self.position_gate * self.position
