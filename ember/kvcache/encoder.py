@@ -24,7 +24,9 @@ class EncoderEntry:
 
 
 class EncoderCache:
-    def __init__(self) -> None:
+    def __init__(self, *, bytes_per_image: int = 0) -> None:
+        """bytes_per_image: what one sequence's image takes at most (for the load-time plan)."""
+        self.bytes_per_image = bytes_per_image
         self.layer = 0
         self.entries: dict[int, EncoderEntry] = {}  # sequence (slot) -> its image's store
         self.max_sequences = 1
@@ -46,8 +48,9 @@ class EncoderCache:
         return sum(e.nbytes() for e in self.entries.values())
 
     def planned_bytes(self, *, max_sequences: int, capacity: int, max_batch: int) -> int:
-        """One image per sequence, each the size of the largest stored so far."""
-        return max_sequences * max((e.nbytes() for e in self.entries.values()), default=0)
+        """One image per sequence, each of the model's largest or the largest stored so far."""
+        largest = max((e.nbytes() for e in self.entries.values()), default=0)
+        return max_sequences * max(self.bytes_per_image, largest)
 
     def start_forward(self, batch: Batch, *, reserve: bool = False) -> None:
         """Notes the batch's images: a sequence's new image replaces its old one."""

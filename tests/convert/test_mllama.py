@@ -112,6 +112,47 @@ def test_a_prompt_without_an_image_equals_hf_text_only(models):
     assert (run(ember, ids, {}) - theirs).abs().max() < 1e-4
 
 
+def test_rows_before_the_image_skip_cross_attention_as_metas_reference(models):
+    """Rows before the image (HF's processor masks their whole cross-attention row) skip the
+    cross-attention layers: Meta's reference zeroes both halves of such a row. HF zeroes only
+    the MLP half and adds the attention of an unmasked row: with that half zeroed too, HF
+    gives Ember's logits for every row; as HF ships, the masked rows differ."""
+    hf, ember = models
+    data = image_bytes((50, 30), "RGB", 1)
+    ids = [1, 10, hf.config.image_token_index, 11, 12, 13]
+    mask = torch.zeros(1, len(ids), 1, MAX_TILES, dtype=torch.long)
+    mask[:, 2:] = 1  # the processor's: from the image token on, every tile (2 × 2 here)
+    ours = run(ember, ids, {2: ember.encode_multimodal(data)})
+    layer = hf.model.language_model.layers[1]
+    with torch.no_grad():
+        shipped = hf(input_ids=torch.tensor([ids]), cross_attention_mask=mask,
+                     **hf_inputs(data)).logits[0]  # fmt: skip
+        layer.forward = types.MethodType(_cross_layer_as_metas, layer)
+        try:
+            metas = hf(input_ids=torch.tensor([ids]), cross_attention_mask=mask,
+                       **hf_inputs(data)).logits[0]  # fmt: skip
+        finally:
+            del layer.forward
+        text_only = hf(input_ids=torch.tensor([ids[:2]])).logits[0]
+    assert (ours - metas).abs().max() < 1e-4
+    assert (ours[:2] - text_only).abs().max() < 1e-4
+    assert (shipped[:2] - text_only).abs().max() > 1e-2
+
+
+def _cross_layer_as_metas(self, hidden_states, cross_attention_states, cross_attention_mask,
+                          attention_mask, full_text_row_masked_out_mask, **kwargs):  # fmt: skip
+    """HF's MllamaCrossAttentionDecoderLayer.forward with the attention of a fully masked row
+    zeroed too, as Meta's CrossAttention does."""
+    row = full_text_row_masked_out_mask[:, 0]
+    attn, _ = self.cross_attn(hidden_states=self.input_layernorm(hidden_states),
+                              attention_mask=cross_attention_mask,
+                              cross_attention_states=cross_attention_states,
+                              cache=kwargs.get("cache"))  # fmt: skip
+    hidden_states = hidden_states + self.cross_attn_attn_gate.tanh() * row * attn
+    mlp = self.mlp(self.post_attention_layernorm(hidden_states))
+    return hidden_states + self.cross_attn_mlp_gate.tanh() * row * mlp
+
+
 def test_the_image_token_is_the_tokenizers_last(models):
     hf, ember = models
     assert ember.image_token == hf.config.image_token_index

@@ -100,3 +100,18 @@ def test_the_ollama_and_openai_clients_chat_with_an_image(setup):
         max_tokens=NUM_PREDICT, temperature=0,
     )  # fmt: skip
     assert completion.choices[0].message.content == answer
+
+
+def test_two_images_in_a_request_are_a_400(setup):
+    """One image per request, as Ollama's mllama."""
+    import ollama
+
+    _, server = setup
+    images = [image_bytes((50, 30), "RGB", 1), image_bytes((20, 64), "RGBA", 2)]
+    with pytest.raises(ollama.ResponseError) as err:
+        ollama.Client(server.url).chat(
+            model="tiny-mllama",
+            messages=[{"role": "user", "content": QUESTION, "images": images}],
+            options={"num_predict": 2},
+        )
+    assert err.value.status_code == 400 and "image" in err.value.error

@@ -15,6 +15,7 @@ from test_gemma3_vision import image_bytes
 
 from ember.batch import Batch
 from ember.convert import convert_directory
+from ember.errors import EmberError
 from ember.gguf import GGUFFile
 from ember.kvcache import EncoderCache
 from ember.model import load_model
@@ -88,6 +89,21 @@ def test_the_image_is_one_token_carrying_its_states(loaded):
     ((start, group),) = req.same_batch.items()
     assert group == 0 and req.inputs[start] == model.image_token
     assert req.multimodal[start].shape == (4 * 5, 64)  # 2 × 2 tiles of 5 positions
+
+
+def test_a_second_image_in_a_prompt_is_refused(loaded):
+    model, tok = loaded
+    images = {0: image_bytes(*IMAGES[0]), 1: image_bytes(*IMAGES[1])}
+    with pytest.raises(EmberError, match="only supports 1 image"):
+        prompt_inputs("[img-0] and [img-1]", images, tok, model)
+
+
+def test_the_load_plan_counts_an_image_per_sequence(loaded):
+    model, _ = loaded
+    cache = model.make_cache()
+    encoder = next(c for c in cache.caches if isinstance(c, EncoderCache))
+    per_image = 4 * 5 * 1 * 2 * 2 * 16 * 4  # tiles, positions, cross layers, k/v, heads, dim
+    assert encoder.planned_bytes(max_sequences=3, capacity=64, max_batch=8) == 3 * per_image
 
 
 def test_an_image_prompt_alone_equals_it_beside_three_others(loaded):

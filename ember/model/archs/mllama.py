@@ -87,6 +87,8 @@ def _int_list(c: Config, key: str) -> list[int]:
 class Mllama:
     """Text model with cross-attention layers, a vision encoder and its projector."""
 
+    max_images = 1  # per request, as Ollama (its encoder cache holds one image a sequence)
+
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         w = Weights(gguf)
         o = self.options = LlamaOptions.from_config(config, w, is_neox=False)
@@ -116,8 +118,12 @@ class Mllama:
         self.image_token = tokens.index(IMAGE_TOKEN) if IMAGE_TOKEN in tokens else IMAGE_TOKEN_ID
 
     def make_cache(self) -> Cache:
-        kinds = [0 if i in self.cross_layers else 1 for i in range(self.options.num_layers)]
-        return WrapperCache([EncoderCache(), CausalCache(shift=self.shift)], kinds)
+        o, v = self.options, self.vision_options
+        kinds = [0 if i in self.cross_layers else 1 for i in range(o.num_layers)]
+        # an image's keys and values, at most: every tile, each cross layer, float32
+        image = v.max_tiles * v.positions * len(self.cross_layers) * 2 * o.num_kv_heads * o.head_dim
+        encoder = EncoderCache(bytes_per_image=image * 4)
+        return WrapperCache([encoder, CausalCache(shift=self.shift)], kinds)
 
     def shift(self, layer: int, key: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         return self.options.rope.shift(key, delta)
