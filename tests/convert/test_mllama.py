@@ -47,15 +47,43 @@ def test_tiles_equal_hf_image_processor(mode, size):
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("mllama")
     hf = build_mllama(root / "hf")
     convert_directory(root / "hf", root / "model.gguf")
-    ember = load_model(GGUFFile.open(root / "model.gguf"))
+    return hf, root / "model.gguf"
+
+
+@pytest.fixture(scope="module")
+def models(converted):
+    hf, path = converted
+    ember = load_model(GGUFFile.open(path))
     assert isinstance(ember, Mllama)
     encoder = hf.model.vision_model.transformer
     encoder.forward = types.MethodType(_inputs_as_intermediate_states, encoder)
     return hf, ember
+
+
+def test_a_q8_0_file_keeps_the_tower_and_stays_close(models, converted, tmp_path):
+    """`ember create --quantize q8_0`: the text weights quantized, the tower and projector
+    kept (as llama.cpp and Ollama), the logits of a prompt with an image close."""
+    from ember.store.quantize import quantize
+
+    out = tmp_path / "q8_0.gguf"
+    with out.open("wb") as f:
+        for _ in quantize(converted[1], f, "Q8_0"):  # type: ignore[arg-type]
+            pass
+    with GGUFFile.open(out) as g:
+        types_ = {name: info.ggml_type for name, info in g.tensors.items()}
+    assert types_["blk.1.cross_attn_q_proj.weight"] == types_["blk.0.attn_q.weight"] == 8
+    assert all(t in (0, 1) for n, t in types_.items() if n.startswith(("v.", "mm.")))
+    _, ember = models
+    quantized = load_model(GGUFFile.open(out))
+    data = image_bytes((50, 30), "RGB", 1)
+    ids = [ember.image_token, 10, 11, 12]
+    full = run(ember, ids, {0: ember.encode_multimodal(data)})
+    close = run(quantized, ids, {0: quantized.encode_multimodal(data)})
+    assert (close - full).abs().max() < 0.1 * (full.max() - full.min())
 
 
 def _inputs_as_intermediate_states(self, hidden_states, attention_mask=None):
