@@ -164,10 +164,10 @@ class EncoderLayer:
             else None
         )
 
-    def __call__(self, x: torch.Tensor, mask: torch.Tensor, o: VisionOptions) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, real: torch.Tensor, o: VisionOptions) -> torch.Tensor:
         h = F.layer_norm(x, (o.hidden,), *self.attn_norm, eps=o.eps)
         q, k, v = self.qkv(h).unflatten(-1, (3, o.num_heads, -1)).transpose(0, 2).unbind(1)
-        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(0, 1).flatten(1)
+        att = _attend(q, k, v, real).transpose(0, 1).flatten(1)
         h = self.out(att)
         x = x + (h * self.gates[0] if self.gates else h)
         h = F.layer_norm(x, (o.hidden,), *self.ffn_norm, eps=o.eps)
@@ -222,26 +222,34 @@ class VisionEncoder:
         x = F.layer_norm(x, (c,), *self.pre_ln, eps=o.eps)
         padded = -(-n // 8) * 8
         x = F.pad(x, (0, 0, 0, padded - n)).reshape(tiles * padded, c)
-        mask = _padding_mask(tiles, n, padded, num_tiles)
+        real = _real_tokens(tiles, n, padded, num_tiles)
         kept: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in o.intermediate:
                 kept[i] = x
-            x = layer(x, mask, o)
+            x = layer(x, real, o)
         x = F.layer_norm(x, (c,), *self.post_ln, eps=o.eps)
         x = (x.view(tiles, padded, c) + self._per_tile(self.post_tile, ratio_id)).view(-1, c)
         for layer in self.global_layers:
-            x = layer(x, mask, o)
+            x = layer(x, real, o)
         if kept:  # each feature interleaved across the kept layers, as HF's stack(dim=-1)
             x = torch.cat((x, torch.stack([kept[i] for i in o.intermediate], -1).flatten(1)), -1)
         return x.view(tiles, padded, -1)[:, :n]
 
 
-def _padding_mask(tiles: int, positions: int, padded: int, num_tiles: int) -> torch.Tensor:
-    """Additive (L, L) mask hiding padding tokens from padding tokens only (HF's)."""
-    pad = torch.zeros(tiles, padded, dtype=torch.bool)
-    pad[:, positions:] = True
-    pad[num_tiles:] = True
-    pad = pad.flatten()
-    both = pad[:, None] & pad[None, :]
-    return torch.zeros(both.shape).masked_fill(both, float("-inf"))
+def _real_tokens(tiles: int, positions: int, padded: int, num_tiles: int) -> torch.Tensor:
+    """(L,) bool: the tokens that are neither a tile's padding nor in an empty tile."""
+    real = torch.zeros(tiles, padded, dtype=torch.bool)
+    real[:num_tiles, :positions] = True
+    return real.flatten()
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """HF's mask, which hides padding from padding only, without an (L, L) mask: real tokens
+    attend to every token, padding tokens to the real ones (two unmasked attentions)."""
+    out = torch.empty_like(q)
+    out[:, real] = F.scaled_dot_product_attention(q[:, real], k, v)
+    pad = ~real
+    if bool(pad.any()):
+        out[:, pad] = F.scaled_dot_product_attention(q[:, pad], k[:, real], v[:, real])
+    return out
