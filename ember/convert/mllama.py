@@ -10,12 +10,14 @@ tower has no RoPE)."""
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ember.convert.llama import LlamaDecoder
 from ember.convert.source import ConvertError, HFConfig
+from ember.convert.vocab import tokenizer_metadata
 
 _VISION = re.compile(r"(?:model\.)?vision_model\.(.+)")
 _PROJECTOR = re.compile(r"(?:model\.)?multi_modal_projector\.(weight|bias)")
@@ -85,15 +87,18 @@ class MllamaDecoder(LlamaDecoder):
             raise ConvertError(
                 "vision_config.vision_output_dim must be hidden × (1 + intermediate layers)"
             )
+        ratios = [[a, b] for a in range(1, self.max_tiles + 1) for b in range(1, self.max_tiles + 1)
+                  if a * b <= self.max_tiles]  # fmt: skip
+        if v.get("supported_aspect_ratios", ratios) != ratios:
+            raise ConvertError("vision_config.supported_aspect_ratios must be every arrangement "
+                               "of at most max_num_tiles tiles, in HF's order")  # fmt: skip
         if v.get("hidden_act", "gelu") != "gelu":
             raise ConvertError("vision hidden_act must be gelu")
 
     def text_config(self, config: HFConfig) -> HFConfig:
         return config.sub("text_config")
 
-    def directory_metadata(self, directory: Any) -> dict[str, Any]:
-        from ember.convert.vocab import tokenizer_metadata
-
+    def directory_metadata(self, directory: Path) -> dict[str, Any]:
         # the tokenizer's <|image|> follows the text vocabulary, inside the 8 extra embeddings
         return tokenizer_metadata(directory, self.text, vocab_size=self.vocab_size + 8)
 

@@ -9,7 +9,6 @@ HF's encoder is run here with 4's collection, so the reference is HF's code with
 import io
 import types
 
-import numpy as np
 import pytest
 import torch
 
@@ -199,15 +198,40 @@ def run(model: Mllama, ids: list[int], images: dict[int, torch.Tensor]) -> torch
         return model.forward(batch, cache)
 
 
-def test_hf_intermediate_states_are_layer_outputs_in_transformers_5(tmp_path):
+def test_hf_intermediate_states_are_layer_outputs_in_transformers_5(models):
     """Why the reference is patched: unpatched, transformers 5 gives other states."""
-    hf = build_mllama(tmp_path / "hf")
+    hf, _ = models
     inputs = hf_inputs(image_bytes((50, 30), "RGB", 1))
+    encoder = hf.model.vision_model.transformer
     with torch.no_grad():
-        v5 = hf.model.vision_model(**inputs).last_hidden_state
-        encoder = hf.model.vision_model.transformer
-        encoder.forward = types.MethodType(_inputs_as_intermediate_states, encoder)
         v4 = hf.model.vision_model(**inputs).last_hidden_state
+        del encoder.forward  # the class's own
+        try:
+            v5 = hf.model.vision_model(**inputs).last_hidden_state
+        finally:
+            encoder.forward = types.MethodType(_inputs_as_intermediate_states, encoder)
     assert (v5[..., :32] - v4[..., :32]).abs().max() < 1e-6  # the last layer's output agrees
     assert (v5[..., 32:] - v4[..., 32:]).abs().max() > 1e-3  # the intermediate one does not
-    assert np.isfinite(v5.numpy()).all()
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("text_config", "cross_attention_layers", [7], "cross_attention_layers"),
+        ("vision_config", "supported_aspect_ratios", [[1, 1], [2, 2]], "supported_aspect_ratios"),
+        ("vision_config", "intermediate_layers_indices", [5], "intermediate_layers_indices"),
+    ],
+)
+def test_a_config_ember_cannot_run_is_refused(converted, tmp_path, section, key, value, message):
+    import json
+    import shutil
+
+    from ember.convert.source import ConvertError
+
+    source = converted[1].parent / "hf"
+    shutil.copytree(source, tmp_path / "hf")
+    config = json.loads((source / "config.json").read_text())
+    config[section][key] = value
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConvertError, match=message):
+        convert_directory(tmp_path / "hf", tmp_path / "model.gguf")
