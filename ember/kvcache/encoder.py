@@ -110,10 +110,12 @@ class EncoderCache:
         self.layer = layer
 
     def put(self, key: torch.Tensor, value: torch.Tensor) -> None:
-        """The Cache seam's put, for a batch carrying one image: stores it."""
-        if len(self._new) != 1:
-            raise ValueError("put stores the image of a batch that carries exactly one")
-        self.store(next(iter(self._new)), key, value)
+        """The Cache seam's put: stores the image of a batch that carries one; a batch with
+        none stores nothing (its stored images stay)."""
+        if len(self._new) > 1:
+            raise ValueError("put cannot tell the images of several sequences apart: use store")
+        if self._new:
+            self.store(next(iter(self._new)), key, value)
 
     def get(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The Cache seam's get, for one stored image: its keys and values, no mask."""
