@@ -74,9 +74,9 @@ def generate(e: Engine, req: Request) -> tuple[list[int], Done]:
     return list(seq.generated), done
 
 
-def engine(loaded, *, num_parallel: int = 1, num_ctx: int = 64) -> Engine:
+def engine(loaded, *, num_parallel: int = 1, num_ctx: int = 64, num_batch: int = 64) -> Engine:
     model, tok = loaded
-    return Engine(model, tok, num_parallel=num_parallel, num_ctx=num_ctx, num_batch=64)
+    return Engine(model, tok, num_parallel=num_parallel, num_ctx=num_ctx, num_batch=num_batch)
 
 
 def encoder_of(e: Engine) -> EncoderCache:
@@ -126,6 +126,19 @@ def test_an_image_prompt_alone_equals_it_beside_three_others(loaded):
         e.close()
     assert together == alone
     assert len({tuple(t) for t in alone}) > 1 and all(alone)
+
+
+def test_a_prompt_split_over_batches_gives_the_same_tokens(loaded):
+    """Rows see the image by position: the batch they run in does not matter."""
+    req = request(loaded, prompt(3), 2)
+    results = []
+    for num_batch in (3, 64):
+        e = engine(loaded, num_batch=num_batch)
+        try:
+            results.append(run(e, [req]))
+        finally:
+            e.close()
+    assert results[0] == results[1]
 
 
 def test_a_repeated_prefix_with_its_image_evaluates_only_the_new_tokens(loaded):
