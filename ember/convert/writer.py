@@ -22,6 +22,7 @@ from ember.convert.granite import GraniteDecoder
 from ember.convert.llama import LlamaDecoder
 from ember.convert.llama4 import Llama4Decoder
 from ember.convert.llava import LlavaDecoder
+from ember.convert.mllama import MllamaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
 from ember.convert.nomic_bert import NomicBertEncoder
 from ember.convert.olmo2 import Olmo2Decoder
@@ -53,6 +54,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
     "LlavaForConditionalGeneration": LlavaDecoder,
     "Qwen2_5_VLForConditionalGeneration": Qwen25VLDecoder,
+    "MllamaForConditionalGeneration": MllamaDecoder,
 }
 _FILE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 32}  # llama_ftype
 

@@ -52,6 +52,9 @@ def prompt_inputs(
 ) -> PromptInputs:
     out = PromptInputs()
     pieces = _TAG.split(prompt)  # text, id, text, id, ..., text
+    limit, count = getattr(model, "max_images", None), len(pieces) // 2  # mllama: 1, as Ollama
+    if limit is not None and count > limit:
+        raise EmberError(f"this model only supports {limit} image(s) while {count} were requested")
     for i, piece in enumerate(pieces):
         if i % 2 == 0:
             out.tokens += tokenizer.encode(piece, add_special=i == 0) if piece or i == 0 else []

@@ -187,27 +187,30 @@ def test_encoder_cache_stores_once_and_shows_everything():
     from ember.kvcache import EncoderCache
 
     cache = EncoderCache()
-    cache.init(max_sequences=1, capacity=16, max_batch=8)
+    cache.init(max_sequences=2, capacity=16, max_batch=8)
     image = Batch((5, 6, 7), (0, 1, 2), (0, 0, 0), (2,), multimodal=(1,))
     cache.start_forward(image)
     cache.set_layer(0)
     cache.put(torch.ones(4, 1, 2), torch.full((4, 1, 2), 2.0))  # 4 encoder positions
     k, v, mask = cache.get()
-    assert k.shape == (1, 4, 2) and mask is None and cache.is_cached and cache.encoder_pos == 1
+    assert k.shape == (1, 4, 2) and mask is None and cache.is_cached
+    assert cache.image_position(0) == 1
     cache.start_forward(batch([3]))  # text only: the stored output stays
     cache.put(torch.zeros(1, 1, 2), torch.zeros(1, 1, 2))
     k, v, _ = cache.get()
     assert torch.equal(v, torch.full((1, 4, 2), 2.0))
+    cache.start_forward(batch([4, 0], [0, 1]))  # another sequence, no image: nothing to see
+    assert cache.image_position(1) is None
     cache.remove(0, 2, None)  # after the image: kept
     assert cache.is_cached
     cache.remove(0, 1, 2)  # the image's input: dropped
     assert not cache.is_cached
     with pytest.raises(LookupError):
         cache.get()
-    with pytest.raises(NotImplementedError):
-        cache.copy_prefix(0, 1, 1)
-    with pytest.raises(ValueError):
-        cache.start_forward(batch([0], [1]))
+    two = Batch((5, 6), (0, 0), (0, 1), (1,), multimodal=(0, 1))
+    cache.start_forward(two)
+    with pytest.raises(ValueError):  # two sequences' images: each is stored by its sequence
+        cache.put(torch.ones(4, 1, 2), torch.ones(4, 1, 2))
 
 
 def test_wrapper_of_encoder_and_causal_as_mllama():
