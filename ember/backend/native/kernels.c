@@ -37,7 +37,7 @@ extern int ember_num_threads; /* dispatch.c: 0 = OpenMP's default */
 enum { EM_F16 = 1, EM_Q4_0 = 2, EM_Q4_1 = 3, EM_Q5_0 = 6, EM_Q5_1 = 7, EM_Q8_0 = 8,
        EM_IQ4_NL = 20, EM_BF16 = 30 };
 
-typedef float (*em_dot_q16)(const uint8_t *, const em_block_q16 *, int64_t);
+typedef void (*em_dots_q16)(const uint8_t *, const em_block_q16 *, int64_t, int, float *);
 typedef float (*em_dot_f32)(const uint8_t *, const float *, int64_t);
 typedef void (*em_dequant_row)(const void *, float *, int64_t);
 
@@ -59,14 +59,14 @@ static void em_block_size(int type, int *elems, int *bytes) {
     }
 }
 
-static em_dot_q16 em_q16_dot_of(int type) {
+static em_dots_q16 em_q16_dots_of(int type) {
     switch (type) {
-    case EM_Q4_0: return em_dot_q4_0;
-    case EM_Q4_1: return em_dot_q4_1;
-    case EM_Q5_0: return em_dot_q5_0;
-    case EM_Q5_1: return em_dot_q5_1;
-    case EM_Q8_0: return em_dot_q8_0;
-    case EM_IQ4_NL: return em_dot_iq4_nl;
+    case EM_Q4_0: return em_dots_q4_0;
+    case EM_Q4_1: return em_dots_q4_1;
+    case EM_Q5_0: return em_dots_q5_0;
+    case EM_Q5_1: return em_dots_q5_1;
+    case EM_Q8_0: return em_dots_q8_0;
+    case EM_IQ4_NL: return em_dots_iq4_nl;
     default: return 0;
     }
 }
@@ -157,8 +157,13 @@ static void em_rows(const em_prep *p, const uint8_t *W, int64_t M, int64_t ldy, 
                 for (int64_t m = 0; m < mc; m++) y[(m0 + m) * ldy + n] = part[2 * m] + part[2 * m + 1];
             }
         } else {
-            const em_dot_q16 dot = em_q16_dot_of(p->type);
-            for (int64_t m = 0; m < M; m++) y[m * ldy + n] = dot(wrow, p->q16 + m * nb, nb);
+            const em_dots_q16 dots = em_q16_dots_of(p->type);
+            float part[EM_DOTS];
+            for (int64_t m0 = 0; m0 < M; m0 += EM_DOTS) {
+                const int mc = M - m0 < EM_DOTS ? (int)(M - m0) : EM_DOTS;
+                dots(wrow, p->q16 + m0 * nb, nb, mc, part);
+                for (int m = 0; m < mc; m++) y[(m0 + m) * ldy + n] = part[m];
+            }
         }
     }
 }

@@ -35,6 +35,7 @@
 #endif
 
 #define EM_QK 32
+#define EM_DOTS 4 /* activation rows a weight row meets per pass */
 
 typedef struct {
     float d;  /* scale */
@@ -286,8 +287,49 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
         if (!AFFINE) return sum;                                                              \
         return sum + (_mm_cvtss_f32(_mm_movehdup_ps(off0)) + _mm_cvtss_f32(_mm_movehdup_ps(off1))); \
     }
-#define EM_DOT_SYM(T, BYTES) EM_DOT_X86(T, BYTES, 0)
-#define EM_DOT_AFFINE(T, BYTES) EM_DOT_X86(T, BYTES, 1)
+
+/* The dot products of one weight row with NX rows of activations (NX <= EM_DOTS, a constant
+ * where inlined): each block's codes are widened once for all of them, and each row takes the
+ * steps em_dot_T takes (the same bits as NX calls of it). */
+#define EM_DOTS_X86(T, BYTES, AFFINE)                                                         \
+    static inline __attribute__((always_inline)) void em_dots_n_##T(                          \
+        const uint8_t *w, const em_block_q16 *x, int64_t nb, const int NX, float *out) {      \
+        __m256 acc[EM_DOTS][2];                                                               \
+        __m128 off[EM_DOTS][2];                                                               \
+        for (int m = 0; m < NX; m++) {                                                        \
+            acc[m][0] = acc[m][1] = _mm256_setzero_ps();                                      \
+            off[m][0] = off[m][1] = _mm_setzero_ps();                                         \
+        }                                                                                     \
+        for (int64_t b = 0; b < nb; b++, w += BYTES) {                                        \
+            const em_w16 wv = em_w_##T(w);                                                    \
+            const int par = (int)(b & 1);                                                     \
+            for (int m = 0; m < NX; m++) {                                                    \
+                const em_block_q16 *xb = x + m * nb + b;                                      \
+                const __m128 s = em_scales(w, xb);                                            \
+                const __m256 t = _mm256_mul_ps(_mm256_broadcastss_ps(s), em_dot_w16(wv, xb->qs)); \
+                if (par) acc[m][1] = _mm256_add_ps(acc[m][1], t);                             \
+                else acc[m][0] = _mm256_add_ps(acc[m][0], t);                                 \
+                if (AFFINE && par) off[m][1] = _mm_add_ps(off[m][1], s);                      \
+                else if (AFFINE) off[m][0] = _mm_add_ps(off[m][0], s);                        \
+            }                                                                                 \
+        }                                                                                     \
+        for (int m = 0; m < NX; m++) {                                                        \
+            const float sum = em_hsum8(_mm256_add_ps(acc[m][0], acc[m][1]));                  \
+            out[m] = AFFINE ? sum + (_mm_cvtss_f32(_mm_movehdup_ps(off[m][0])) +              \
+                                     _mm_cvtss_f32(_mm_movehdup_ps(off[m][1])))               \
+                            : sum;                                                            \
+        }                                                                                     \
+    }                                                                                         \
+    static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb, int nx, float *out) { \
+        switch (nx) {                                                                         \
+        case 4: em_dots_n_##T(w, x, nb, 4, out); break;                                       \
+        case 3: em_dots_n_##T(w, x, nb, 3, out); break;                                       \
+        case 2: em_dots_n_##T(w, x, nb, 2, out); break;                                       \
+        default: out[0] = em_dot_##T(w, x, nb);                                               \
+        }                                                                                     \
+    }
+#define EM_DOT_SYM(T, BYTES) EM_DOT_X86(T, BYTES, 0) EM_DOTS_X86(T, BYTES, 0)
+#define EM_DOT_AFFINE(T, BYTES) EM_DOT_X86(T, BYTES, 1) EM_DOTS_X86(T, BYTES, 1)
 
 #else /* portable and NEON: codes to int8, then the same lanes and float steps as on x86 */
 
@@ -338,8 +380,12 @@ static inline float em_hsum8s(const float *a) {
         const float sum = em_hsum8s(s);                                                       \
         return AFFINE ? sum + (off[0] + off[1]) : sum;                                        \
     }
-#define EM_DOT_SYM(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 0)
-#define EM_DOT_AFFINE(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 1)
+#define EM_DOTS_PORTABLE(T)                                                                   \
+    static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb, int nx, float *out) { \
+        for (int m = 0; m < nx; m++) out[m] = em_dot_##T(w, x + m * nb, nb);                  \
+    }
+#define EM_DOT_SYM(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 0) EM_DOTS_PORTABLE(T)
+#define EM_DOT_AFFINE(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 1) EM_DOTS_PORTABLE(T)
 #endif
 
 EM_DOT_SYM(q4_0, 18)
