@@ -20,6 +20,7 @@ from ember.convert.gptoss import GptOssDecoder
 from ember.convert.granite import GraniteDecoder
 from ember.convert.llama import LlamaDecoder
 from ember.convert.llava import LlavaDecoder
+from ember.convert.mistral3 import Mistral3Decoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
 from ember.convert.olmo2 import Olmo2Decoder
 from ember.convert.phi3 import Phi3Decoder
@@ -44,6 +45,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Gemma3ForCausalLM": Gemma3Decoder,
     "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
     "LlavaForConditionalGeneration": LlavaDecoder,
+    "Mistral3ForConditionalGeneration": Mistral3Decoder,
 }
 _FILE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 32}  # llama_ftype
 
@@ -90,19 +92,62 @@ def convert_directory(
     meta = _general(decoder, plan, name) | decoder.metadata() | files
     if isinstance(decoder, LlavaDecoder) and mmproj is None:
         raise ConvertError("a llava model converts to a text GGUF plus an mmproj file")
+    arch = decoder.arch
     if mmproj is not None:
-        if isinstance(decoder, LlavaDecoder):
-            clip_meta = decoder.mmproj_metadata()
-        elif isinstance(decoder, Gemma3VisionDecoder):
-            clip_meta = mmproj_metadata(decoder)
+        if isinstance(decoder, Mistral3Decoder):
+            clip_meta, vision = decoder.mmproj_metadata(), _mistral3_mmproj(decoder, plan)
+            meta = {_rekey(k, arch, decoder.split_text_arch): v for k, v in meta.items()
+                    if decoder.is_text_key(k)}  # fmt: skip
+            arch = decoder.split_text_arch
+        elif isinstance(decoder, (LlavaDecoder, Gemma3VisionDecoder)):
+            clip_meta = (
+                decoder.mmproj_metadata()
+                if isinstance(decoder, LlavaDecoder)
+                else mmproj_metadata(decoder)
+            )
+            vision = [
+                replace(p, name=mmproj_name(p.name)) for p in plan if is_vision_tensor(p.name)
+            ]
+            meta = {
+                k: v for k, v in meta.items() if not k.startswith(("gemma3.vision.", "gemma3.mm."))
+            }
         else:
             raise ConvertError("only a vision model has an mmproj file")
-        vision = [replace(p, name=mmproj_name(p.name)) for p in plan if is_vision_tensor(p.name)]
         file_type = _FILE_TYPES[next(p.dtype for p in vision if len(p.shape) == 2)]
         _write(mmproj, "clip", clip_meta | {"general.file_type": file_type}, vision)
         plan = [p for p in plan if not is_vision_tensor(p.name)]
-        meta = {k: v for k, v in meta.items() if not k.startswith(("gemma3.vision.", "gemma3.mm."))}
-    _write(out, decoder.arch, meta, plan)
+    _write(out, arch, meta, plan)
+
+
+def _rekey(key: str, arch: str, new_arch: str) -> str:
+    return new_arch + key.removeprefix(arch) if key.startswith(f"{arch}.") else key
+
+
+def _mistral3_mmproj(decoder: Mistral3Decoder, plan: list[Planned]) -> list[Planned]:
+    """The tower and projector under llama.cpp's names (Q/K rows permuted as its converter
+    does), and the [IMG_BREAK] embedding row it copies from the text model."""
+    vision = [
+        replace(
+            p,
+            name=decoder.mmproj_name(p.name),
+            load=_then(p.load, decoder.mmproj_transform, p.name),
+        )
+        for p in plan
+        if is_vision_tensor(p.name)
+    ]
+    source, row = decoder.img_break_source()
+    embedding = next(p for p in plan if p.name == source)
+    vision.append(Planned("v.token_embd.img_break", (embedding.shape[1],), torch.float32,
+                          lambda: embedding.load()[row].float()))  # fmt: skip
+    return vision
+
+
+def _then(
+    load: Callable[[], torch.Tensor],
+    transform: Callable[[str, torch.Tensor], torch.Tensor],
+    name: str,
+) -> Callable[[], torch.Tensor]:
+    return lambda: transform(name, load())
 
 
 def _plan(decoder: TextDecoder, tensors: Tensors) -> list[Planned]:
