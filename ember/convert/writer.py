@@ -94,29 +94,34 @@ def convert_directory(
         raise ConvertError("a llava model converts to a text GGUF plus an mmproj file")
     arch = decoder.arch
     if mmproj is not None:
-        if isinstance(decoder, Mistral3Decoder):
-            clip_meta, vision = decoder.mmproj_metadata(), _mistral3_mmproj(decoder, plan)
-            meta = {_rekey(k, arch, decoder.split_text_arch): v for k, v in meta.items()
-                    if decoder.is_text_key(k)}  # fmt: skip
-            arch = decoder.split_text_arch
-        elif isinstance(decoder, (LlavaDecoder, Gemma3VisionDecoder)):
-            clip_meta = (
-                decoder.mmproj_metadata()
-                if isinstance(decoder, LlavaDecoder)
-                else mmproj_metadata(decoder)
-            )
-            vision = [
-                replace(p, name=mmproj_name(p.name)) for p in plan if is_vision_tensor(p.name)
-            ]
-            meta = {
-                k: v for k, v in meta.items() if not k.startswith(("gemma3.vision.", "gemma3.mm."))
-            }
-        else:
-            raise ConvertError("only a vision model has an mmproj file")
+        arch, meta, clip_meta, vision = _split_projector(decoder, plan, meta)
         file_type = _FILE_TYPES[next(p.dtype for p in vision if len(p.shape) == 2)]
         _write(mmproj, "clip", clip_meta | {"general.file_type": file_type}, vision)
         plan = [p for p in plan if not is_vision_tensor(p.name)]
     _write(out, arch, meta, plan)
+
+
+def _split_projector(
+    decoder: TextDecoder, plan: list[Planned], meta: dict[str, Any]
+) -> tuple[str, dict[str, Any], dict[str, Any], list[Planned]]:
+    """llama.cpp's pair: (the text file's architecture, its keys, the mmproj's keys, the
+    mmproj's tensors)."""
+    if isinstance(decoder, Mistral3Decoder):
+        text_arch = decoder.split_text_arch
+        text_meta = {_rekey(k, decoder.arch, text_arch): v for k, v in meta.items()
+                     if decoder.is_text_key(k)}  # fmt: skip
+        return text_arch, text_meta, decoder.mmproj_metadata(), _mistral3_mmproj(decoder, plan)
+    if isinstance(decoder, LlavaDecoder):
+        clip_meta = decoder.mmproj_metadata()
+    elif isinstance(decoder, Gemma3VisionDecoder):
+        clip_meta = mmproj_metadata(decoder)
+    else:
+        raise ConvertError("only a vision model has an mmproj file")
+    vision = [replace(p, name=mmproj_name(p.name)) for p in plan if is_vision_tensor(p.name)]
+    text_meta = {
+        k: v for k, v in meta.items() if not k.startswith(("gemma3.vision.", "gemma3.mm."))
+    }
+    return decoder.arch, text_meta, clip_meta, vision
 
 
 def _rekey(key: str, arch: str, new_arch: str) -> str:
