@@ -76,6 +76,9 @@ class Mistral3Decoder(LlamaDecoder):
         if self.v_hidden % self.v_heads or (self.v_hidden // self.v_heads) % 4:
             raise ConvertError("vision_config: the head size must be a multiple of 4 (2-D RoPE)")
         self.has_mm_bias = config.bool("multimodal_projector_bias", False)
+        # tie_word_embeddings is read from the top level or from text_config depending on the
+        # transformers version: the checkpoint decides (a saved lm_head is the head, else tied)
+        self.is_tied = False
         self.longest_edge = self.image_size
         self.image_mean, self.image_std = CLIP_MEAN, CLIP_STD
         self.img_break_id: int | None = None
@@ -123,7 +126,7 @@ class Mistral3Decoder(LlamaDecoder):
         for i in range(self.v_layers):
             for name, shape in per_layer.items():
                 vision[f"v.blk.{i}.{name}.weight"] = shape
-        return shapes | vision, required | set(vision)
+        return shapes | vision, (required - {"output.weight"}) | set(vision)
 
     def directory_metadata(self, directory: Path) -> dict[str, Any]:
         processor = read_json(directory / "preprocessor_config.json", required=False) or {}

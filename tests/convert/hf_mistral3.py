@@ -34,7 +34,9 @@ def mistral3_vocab() -> Vocab:
     return Vocab(v.model, v.pre, tokens, types, v.merges, None, 1, 2, 0, 11, False)
 
 
-def build_mistral3(directory: Path, *, seed: int = 0, vision_feature_layer: int = -1):
+def build_mistral3(
+    directory: Path, *, seed: int = 0, tie_word_embeddings: bool = False, feature_layer: int = -1
+):
     vocab = mistral3_vocab()
     vision = T.PixtralVisionConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -47,9 +49,9 @@ def build_mistral3(directory: Path, *, seed: int = 0, vision_feature_layer: int 
         eos_token_id=vocab.eos_id, pad_token_id=vocab.pad_id,
     )  # fmt: skip
     config = T.Mistral3Config(
-        vision_config=vision, text_config=text, image_token_index=IMG,
-        spatial_merge_size=MERGE, vision_feature_layer=vision_feature_layer,
-        multimodal_projector_bias=True, tie_word_embeddings=False,
+        vision_config=vision, text_config=text, image_token_index=IMG, spatial_merge_size=MERGE,
+        vision_feature_layer=feature_layer, multimodal_projector_bias=True,
+        tie_word_embeddings=tie_word_embeddings,
     )  # fmt: skip
     for c in (config, config.text_config, config.vision_config):
         c._attn_implementation = "eager"

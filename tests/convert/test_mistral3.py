@@ -138,6 +138,28 @@ def test_logits_of_a_prompt_with_an_image_equal_hf(hf, form, size, mode, seed, r
     assert (ours - theirs).abs().max() < 1e-4
 
 
+def test_a_checkpoint_without_lm_head_ties_it(tmp_path):
+    """transformers 5 reads tie_word_embeddings at the top level, older ones in text_config:
+    the converter goes by the checkpoint (no lm_head saved: the head is the embeddings)."""
+    hf = build_mistral3(tmp_path / "hf", tie_word_embeddings=True)
+    convert_directory(tmp_path / "hf", tmp_path / "m.gguf")
+    with GGUFFile.open(tmp_path / "m.gguf") as f:
+        assert "output.weight" not in f.tensors
+    ember = load_model(GGUFFile.open(tmp_path / "m.gguf"))
+    ours, theirs = logits_with_image(hf, ember, image_bytes((50, 30), "RGB", 1))
+    assert (ours - theirs).abs().max() < 1e-4
+
+
+def test_an_earlier_feature_layer_keeps_the_layers_before_it(tmp_path):
+    hf = build_mistral3(tmp_path / "hf", feature_layer=-2)  # the first of 2 layers' output
+    convert_directory(tmp_path / "hf", tmp_path / "m.gguf")
+    with GGUFFile.open(tmp_path / "m.gguf") as f:
+        assert f.metadata["mistral3.vision.block_count"] == 1
+    ember = load_model(GGUFFile.open(tmp_path / "m.gguf"))
+    data = image_bytes((97, 203), "RGBA", 2)
+    assert (ember.encode_multimodal(data).flatten(0, 1) - hf_features(hf, data)).abs().max() < 1e-4
+
+
 def test_the_span_has_rows_of_image_tokens_with_breaks(single):
     encoded = single.encode_multimodal(image_bytes((50, 30), "RGB", 1))  # 2 rows of 4
     span = single.image_span(encoded)
