@@ -111,8 +111,8 @@ class LlavaDecoder(LlamaDecoder):
 
     def directory_metadata(self, directory: Path) -> dict[str, Any]:
         processor = read_json(directory / "preprocessor_config.json", required=False) or {}
-        self.image_mean = _triple(processor.get("image_mean", CLIP_MEAN), "image_mean")
-        self.image_std = _triple(processor.get("image_std", CLIP_STD), "image_std")
+        self.image_mean = preprocessor_triple(processor.get("image_mean", CLIP_MEAN), "image_mean")
+        self.image_std = preprocessor_triple(processor.get("image_std", CLIP_STD), "image_std")
         return super().directory_metadata(directory)
 
     def mmproj_metadata(self) -> dict[str, Any]:
@@ -135,7 +135,7 @@ class LlavaDecoder(LlamaDecoder):
         }
 
 
-def _triple(value: object, key: str) -> list[float]:
+def preprocessor_triple(value: object, key: str) -> list[float]:
     if not isinstance(value, list) or len(value) != 3:
         raise ConvertError(f"preprocessor_config.json: {key} must list 3 numbers")
     try:

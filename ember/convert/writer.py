@@ -22,6 +22,7 @@ from ember.convert.granite import GraniteDecoder
 from ember.convert.llama import LlamaDecoder
 from ember.convert.llama4 import Llama4Decoder
 from ember.convert.llava import LlavaDecoder
+from ember.convert.mistral3 import Mistral3Decoder
 from ember.convert.mllama import MllamaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
 from ember.convert.nomic_bert import NomicBertEncoder
@@ -55,6 +56,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "LlavaForConditionalGeneration": LlavaDecoder,
     "Qwen2_5_VLForConditionalGeneration": Qwen25VLDecoder,
     "MllamaForConditionalGeneration": MllamaDecoder,
+    "Mistral3ForConditionalGeneration": Mistral3Decoder,
 }
 _FILE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 32}  # llama_ftype
 
@@ -101,25 +103,72 @@ def convert_directory(
     meta = _general(decoder, plan, name) | decoder.metadata() | files
     if isinstance(decoder, LlavaDecoder) and mmproj is None:
         raise ConvertError("a llava model converts to a text GGUF plus an mmproj file")
+    arch = decoder.arch
     if mmproj is not None:
-        if isinstance(decoder, LlavaDecoder):
-            clip_meta = decoder.mmproj_metadata()
-        elif isinstance(decoder, Gemma3VisionDecoder):
-            clip_meta = mmproj_metadata(decoder)
-        elif isinstance(decoder, Qwen25VLDecoder):
-            clip_meta = decoder.mmproj_metadata()
-        else:
-            raise ConvertError("only a vision model has an mmproj file")
-        rename = decoder.mmproj_name if isinstance(decoder, Qwen25VLDecoder) else mmproj_name
-        vision = [replace(p, name=rename(p.name)) for p in plan if is_vision_tensor(p.name)]
+        arch, meta, clip_meta, vision = _split_projector(decoder, plan, meta)
         file_type = _FILE_TYPES[next(p.dtype for p in vision if len(p.shape) == 2)]
         _write(mmproj, "clip", clip_meta | {"general.file_type": file_type}, vision)
         plan = [p for p in plan if not is_vision_tensor(p.name)]
-        meta = {k: v for k, v in meta.items() if not k.startswith(("gemma3.vision.", "gemma3.mm."))}
-        if isinstance(decoder, Qwen25VLDecoder):
-            _write(out, decoder.text_arch, decoder.text_only(meta), plan)
-            return
-    _write(out, decoder.arch, meta, plan)
+    _write(out, arch, meta, plan)
+
+
+def _split_projector(
+    decoder: TextDecoder, plan: list[Planned], meta: dict[str, Any]
+) -> tuple[str, dict[str, Any], dict[str, Any], list[Planned]]:
+    """llama.cpp's pair: (the text file's architecture, its keys, the mmproj's keys, the
+    mmproj's tensors)."""
+    if isinstance(decoder, Mistral3Decoder):
+        text_arch = decoder.split_text_arch
+        text_meta = {_rekey(k, decoder.arch, text_arch): v for k, v in meta.items()
+                     if decoder.is_text_key(k)}  # fmt: skip
+        return text_arch, text_meta, decoder.mmproj_metadata(), _mistral3_mmproj(decoder, plan)
+    if isinstance(decoder, Qwen25VLDecoder):
+        vision = [
+            replace(p, name=decoder.mmproj_name(p.name)) for p in plan if is_vision_tensor(p.name)
+        ]
+        return decoder.text_arch, decoder.text_only(meta), decoder.mmproj_metadata(), vision
+    if isinstance(decoder, LlavaDecoder):
+        clip_meta = decoder.mmproj_metadata()
+    elif isinstance(decoder, Gemma3VisionDecoder):
+        clip_meta = mmproj_metadata(decoder)
+    else:
+        raise ConvertError("only a vision model has an mmproj file")
+    vision = [replace(p, name=mmproj_name(p.name)) for p in plan if is_vision_tensor(p.name)]
+    text_meta = {
+        k: v for k, v in meta.items() if not k.startswith(("gemma3.vision.", "gemma3.mm."))
+    }
+    return decoder.arch, text_meta, clip_meta, vision
+
+
+def _rekey(key: str, arch: str, new_arch: str) -> str:
+    return new_arch + key.removeprefix(arch) if key.startswith(f"{arch}.") else key
+
+
+def _mistral3_mmproj(decoder: Mistral3Decoder, plan: list[Planned]) -> list[Planned]:
+    """The tower and projector under llama.cpp's names (Q/K rows permuted as its converter
+    does), and the [IMG_BREAK] embedding row it copies from the text model."""
+    vision = [
+        replace(
+            p,
+            name=decoder.mmproj_name(p.name),
+            load=_then(p.load, decoder.mmproj_transform, p.name),
+        )
+        for p in plan
+        if is_vision_tensor(p.name)
+    ]
+    source, row = decoder.img_break_source()
+    embedding = next(p for p in plan if p.name == source)
+    vision.append(Planned("v.token_embd.img_break", (embedding.shape[1],), torch.float32,
+                          lambda: embedding.load()[row].float()))  # fmt: skip
+    return vision
+
+
+def _then(
+    load: Callable[[], torch.Tensor],
+    transform: Callable[[str, torch.Tensor], torch.Tensor],
+    name: str,
+) -> Callable[[], torch.Tensor]:
+    return lambda: transform(name, load())
 
 
 def _plan(decoder: TextDecoder, tensors: Tensors) -> list[Planned]:

@@ -3,6 +3,7 @@ decoded with Pillow (decompression-bomb guard as an error), converted to RGB, re
 Pillow's filter, rescaled by 1/255 (in float64, then float32) and normalized."""
 
 import io
+import math
 import warnings
 
 import numpy as np
@@ -74,3 +75,12 @@ def resize_and_crop(
     resized = rgb.resize(new, resample=resample)
     top, left = (new[1] - size) // 2, (new[0] - size) // 2
     return resized.crop((left, top, left + size, top + size))
+
+
+def fit_longest_edge(width: int, height: int, longest_edge: int, unit: int) -> tuple[int, int]:
+    """(height, width) of PixtralImageProcessor's resize: scaled down (floor) to fit
+    longest_edge keeping the aspect ratio, then each side rounded up to a multiple of unit."""
+    ratio = max(height / longest_edge, width / longest_edge)
+    if ratio > 1:
+        height, width = math.floor(height / ratio), math.floor(width / ratio)
+    return (max(height - 1, 0) // unit + 1) * unit, (max(width - 1, 0) // unit + 1) * unit

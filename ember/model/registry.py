@@ -9,7 +9,8 @@ from ember.model.config import Config, ModelLoadError
 Builder = Callable[[GGUFFile, Config], Model]
 ProjectorBuilder = Callable[[GGUFFile, Config, GGUFFile], Model]
 _ARCHS: dict[str, Builder] = {}
-_WITH_PROJECTOR: dict[str, ProjectorBuilder] = {}  # archs that take a separate mmproj file
+# archs that take a separate mmproj file, by (arch, clip.projector_type or None for any other)
+_WITH_PROJECTOR: dict[tuple[str, str | None], ProjectorBuilder] = {}
 
 
 def register(*names: str) -> Callable[[Builder], Builder]:
@@ -21,10 +22,15 @@ def register(*names: str) -> Callable[[Builder], Builder]:
     return add
 
 
-def register_projector(*names: str) -> Callable[[ProjectorBuilder], ProjectorBuilder]:
+def register_projector(
+    *names: str, kind: str | None = None
+) -> Callable[[ProjectorBuilder], ProjectorBuilder]:
+    """Builders of archs `names` with an mmproj file; `kind` narrows them to one projector type
+    (a llama text model takes llava's `mlp` projector or Pixtral's)."""
+
     def add(builder: ProjectorBuilder) -> ProjectorBuilder:
         for name in names:
-            _WITH_PROJECTOR[name] = builder
+            _WITH_PROJECTOR[name, kind] = builder
         return builder
 
     return add
@@ -37,7 +43,9 @@ def load_model(gguf: GGUFFile, projector: GGUFFile | None = None) -> Model:
 
     config = Config(gguf.metadata)
     if projector is not None:
-        with_projector = _WITH_PROJECTOR.get(config.arch)
+        kind = projector.metadata.get("clip.projector_type")
+        with_projector = _WITH_PROJECTOR.get((config.arch, kind if isinstance(kind, str) else None))
+        with_projector = with_projector or _WITH_PROJECTOR.get((config.arch, None))
         if with_projector is None:
             raise ModelLoadError(f"architecture {config.arch!r} takes no projector file")
         return with_projector(gguf, config, projector)

@@ -51,13 +51,17 @@ def setup(tmp_path_factory):
 def direct_answer(root: Path, image: bytes) -> tuple[str, int]:
     """The engine's greedy answer, in-process, to the prompt the chat template makes."""
     convert_directory(root / "tiny-llava", root / "text.gguf", mmproj=root / "mmproj.gguf")
-    gguf = GGUFFile.open(root / "text.gguf")
-    model, tok = (
-        load_model(gguf, GGUFFile.open(root / "mmproj.gguf")),
-        Tokenizer.from_metadata(gguf.metadata),
-    )
+    return greedy_answer(root / "text.gguf", root / "mmproj.gguf", image)
+
+
+def greedy_answer(path: Path, projector: Path | None, image: bytes) -> tuple[str, int]:
+    """The engine's greedy answer to QUESTION with `image`, and the prompt's token count."""
+    gguf = GGUFFile.open(path)
+    model = load_model(gguf, None if projector is None else GGUFFile.open(projector))
+    tok = Tokenizer.from_metadata(gguf.metadata)
     message = {"role": "user", "content": f"[img-0]{QUESTION}"}
-    prompt = render_chat(gguf.metadata["tokenizer.chat_template"], [message])
+    bos = gguf.metadata["tokenizer.ggml.tokens"][gguf.metadata["tokenizer.ggml.bos_token_id"]]
+    prompt = render_chat(gguf.metadata["tokenizer.chat_template"], [message], bos_token=bos)
     inputs = prompt_inputs(prompt, {0: image}, tok, model)
     request = Request(inputs.tokens, Options(temperature=0, num_predict=NUM_PREDICT),
                       same_batch=inputs.same_batch, multimodal=inputs.multimodal,

@@ -7,16 +7,12 @@ converter keeps only those up to vision_feature_layer), the class token dropped.
 one image token; its embedding replaces the placeholder row, with causal attention as HF's.
 """
 
-from collections.abc import Sequence
-
 import torch
 import torch.nn.functional as F
 
-from ember.batch import Batch
 from ember.gguf import GGUFFile
-from ember.kvcache import Cache
 from ember.model.archs.gemma3_vision import MmprojNames, VisionBlock, VisionOptions
-from ember.model.archs.llama import Llama
+from ember.model.archs.llama_images import LlamaWithImages
 from ember.model.base import ImageSpan
 from ember.model.config import Config, ModelLoadError
 from ember.model.imageproc import decode_image, resize_and_crop, to_pixels
@@ -91,14 +87,14 @@ def clip_options(c: Config) -> VisionOptions:
     )
 
 
-def _triple(c: Config, key: str, default: tuple[float, float, float]) -> tuple[float, ...]:
+def clip_triple(c: Config, key: str, default: tuple[float, float, float]) -> tuple[float, ...]:
     value = c.metadata.get(f"clip.vision.{key}", default)
     if not isinstance(value, (list, tuple)) or len(value) != 3:
         raise ModelLoadError(f"clip.vision.{key} must list 3 numbers")
     return tuple(float(x) for x in value)
 
 
-class LlavaVision(Llama):
+class LlavaVision(LlamaWithImages):
     """Llama plus a CLIP tower from an mmproj file (`encode_multimodal`, `image_span`)."""
 
     def __init__(self, gguf: GGUFFile, config: Config, projector: GGUFFile) -> None:
@@ -115,8 +111,8 @@ class LlavaVision(Llama):
         exact_gelu = bool(projector.metadata.get("clip.use_gelu", False))
         weights = Weights(names)  # type: ignore[arg-type]
         self.vision = ClipTower(weights, o, mm_hidden, self.options.hidden, exact_gelu=exact_gelu)
-        self.mean = _triple(clip, "image_mean", CLIP_MEAN)
-        self.std = _triple(clip, "image_std", CLIP_STD)
+        self.mean = clip_triple(clip, "image_mean", CLIP_MEAN)
+        self.std = clip_triple(clip, "image_std", CLIP_STD)
 
     def preprocess(self, data: bytes) -> torch.Tensor:
         size = self.vision_options.image_size
@@ -131,19 +127,6 @@ class LlavaVision(Llama):
     def image_span(self, encoded: torch.Tensor) -> ImageSpan:
         """One placeholder token per patch (HF's expanded <image>); no markers, as llava's."""
         return ImageSpan([0] * len(encoded), {0: encoded})
-
-    def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
-        images = [t for t in batch.multimodal_data if isinstance(t, torch.Tensor)]
-        return self.hidden_with_images(batch, cache, images)
-
-    def hidden_with_images(
-        self, batch: Batch, cache: Cache, images: Sequence[torch.Tensor]
-    ) -> torch.Tensor:
-        """As Llama.hidden, batch.multimodal[i] being the first row of images[i]'s embeddings."""
-        x = self.token_embd.lookup(torch.tensor(batch.tokens))  # (T, C)
-        for start, rows in zip(batch.multimodal, images, strict=True):
-            x[start : start + len(rows)] = rows
-        return self.layers(x, batch, cache)
 
 
 register_projector("llama")(LlavaVision)
