@@ -4,7 +4,10 @@ output head, sampling, and the rest (Python and torch dispatch), with the ops di
     .venv/bin/python benchmarks/profile_decode.py --model smollm2:135m --threads 2
     .venv/bin/python benchmarks/profile_decode.py --model gemma3:270m --context 1024 --torch-profile
 
-A prompt of --context tokens is evaluated first (so attention sees that many keys), then
+A step runs the model's native layer call (one call a layer: weights, attention, norms and the
+rest in C) where the model has one; --python-layers runs its Python blocks instead, whose parts
+are timed one by one. A prompt of --context tokens is evaluated first (so attention sees that
+many keys), then
 --steps single-token steps are run as the engine runs them (start_forward, hidden, logits, one
 sampling step). Three passes, each over fresh positions of the same cache:
 
@@ -95,6 +98,10 @@ def instrument(model: Any, cache: Any, timers: Timers) -> None:
         name = getattr(mod, "__name__", "")
         if name.startswith("ember.model.archs.") and hasattr(mod, "attention"):
             mod.attention = timers.wrap("attention (cache put/get + sdpa)", mod.attention)
+    layers = model.native_layers() if hasattr(model, "native_layers") else None
+    if layers:  # a step through the native layer call: one timer around each layer's call
+        name = "native layers (weights, attention, norms, ...)"
+        model._native = [_Proxy(layer, timers.wrap(name, layer)) for layer in layers]
     cache.start_forward = timers.wrap("cache start_forward (cells, mask)", cache.start_forward)
     lookup = model.token_embd.lookup
     model.token_embd = _Proxy(model.token_embd, lambda *a: None)
@@ -134,6 +141,11 @@ def main() -> None:
     parser.add_argument("--kv-type", default="", help="cache type (f32, f16, q8_0, q4_0)")
     parser.add_argument("--sampling", choices=["greedy", "default"], default="greedy")
     parser.add_argument("--torch-profile", action="store_true")
+    parser.add_argument(
+        "--python-layers",
+        action="store_true",
+        help="run the blocks' Python layers, not the native layer call",
+    )
     parser.add_argument(
         "--stub-weights",
         action="store_true",
@@ -178,6 +190,8 @@ def main() -> None:
             pos += 1
         return times
 
+    if args.python_layers or args.stub_weights:
+        model._native = None
     if args.stub_weights:
         stub(model)
     run(4)  # warm up
