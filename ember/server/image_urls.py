@@ -6,7 +6,8 @@ is refused, as Ollama fetches none.
 An entry is `host` (any port), `host:port`, or `*.domain` (any name below domain, not domain
 itself). An IP-literal host is allowed only where the entry is that literal (`10.0.0.5`,
 `[::1]:8080`); a wildcard never matches one. A listed name is trusted whatever it resolves to.
-Each redirect hop is checked the same way, URLs carrying credentials are refused, and no proxy,
+Every URL of a request is checked before any is fetched, and each redirect hop the same way;
+URLs carrying credentials are refused, and no proxy,
 .netrc or cookie of the server's environment is used. Errors name the URL's host, never the
 whole URL (its query may hold a token)."""
 
@@ -77,16 +78,15 @@ def _is_ip(host: str) -> bool:
 async def fetch_images(refs: Iterable[ImageRef]) -> dict[str, bytes]:
     """The bytes of each URL in refs (each fetched once); RequestError (400) naming the URL's
     host and param when one is not allowed or cannot be fetched as an image."""
-    refs = list(refs)
-    if not refs:
-        return {}
     allowed = envconfig.allowed_image_hosts()
+    targets = {url: (_first_hop(url, param, allowed), param) for url, param in refs}
+    if not targets:
+        return {}
     fetched: dict[str, bytes] = {}
-    async with _client() as client:
-        for url, param in refs:
-            if url not in fetched:
-                budget = MAX_BYTES - sum(len(data) for data in fetched.values())
-                fetched[url] = await _fetch(client, url, param, allowed, budget)
+    async with _client() as client:  # only once every URL is allowed
+        for url, (target, param) in targets.items():
+            budget = MAX_BYTES - sum(len(data) for data in fetched.values())
+            fetched[url] = await _fetch(client, target, param, allowed, budget)
     return fetched
 
 
@@ -108,14 +108,18 @@ def _client() -> httpx.AsyncClient:
     )
 
 
-async def _fetch(
-    client: httpx.AsyncClient, url: str, param: str, allowed: Sequence[str], budget: int
-) -> bytes:
+def _first_hop(url: str, param: str, allowed: Sequence[str]) -> httpx.URL:
     try:
         target = httpx.URL(url)
     except httpx.InvalidURL:
         raise RequestError(UNSUPPORTED, param) from None
     _check_hop(target, allowed, param)
+    return target
+
+
+async def _fetch(
+    client: httpx.AsyncClient, target: httpx.URL, param: str, allowed: Sequence[str], budget: int
+) -> bytes:
     try:
         async with asyncio.timeout(DEADLINE_S):
             return await _follow(client, target, allowed, param, budget)
