@@ -7,8 +7,8 @@ An entry is `host` (any port), `host:port`, or `*.domain` (any name below domain
 itself). An IP-literal host is allowed only where the entry is that literal (`10.0.0.5`,
 `[::1]:8080`); a wildcard never matches one. A listed name is trusted whatever it resolves to.
 Every URL of a request is checked before any is fetched, and each redirect hop the same way;
-URLs carrying credentials are refused, and no proxy,
-.netrc or cookie of the server's environment is used. Errors name the URL's host, never the
+URLs carrying credentials are refused, and no proxy, .netrc or cookie of the server's
+environment is used. Errors name the URL's host, never the
 whole URL (its query may hold a token)."""
 
 import asyncio

@@ -19,8 +19,11 @@ from PIL import Image
 from server_fakes import MODELS, served
 
 from ember import envconfig
-from ember.server import image_urls
+from ember.server import image_urls as fetching
+from ember.server.anthropic_api import Conversation
 from ember.server.image_urls import is_allowed
+from ember.server.openai_api import ChatCompletionRequest
+from ember.server.responses_api import InputItem, image_urls
 
 SLOW_S = 3.0  # the slow endpoint's delay; the fetch gives up long before
 
@@ -98,9 +101,9 @@ def origin() -> Iterator[str]:
 def limits(monkeypatch: pytest.MonkeyPatch, origin: str) -> None:
     """The origin allowed, with limits small enough for a quick test; a vision model served."""
     monkeypatch.setenv("EMBER_ALLOW_IMAGE_URLS", f"example.com, {origin}")
-    monkeypatch.setattr(image_urls, "MAX_BYTES", 2000)
-    monkeypatch.setattr(image_urls, "TIMEOUT_S", 0.5)
-    monkeypatch.setattr(image_urls, "DEADLINE_S", 1.0)
+    monkeypatch.setattr(fetching, "MAX_BYTES", 2000)
+    monkeypatch.setattr(fetching, "TIMEOUT_S", 0.5)
+    monkeypatch.setattr(fetching, "DEADLINE_S", 1.0)
     seer = served("seer", capabilities=frozenset({"completion", "vision"}))
     monkeypatch.setitem(MODELS, "seer", seer)
 
@@ -137,6 +140,26 @@ def test_responses_and_anthropic_fetch_too(client, starter, origin):
     assert [images[0]["data"] for images in sent_images(starter)] == [
         base64.b64encode(PNG).decode()
     ] * 2
+
+
+def test_each_api_names_where_its_image_urls_are() -> None:
+    url, data = {"url": "http://h/a.png"}, {"url": DATA_URI}
+    parts = [{"type": "image_url", "image_url": u} for u in (data, url)]
+    chat = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": parts}]}
+    )
+    assert chat.image_urls() == [(url["url"], "messages[0].content[1].image_url")]
+    item = {"role": "user", "content": [{"type": "input_image", "image_url": url["url"]}]}
+    items = [InputItem.model_validate(i) for i in ({"role": "user", "content": "hi"}, item)]
+    assert image_urls(items) == [(url["url"], "input[1].content[0].image_url")]
+    image = {"type": "image", "source": {"type": "url", **url}}
+    result = {"type": "tool_result", "tool_use_id": "t", "content": [image]}
+    messages = [{"role": "user", "content": [result, image]}]
+    conversation = Conversation.model_validate({"model": "m", "messages": messages})
+    assert conversation.image_urls() == [
+        (url["url"], "messages[0].content[0].content[0].source"),
+        (url["url"], "messages[0].content[1].source"),
+    ]
 
 
 def test_no_url_is_fetched_by_default(client, monkeypatch, origin):
@@ -191,7 +214,7 @@ def test_a_slow_host_is_a_400_within_the_deadline(client, origin, path, says):
 
 
 def test_a_requests_images_share_the_size_limit(client, origin, monkeypatch):
-    monkeypatch.setattr(image_urls, "MAX_BYTES", len(PNG) * 3 // 2)
+    monkeypatch.setattr(fetching, "MAX_BYTES", len(PNG) * 3 // 2)
     url = f"http://{origin}/cat.png"
     content = [{"type": "image_url", "image_url": {"url": f"{url}?{i}"}} for i in range(2)]
     body = {"model": "seer", "messages": [{"role": "user", "content": content}]}
