@@ -66,6 +66,13 @@ def registries() -> tuple[str, ...]:
     return hosts or (urlsplit(registry_url()).netloc.lower(),)
 
 
+def allowed_image_hosts() -> tuple[str, ...]:
+    """The hosts whose http(s) image URLs the server fetches (EMBER_ALLOW_IMAGE_URLS:
+    comma-separated, each `host` for any port, `host:port`, or `*.domain` for its subdomains);
+    default none: an image URL is refused, as Ollama fetches none."""
+    return tuple(h.strip().lower() for h in _get("EMBER_ALLOW_IMAGE_URLS").split(",") if h.strip())
+
+
 def cache_dir() -> Path:
     """Where assembled model files and checksum records live (EMBER_CACHE, ~/.ember/cache)."""
     return _path("EMBER_CACHE", "~/.ember/cache")
@@ -414,5 +421,6 @@ def server_settings() -> dict[str, str]:
         "EMBER_METRICS": str(metrics()).lower(),
         "EMBER_TLS_CERT": _get("EMBER_TLS_CERT"),
         "EMBER_REGISTRIES": ",".join(registries()),
+        "EMBER_ALLOW_IMAGE_URLS": ",".join(allowed_image_hosts()),
         "EMBER_DEBUG": logging.getLevelName(log_level()),
     }

@@ -17,6 +17,7 @@ from ember.server import generation
 from ember.server.anthropic_api import Conversation, MessagesRequest
 from ember.server.api_schema import json_body
 from ember.server.errors import APIError, anthropic_error
+from ember.server.image_urls import fetch_images
 from ember.server.routes import body_of, state_of
 from ember.server.streaming import collect, event_stream_response, first_chunk, prepend
 
@@ -31,7 +32,8 @@ _ID_CHARS = string.ascii_letters + string.digits
 async def messages(request: Request) -> Response:
     req = await body_of(request, MessagesRequest)
     budget = req.thinking_budget()
-    native = req.native(options=req.ollama_options(), stream=req.stream)
+    fetched = await fetch_images(req.image_urls())
+    native = req.native(fetched, options=req.ollama_options(), stream=req.stream)
     chunks = generation.chat(state_of(request), native, thinking_budget=budget)
     if not req.stream:
         merged = generation.merge_chat(await collect(request, chunks))
@@ -44,7 +46,8 @@ async def messages(request: Request) -> Response:
 @router.post("/v1/messages/count_tokens", openapi_extra=json_body(Conversation))
 async def count_tokens(request: Request) -> dict[str, int]:
     req = await body_of(request, Conversation)
-    return {"input_tokens": await generation.count_tokens(state_of(request), req.native())}
+    native = req.native(await fetch_images(req.image_urls()))
+    return {"input_tokens": await generation.count_tokens(state_of(request), native)}
 
 
 def _stream_error(err: APIError) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from ember.server.api import (
     ToolFunction,
     image_bytes,
 )
+from ember.server.image_urls import NOTHING_FETCHED, Fetched, ImageRef, image_at
 from ember.server.prompt import Message
 
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # as Anthropic accepts
@@ -31,9 +32,10 @@ def _blocks(value: Any) -> Any:
 
 
 class ImageSource(Body):
-    type: str
+    type: str  # base64 (media_type, data) or url
     media_type: str = ""
     data: str = ""
+    url: str = ""
 
 
 class Block(Body):
@@ -104,13 +106,14 @@ class Conversation(Body):
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
 
-    def native(self, **fields: Any) -> ChatRequest:
-        """The native chat request of this conversation, with fields (stream, options) added."""
+    def native(self, fetched: Fetched = NOTHING_FETCHED, **fields: Any) -> ChatRequest:
+        """The native chat request of this conversation (images named by URL taken from
+        fetched), with fields (stream, options) added."""
         choice = self.tool_choice
         output = self.output_config
         return ChatRequest.model_construct(
             model=self.model,
-            messages=[ChatMessage.from_prompt(m) for m in self.ollama_messages()],
+            messages=[ChatMessage.from_prompt(m) for m in self.ollama_messages(fetched)],
             tools=[_native_tool(t, i) for i, t in enumerate(self.tools)],
             tool_choice=_native_choice(choice) if choice else None,
             parallel_tool_calls=not (choice and choice.disable_parallel_tool_use),
@@ -127,7 +130,20 @@ class Conversation(Body):
         effort = self.output_config.effort if self.output_config else None
         return "high" if effort == "xhigh" else effort
 
-    def ollama_messages(self) -> list[Message]:
+    def image_urls(self) -> list[ImageRef]:
+        """The images of the messages (and their tool results) with a url source, with where:
+        for image_urls.fetch_images."""
+        refs = []
+        for i, m in enumerate(self.messages):
+            for j, block in enumerate(m.content):
+                where = f"messages[{i}].content[{j}]"
+                nested = [(f"{where}.content[{k}]", b) for k, b in enumerate(block.content)]
+                for at, b in [(where, block), *nested]:
+                    if b.type == "image" and b.source and b.source.type == "url":
+                        refs.append((b.source.url, f"{at}.source"))
+        return refs
+
+    def ollama_messages(self, fetched: Fetched = NOTHING_FETCHED) -> list[Message]:
         """system first, then each message: a user's tool_result blocks become tool messages
         (named after the tool_use they answer) before its other content."""
         system = _joined(b.text for b in self.system if b.type == "text")
@@ -135,7 +151,7 @@ class Conversation(Body):
         names: dict[str, str] = {}
         for i, m in enumerate(self.messages):
             names.update((b.id, b.name) for b in m.content if b.type == "tool_use")
-            messages += _ollama_messages(m, names, f"messages[{i}]")
+            messages += _ollama_messages(m, names, f"messages[{i}]", fetched)
         return messages
 
 
@@ -192,7 +208,9 @@ def _native_choice(choice: AnthropicToolChoice) -> ToolChoice:
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
 
 
-def _ollama_messages(m: MessageParam, names: dict[str, str], param: str) -> list[Message]:
+def _ollama_messages(
+    m: MessageParam, names: dict[str, str], param: str, fetched: Fetched
+) -> list[Message]:
     texts: list[str] = []
     images: list[bytes] = []
     calls: list[dict[str, Any]] = []
@@ -201,11 +219,11 @@ def _ollama_messages(m: MessageParam, names: dict[str, str], param: str) -> list
     for j, block in enumerate(m.content):
         where = f"{param}.content[{j}]"
         if block.type in ("text", "image"):
-            _add_block(block, texts, images, where)
+            _add_block(block, texts, images, where, fetched)
         elif block.type == "tool_use" and m.role == "assistant":
             calls.append(_tool_call(block, where))
         elif block.type == "tool_result" and m.role == "user":
-            results.append(_tool_result(block, names, where))
+            results.append(_tool_result(block, names, where, fetched))
         elif block.type == "thinking" and m.role == "assistant":
             thinking += block.thinking
         elif block.type != "redacted_thinking":  # encrypted: nothing a local model can read
@@ -219,18 +237,22 @@ def _ollama_messages(m: MessageParam, names: dict[str, str], param: str) -> list
     return [*results, message]
 
 
-def _add_block(block: Block, texts: list[str], images: list[bytes], where: str) -> None:
+def _add_block(
+    block: Block, texts: list[str], images: list[bytes], where: str, fetched: Fetched
+) -> None:
     if block.type == "text":
         texts.append(block.text)
     elif block.type == "image":
-        images.append(_image(block.source, f"{where}.source"))
+        images.append(_image(block.source, f"{where}.source", fetched))
     else:
         raise RequestError(f"unsupported content block type {block.type!r} here", where)
 
 
-def _image(source: ImageSource | None, where: str) -> bytes:
+def _image(source: ImageSource | None, where: str, fetched: Fetched) -> bytes:
+    if source is not None and source.type == "url":
+        return image_at(source.url, where, fetched)
     if source is None or source.type != "base64":
-        raise RequestError("invalid image source: only base64 images are supported", where)
+        raise RequestError("invalid image source: use a base64 or url source", where)
     if source.media_type not in IMAGE_TYPES:
         kinds = ", ".join(IMAGE_TYPES)
         raise RequestError(f"invalid image media_type {source.media_type!r}: use {kinds}", where)
@@ -243,7 +265,9 @@ def _tool_call(block: ContentBlock, where: str) -> dict[str, Any]:
     return {"id": block.id, "function": {"name": block.name, "arguments": block.input}}
 
 
-def _tool_result(block: ContentBlock, names: dict[str, str], where: str) -> Message:
+def _tool_result(
+    block: ContentBlock, names: dict[str, str], where: str, fetched: Fetched
+) -> Message:
     name = names.get(block.tool_use_id)
     if name is None:
         message = f"tool_result for {block.tool_use_id!r} answers no earlier tool_use block"
@@ -251,7 +275,7 @@ def _tool_result(block: ContentBlock, names: dict[str, str], where: str) -> Mess
     texts: list[str] = []
     images: list[bytes] = []
     for k, part in enumerate(block.content):
-        _add_block(part, texts, images, f"{where}.content[{k}]")
+        _add_block(part, texts, images, f"{where}.content[{k}]", fetched)
     text = _joined(texts)
     if block.is_error:  # the model should know the call failed
         text = f"Error: {text}"

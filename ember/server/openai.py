@@ -26,6 +26,7 @@ from ember.server.api import (
 )
 from ember.server.api_schema import json_body
 from ember.server.errors import APIError
+from ember.server.image_urls import Fetched, fetch_images
 from ember.server.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
 from ember.server.routes import body_of, state_of
 from ember.server.streaming import collect, first_chunk, prepend, sse_response
@@ -51,7 +52,7 @@ def _stream_error(err: APIError) -> dict[str, Any]:
 async def chat_completions(request: Request) -> Response:
     req = await body_of(request, ChatCompletionRequest)
     _check_choices(req)
-    native = _native_chat(req)
+    native = _native_chat(req, await fetch_images(req.image_urls()))
     state = state_of(request)
     reply = _Reply("chatcmpl", req.model, include_usage=_usage_wanted(req))
     if not req.stream:
@@ -66,10 +67,10 @@ async def chat_completions(request: Request) -> Response:
     return sse_response(reply.chat_stream(prepend(first, chunks)), _stream_error)
 
 
-def _native_chat(req: ChatCompletionRequest) -> ChatRequest:
+def _native_chat(req: ChatCompletionRequest, fetched: Fetched) -> ChatRequest:
     return ChatRequest.model_construct(
         model=req.model,
-        messages=[ChatMessage.from_prompt(m) for m in req.ollama_messages()],
+        messages=[ChatMessage.from_prompt(m) for m in req.ollama_messages(fetched)],
         tools=req.tools,
         tool_choice=req.tool_choice,
         parallel_tool_calls=req.parallel_tool_calls,

@@ -18,6 +18,7 @@ from ember.server.api import (
     image_bytes,
     parse_arguments,
 )
+from ember.server.image_urls import NOTHING_FETCHED, Fetched, ImageRef, image_at, is_url
 from ember.server.prompt import Message
 
 _DATA_URI = tuple(f"data:image/{kind};base64," for kind in ("jpeg", "jpg", "png", "webp"))
@@ -190,27 +191,43 @@ class ChatCompletionRequest(Sampling):
         effort = self.reasoning_effort or (self.reasoning.effort if self.reasoning else None)
         return None if effort is None else False if effort == "none" else effort
 
-    def ollama_messages(self) -> list[Message]:
-        """The messages as Ollama's: content parts joined, data-URI images decoded, tool call
-        arguments parsed, a tool result named after the call it answers."""
+    def image_urls(self) -> list[ImageRef]:
+        """The images named by URL (not data URIs), with where: for image_urls.fetch_images."""
+        return [
+            (part.image_url.url, _image_param(i, j))
+            for i, m in enumerate(self.messages)
+            for j, part in enumerate(m.content)
+            if part.type == "image_url" and part.image_url and is_url(part.image_url.url)
+        ]
+
+    def ollama_messages(self, fetched: Fetched = NOTHING_FETCHED) -> list[Message]:
+        """The messages as Ollama's: content parts joined, data-URI images decoded (URL ones
+        taken from fetched), tool call arguments parsed, a tool result named after the call it
+        answers."""
         names: dict[str, str] = {}
         messages = []
         for i, m in enumerate(self.messages):
             for call in m.tool_calls:
                 names[call.id] = call.function.name
-            messages.append(_ollama_message(m, names, i))
+            messages.append(_ollama_message(m, names, i, fetched))
         return messages
 
 
-def _ollama_message(m: OpenAIMessage, names: dict[str, str], index: int) -> Message:
+def _image_param(message: int, part: int) -> str:
+    return f"messages[{message}].content[{part}].image_url"
+
+
+def _ollama_message(
+    m: OpenAIMessage, names: dict[str, str], index: int, fetched: Fetched
+) -> Message:
     texts: list[str] = []
     images: list[bytes] = []
     for j, part in enumerate(m.content):
         if part.type == "text":
             texts.append(part.text)
         elif part.type == "image_url" and part.image_url is not None:
-            param = f"messages[{index}].content[{j}].image_url"
-            images.append(data_uri_image(part.image_url.url, param))
+            param = _image_param(index, j)
+            images.append(data_uri_image(part.image_url.url, param, fetched))
         else:
             raise RequestError(f"unsupported content part type {part.type!r}", "messages")
     calls = tuple(_ollama_call(c, index) for c in m.tool_calls)
@@ -226,8 +243,11 @@ def _ollama_message(m: OpenAIMessage, names: dict[str, str], index: int) -> Mess
     )
 
 
-def data_uri_image(url: str, param: str) -> bytes:
-    """The bytes of an image sent as a base64 data URI; as Ollama, no URL is fetched."""
+def data_uri_image(url: str, param: str, fetched: Fetched = NOTHING_FETCHED) -> bytes:
+    """The bytes of an image sent as a base64 data URI, or fetched from its URL (only from
+    the hosts EMBER_ALLOW_IMAGE_URLS lists; by default none, as Ollama)."""
+    if is_url(url):
+        return image_at(url, param, fetched)
     prefix = next((p for p in _DATA_URI if url.startswith(p)), None)
     if prefix is None:
         raise RequestError("invalid image input: only base64 data URIs are supported", param)

@@ -13,9 +13,10 @@ from fastapi.responses import JSONResponse, Response
 from ember.server import generation
 from ember.server.api_schema import json_body
 from ember.server.errors import APIError
+from ember.server.image_urls import fetch_images
 from ember.server.response_events import Chunk, ResponseBuilder
 from ember.server.response_store import StoredResponse
-from ember.server.responses_api import InputItem, ResponsesRequest
+from ember.server.responses_api import InputItem, ResponsesRequest, image_urls
 from ember.server.routes import body_of, state_of
 from ember.server.state import ServerState
 from ember.server.streaming import collect, event_stream_response, first_chunk, prepend
@@ -29,7 +30,8 @@ async def create(request: Request) -> Response:
     req.check_supported()
     state = state_of(request)
     history = _stored(state, req.previous_response_id).items if req.previous_response_id else []
-    chunks = generation.chat(state, req.native(history))
+    fetched = await fetch_images(image_urls(history + req.input))
+    chunks = generation.chat(state, req.native(history, fetched))
     builder = ResponseBuilder(req.model, req.echo())
 
     def keep() -> None:

@@ -20,6 +20,7 @@ from ember.server.api import (
     ToolFunction,
     parse_arguments,
 )
+from ember.server.image_urls import NOTHING_FETCHED, Fetched, ImageRef, is_url
 from ember.server.openai_api import data_uri_image, sampling_defaults
 from ember.server.prompt import Message
 
@@ -149,10 +150,11 @@ class ResponsesRequest(Body):
             if not tool.name:
                 raise RequestError("a function tool needs a name", f"tools[{i}].name")
 
-    def native(self, history: list[InputItem]) -> ChatRequest:
-        """The native chat request: the instructions, then history, then this input."""
+    def native(self, history: list[InputItem], fetched: Fetched = NOTHING_FETCHED) -> ChatRequest:
+        """The native chat request: the instructions, then history, then this input (images
+        named by URL taken from fetched)."""
         system = [Message("system", self.instructions)] if self.instructions else []
-        messages = system + prompt_messages(history + self.input)
+        messages = system + prompt_messages(history + self.input, fetched)
         if not messages:
             raise RequestError("input is required", "input")
         wants_logprobs = LOGPROBS_INCLUDE in self.include or self.top_logprobs > 0
@@ -242,7 +244,18 @@ def _native_tool(tool: FunctionTool) -> Tool:
 # --- input items as chat messages ---
 
 
-def prompt_messages(items: list[InputItem]) -> list[Message]:
+def image_urls(items: list[InputItem]) -> list[ImageRef]:
+    """The input images of items named by URL (not data URIs), with where: for fetch_images."""
+    return [
+        (part.image_url, f"input[{i}].content[{j}].image_url")
+        for i, item in enumerate(items)
+        if item.kind() == "message"
+        for j, part in enumerate(item.content)
+        if part.type == "input_image" and part.image_url and is_url(part.image_url)
+    ]
+
+
+def prompt_messages(items: list[InputItem], fetched: Fetched = NOTHING_FETCHED) -> list[Message]:
     """Items as chat messages, as Ollama does: function calls join the assistant message before
     them, a call's output is a tool message named after its call, a reasoning item becomes the
     thinking of the assistant message that follows it."""
@@ -255,7 +268,7 @@ def prompt_messages(items: list[InputItem]) -> list[Message]:
             thinking += _reasoning_text(item)
             continue
         if kind == "message":
-            message = _message(item, i)
+            message = _message(item, i, fetched)
         elif kind == "function_call":
             names[item.call_id] = item.name
             message = _with_call(messages, item, i)
@@ -279,12 +292,12 @@ def _unknown_item(kind: str) -> str:
     return f"input item type {kind!r} is not supported"
 
 
-def _message(item: InputItem, index: int) -> Message:
+def _message(item: InputItem, index: int, fetched: Fetched) -> Message:
     role = item.role.lower()
     if role not in ("user", "assistant", "system", "developer"):
         raise RequestError(f"invalid role {item.role!r}", f"input[{index}].role")
     images = tuple(
-        _image(part, f"input[{index}].content[{j}]")
+        _image(part, f"input[{index}].content[{j}]", fetched)
         for j, part in enumerate(item.content)
         if part.type == "input_image"
     )
@@ -305,10 +318,10 @@ def _text(parts: list[InputPart], param: str) -> str:
     return "\n".join(t for t in texts if t)
 
 
-def _image(part: InputPart, param: str) -> bytes:
+def _image(part: InputPart, param: str, fetched: Fetched) -> bytes:
     if not part.image_url:
         raise RequestError("an input_image needs an image_url (a base64 data URI)", param)
-    return data_uri_image(part.image_url, f"{param}.image_url")
+    return data_uri_image(part.image_url, f"{param}.image_url", fetched)
 
 
 def _with_call(messages: list[Message], item: InputItem, index: int) -> Message:

@@ -247,7 +247,7 @@ def test_images_decoded_and_checked(client):
     }
     url = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
     r = post(client, messages=[{"role": "user", "content": [url]}])
-    assert r.status_code == 400 and "only base64" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "EMBER_ALLOW_IMAGE_URLS" in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(
