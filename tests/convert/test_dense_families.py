@@ -27,6 +27,7 @@ FAMILIES = {
     "phi3-longrope": "phi3",
     "granite": "granite",
 }
+NATIVE_LAYERS = ("qwen3", "mistral")  # families whose blocks bind the native layer call
 PROMPT = [5, 17, 42, 8, 99, 3, 64, 21, 7, 150, 11, 12, 13, 14, 15, 16, 30, 31, 32, 33]
 OTHER = [9, 200, 4, 77, 18, 6, 250, 61, 2, 40, 41]
 
@@ -135,6 +136,13 @@ def test_a_q8_0_quantized_file_loads_and_stays_close(converted, family, tmp_path
         assert g.metadata["general.file_type"] == 7  # MOSTLY_Q8_0
     full, quantized = run(load(path), [PROMPT]), run(load(out), [PROMPT])
     assert (quantized - full).abs().max() < 0.1 * (full.max() - full.min())
+    if family in NATIVE_LAYERS:  # decode steps through the native layer call, as the Python's
+        model, steps = load(out), [PROMPT[:12], *[[t] for t in PROMPT[12:]]]
+        assert model.native_layers() is not None
+        native = run(model, steps)
+        model._native = None
+        python = run(model, steps)
+        assert (native - python).abs().max() < 1e-4 * python.abs().max()
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -62,6 +62,15 @@ def llama_rope(c: Config, w: Weights, head_dim: int, *, is_neox: bool) -> RoPE:
     return RoPE(rope_dim, c.float("rope.freq_base", 10000.0), is_neox, scale, factors)
 
 
+def layer_shape(o: LlamaOptions) -> LayerShape:
+    """A llama-family layer's shape for the native layer call."""
+    return LayerShape(
+        hidden=o.hidden, heads=o.num_heads, kv_heads=o.num_kv_heads, head_dim=o.head_dim,
+        value_dim=o.value_dim, ffn=o.ffn, rope_dim=o.rope.dim, neox=o.rope.is_neox, eps=o.eps,
+        scale=o.head_dim**-0.5,
+    )  # fmt: skip
+
+
 class Block:
     """One decoder layer, its weights named as in the GGUF (`blk.N.*`)."""
 
@@ -85,13 +94,8 @@ class Block:
         self.ffn_down = w.linear(p + "ffn_down.weight", o.hidden, o.ffn)
 
     def native(self, o: LlamaOptions) -> NativeLayer | None:
-        shape = LayerShape(
-            hidden=o.hidden, heads=o.num_heads, kv_heads=o.num_kv_heads, head_dim=o.head_dim,
-            value_dim=o.value_dim, ffn=o.ffn, rope_dim=o.rope.dim, neox=o.rope.is_neox,
-            eps=o.eps, scale=o.head_dim**-0.5,
-        )  # fmt: skip
         return NativeLayer.bind(
-            shape, attn_norm=self.attn_norm, qkv=self.attn_qkv, qkv_bias=self.qkv_bias,
+            layer_shape(o), attn_norm=self.attn_norm, qkv=self.attn_qkv, qkv_bias=self.qkv_bias,
             attn_output=self.attn_output, ffn_norm=self.ffn_norm, gate_up=self.ffn_gate_up,
             down=self.ffn_down,
         )  # fmt: skip
@@ -178,12 +182,13 @@ class Llama:
 
 
 def _native_of(model: Llama) -> list[NativeLayer] | None:
-    """Every block bound for the native layer call, or None unless all are plain llama Blocks
-    that bind (subclasses with other blocks keep their own forward)."""
-    if not all(type(b) is Block for b in model.blocks):
+    """Every block bound for the native layer call, or None unless every block can be (a block
+    says how by a `native(options)` method; one without, e.g. a mixture of experts, cannot)."""
+    binders = [getattr(b, "native", None) for b in model.blocks]
+    if None in binders:
         return None
-    layers = [b.native(model.options) for b in model.blocks]
-    return None if any(layer is None for layer in layers) else layers  # type: ignore[return-value]
+    layers = [bind(model.options) for bind in binders]  # type: ignore[misc]
+    return None if None in layers else layers  # type: ignore[return-value]
 
 
 def _rows(batch: Batch) -> torch.Tensor | None:

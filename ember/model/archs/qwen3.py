@@ -6,9 +6,10 @@ last token."""
 import torch
 import torch.nn.functional as F
 
+from ember.backend.layer import NativeLayer
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache
-from ember.model.archs.llama import Llama, LlamaOptions
+from ember.model.archs.llama import Llama, LlamaOptions, layer_shape
 from ember.model.base import POOLING_LAST, POOLING_RANK
 from ember.model.config import Config, ModelLoadError
 from ember.model.registry import register
@@ -59,6 +60,13 @@ class Qwen3Block(Qwen3Attention):
             [p + "ffn_gate.weight", p + "ffn_up.weight"], [o.ffn, o.ffn], o.hidden
         )
         self.ffn_down = w.linear(p + "ffn_down.weight", o.hidden, o.ffn)
+
+    def native(self, o: LlamaOptions) -> NativeLayer | None:
+        return NativeLayer.bind(
+            layer_shape(o), attn_norm=self.attn_norm, qkv=self.attn_qkv, q_norm=self.attn_q_norm,
+            k_norm=self.attn_k_norm, attn_output=self.attn_output, ffn_norm=self.ffn_norm,
+            gate_up=self.ffn_gate_up, down=self.ffn_down,
+        )  # fmt: skip
 
     def __call__(
         self,
