@@ -1,7 +1,7 @@
 """LlavaForConditionalGeneration checkpoints (a CLIP vision tower, a two-layer GELU projector, a
-llama text model) -> a llama text GGUF plus an mmproj GGUF, llama.cpp's convention for llava
-(projector type `mlp`; `v.*` tower names, `mm.0`/`mm.2` for the projector). Ollama has no
-single-file form for llava, so the tower always goes to the mmproj file.
+llama or qwen2 text model) -> a llama or qwen2 text GGUF plus an mmproj GGUF, llama.cpp's
+convention for llava (projector type `mlp`; `v.*` tower names, `mm.0`/`mm.2` for the projector).
+Ollama has no single-file form for llava, so the tower always goes to the mmproj file.
 
 As llama.cpp's llava converter, the encoder layers after the one whose output is the image
 features (vision_feature_layer) are not kept, nor the unused post-layernorm: the mmproj's model
@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ember.convert.llama import LlamaDecoder
+from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.source import ConvertError, HFConfig, read_json
 
 _TOWER = re.compile(r"(?:model\.)?vision_tower\.(?:vision_model\.)?(.+)")
@@ -35,6 +36,8 @@ _ACTIVATIONS = {"quick_gelu": False, "gelu": True}  # hidden_act -> clip.use_gel
 
 
 class LlavaDecoder(LlamaDecoder):
+    """The tower and projector; the text model is llama's (a subclass mixes in another's)."""
+
     separate_projector = True  # the writer puts `v.*`/`mm.*` in an mmproj file
 
     def __init__(self, config: HFConfig) -> None:
@@ -133,6 +136,24 @@ class LlavaDecoder(LlamaDecoder):
             "clip.vision.image_mean": self.image_mean,
             "clip.vision.image_std": self.image_std,
         }
+
+
+class LlavaQwen2Decoder(LlavaDecoder, Qwen2Decoder):
+    """Llava with a qwen2 text model: Qwen2Decoder's arch, biases and unpermuted Q/K rows."""
+
+
+# text_config.model_type -> the converter (Mistral's text model is llama's, as in CONVERTERS)
+_BY_TEXT_TYPE = {"llama": LlavaDecoder, "mistral": LlavaDecoder, "qwen2": LlavaQwen2Decoder}
+
+
+def llava_decoder(config: HFConfig) -> LlavaDecoder:
+    """The converter for the checkpoint's text model (llama when unnamed, as HF's LlavaConfig)."""
+    text_type = config.sub("text_config").get("model_type", "llama")
+    make = _BY_TEXT_TYPE.get(text_type) if isinstance(text_type, str) else None
+    if make is None:
+        supported = ", ".join(sorted(_BY_TEXT_TYPE))
+        raise ConvertError(f"llava text model {text_type!r} is not supported ({supported} are)")
+    return make(config)
 
 
 def preprocessor_triple(value: object, key: str) -> list[float]:

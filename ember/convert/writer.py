@@ -21,7 +21,7 @@ from ember.convert.gptoss import GptOssDecoder
 from ember.convert.granite import GraniteDecoder
 from ember.convert.llama import LlamaDecoder
 from ember.convert.llama4 import Llama4Decoder
-from ember.convert.llava import LlavaDecoder
+from ember.convert.llava import LlavaDecoder, llava_decoder
 from ember.convert.mistral3 import Mistral3Decoder
 from ember.convert.mllama import MllamaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
@@ -53,7 +53,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Gemma3ForCausalLM": Gemma3Decoder,
     "Gemma3TextModel": Gemma3EmbeddingDecoder,
     "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
-    "LlavaForConditionalGeneration": LlavaDecoder,
+    "LlavaForConditionalGeneration": llava_decoder,
     "Qwen2_5_VLForConditionalGeneration": Qwen25VLDecoder,
     "MllamaForConditionalGeneration": MllamaDecoder,
     "Mistral3ForConditionalGeneration": Mistral3Decoder,

@@ -1,6 +1,6 @@
-"""Llava converted from a tiny HF LlavaForConditionalGeneration (text GGUF + mmproj GGUF):
-pixels equal CLIPImageProcessor's, image embeddings equal HF's get_image_features and the
-logits of a prompt with an image equal HF's (1e-4, float32)."""
+"""Llava converted from a tiny HF LlavaForConditionalGeneration (text GGUF + mmproj GGUF), with a
+llama or a qwen2 text model: pixels equal CLIPImageProcessor's, image embeddings equal HF's
+get_image_features and the logits of a prompt with an image equal HF's (1e-4, float32)."""
 
 import pytest
 import torch
@@ -15,7 +15,7 @@ from ember.batch import Batch  # noqa: E402
 from ember.convert import ConvertError, convert_directory  # noqa: E402
 from ember.gguf import GGUFFile  # noqa: E402
 from ember.model import load_model  # noqa: E402
-from ember.model.archs.llava_vision import LlavaVision  # noqa: E402
+from ember.model.archs.llava_vision import LlavaQwen2Vision, LlavaVision  # noqa: E402
 
 IMAGES = [((50, 30), "RGB", 1), ((20, 64), "RGBA", 2), ((97, 203), "P", 3)]
 
@@ -29,11 +29,11 @@ def hf_pixels(data: bytes, size: int) -> torch.Tensor:
     return processor(Image.open(io.BytesIO(data)), return_tensors="pt")["pixel_values"][0]
 
 
-def convert(root, feature_layer: int):
-    hf = build_llava(root / "hf", feature_layer=feature_layer)
+def convert(root, feature_layer: int, text: str = "llama"):
+    hf = build_llava(root / "hf", feature_layer=feature_layer, text=text)
     convert_directory(root / "hf", root / "text.gguf", mmproj=root / "mmproj.gguf")
     ember = load_model(GGUFFile.open(root / "text.gguf"), GGUFFile.open(root / "mmproj.gguf"))
-    assert isinstance(ember, LlavaVision)
+    assert isinstance(ember, LlavaQwen2Vision if text == "qwen2" else LlavaVision)
     return hf, ember
 
 
@@ -45,6 +45,17 @@ def root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def models(root):
     return convert(root, -2)
+
+
+@pytest.fixture(scope="module")
+def qwen2_models(root):
+    return convert(root / "qwen2", -2, text="qwen2")
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def text_models(request):
+    """The converted pair (HF, Ember) with either text model."""
+    return request.getfixturevalue("models" if request.param == "llama" else "qwen2_models")
 
 
 def hf_features(hf, data: bytes) -> torch.Tensor:
@@ -62,8 +73,8 @@ def test_preprocessing_equals_clip_image_processor(models, size, mode, seed):
 
 
 @pytest.mark.parametrize(("size", "mode", "seed"), IMAGES)
-def test_image_embeddings_equal_hf(models, size, mode, seed):
-    hf, ember = models
+def test_image_embeddings_equal_hf(text_models, size, mode, seed):
+    hf, ember = text_models
     data = image_bytes(size, mode, seed)
     ours = ember.encode_multimodal(data)
     assert ours.shape == (PATCHES, 64)
@@ -88,8 +99,8 @@ def logits_with_image(hf, ember, data: bytes) -> tuple[torch.Tensor, torch.Tenso
 
 
 @pytest.mark.parametrize(("size", "mode", "seed"), IMAGES[:2])
-def test_logits_of_a_prompt_with_an_image_equal_hf(models, size, mode, seed):
-    ours, theirs = logits_with_image(*models, image_bytes(size, mode, seed))
+def test_logits_of_a_prompt_with_an_image_equal_hf(text_models, size, mode, seed):
+    ours, theirs = logits_with_image(*text_models, image_bytes(size, mode, seed))
     assert (ours - theirs).abs().max() < 1e-4
 
 
@@ -104,6 +115,35 @@ def test_the_files_follow_llama_cpp(models, root):
     with GGUFFile.open(root / "text.gguf") as f:
         assert f.metadata["general.architecture"] == "llama"
         assert not any(name.startswith(("v.", "mm.")) for name in f.tensors)
+
+
+def test_a_qwen2_text_model_is_written_as_qwen2(qwen2_models, root):
+    hf = qwen2_models[0]
+    with GGUFFile.open(root / "qwen2" / "mmproj.gguf") as f:
+        assert f.metadata["clip.projector_type"] == "mlp"
+        assert f.metadata["clip.vision.projection_dim"] == 64
+    with GGUFFile.open(root / "qwen2" / "text.gguf") as f:
+        assert f.metadata["general.architecture"] == "qwen2"
+        assert not any(name.startswith(("v.", "mm.")) for name in f.tensors)
+        attention = hf.model.language_model.layers[0].self_attn
+        for name, theirs in [("attn_q.weight", attention.q_proj.weight),
+                             ("attn_k.weight", attention.k_proj.weight),
+                             ("attn_k.bias", attention.k_proj.bias)]:  # fmt: skip
+            ours = torch.from_numpy(f.raw(f"blk.0.{name}").copy()).view(torch.float32)
+            assert torch.equal(ours.reshape(theirs.shape), theirs)  # rows as HF has them
+        assert attention.k_proj.bias.abs().min() > 0
+
+
+def test_other_llava_text_models_are_refused(models, root, tmp_path):
+    import json
+    import shutil
+
+    shutil.copytree(root / "hf", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["text_config"]["model_type"] = "gemma"
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConvertError, match="llava text model 'gemma' is not supported"):
+        convert_directory(tmp_path / "hf", tmp_path / "t.gguf", mmproj=tmp_path / "m.gguf")
 
 
 def test_the_last_layer_as_features(tmp_path):

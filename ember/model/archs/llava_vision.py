@@ -1,4 +1,4 @@
-"""Llava: a llama text model whose prompts may hold images, read by a CLIP vision tower and a
+"""Llava: a llama (or qwen2) text model whose prompts may hold images, read by a CLIP vision tower and a
 two-layer GELU projector from an mmproj GGUF (llama.cpp's `clip` file, projector type `mlp`).
 
 The tower: patch conv (no bias), a class token, learned positions, pre-layernorm, pre-norm
@@ -102,7 +102,7 @@ class LlavaVision(LlamaWithImages):
         clip = Config(projector.metadata, "clip")
         kind = clip.string("projector_type", "mlp")
         if kind != "mlp":
-            raise ModelLoadError(f"llama takes an mlp (llava) projector, not {kind!r}")
+            raise ModelLoadError(f"{config.arch} takes an mlp (llava) projector, not {kind!r}")
         o = self.vision_options = clip_options(clip)
         names = MmprojNames(projector, o.ffn, o.hidden)
         if "mm.0.weight" not in names.tensors:
@@ -130,3 +130,12 @@ class LlavaVision(LlamaWithImages):
 
 
 register_projector("llama")(LlavaVision)
+
+
+class LlavaQwen2Vision(LlavaVision):
+    """Llava with a Qwen2 text model: Qwen2's NeoX RoPE (its q/k/v biases bind when present)."""
+
+    is_neox_rope = True
+
+
+register_projector("qwen2", kind="mlp")(LlavaQwen2Vision)  # qwen2vl/qwen25vl are other archs
