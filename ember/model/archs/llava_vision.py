@@ -1,5 +1,6 @@
-"""Llava: a llama (or qwen2) text model whose prompts may hold images, read by a CLIP vision tower and a
-two-layer GELU projector from an mmproj GGUF (llama.cpp's `clip` file, projector type `mlp`).
+"""Llava: a llama (or qwen2) text model whose prompts may hold images, read by a CLIP vision
+tower and a two-layer GELU projector from an mmproj GGUF (llama.cpp's `clip` file, projector
+type `mlp`).
 
 The tower: patch conv (no bias), a class token, learned positions, pre-layernorm, pre-norm
 encoder blocks with biases (quick-GELU unless clip.use_gelu), every block the file holds (the
@@ -138,4 +139,4 @@ class LlavaQwen2Vision(LlavaVision):
     is_neox_rope = True
 
 
-register_projector("qwen2", kind="mlp")(LlavaQwen2Vision)  # qwen2vl/qwen25vl are other archs
+register_projector("qwen2")(LlavaQwen2Vision)  # qwen2vl/qwen25vl are other archs
