@@ -19,7 +19,7 @@ _i64, _i32, _ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 
 
 class _Lin(ctypes.Structure):
-    _fields_ = [("type", _i32), ("pad", _i32), ("data", _ptr), ("n", _i64), ("k", _i64)]
+    _fields_ = [("type", _i32), ("passes", _i32), ("data", _ptr), ("n", _i64), ("k", _i64)]
 
 
 class LayerArgs(ctypes.Structure):
@@ -80,7 +80,7 @@ def _parts(w: AnyLinear, most: int) -> list[NativeLinear] | None:
 
 
 def _set(lin: _Lin, w: NativeLinear) -> None:
-    lin.type, lin.data = w.ggml_type, w.raw.data_ptr()
+    lin.type, lin.passes, lin.data = w.ggml_type, w.activation_passes, w.raw.data_ptr()
     lin.n, lin.k = w.out_features, w.in_features
 
 

@@ -58,6 +58,7 @@ class NativeLinear:
     __slots__ = (
         "_kernels",
         "_row_bytes",
+        "activation_passes",
         "ggml_type",
         "in_features",
         "kind",
@@ -73,9 +74,15 @@ class NativeLinear:
         in_features: int,
         *,
         kernels: "native.Kernels | bool | None" = True,
+        activation_passes: int = 2,
     ) -> None:
         """raw: the tensor's bytes (shared, not copied); kernels: True for the chosen ISA's,
-        a native.Kernels for that ISA's, False/None for the torch path."""
+        a native.Kernels for that ISA's, False/None for the torch path; activation_passes: the
+        q8_K passes over x of a K type's native kernel (2: x and its rounding error, ~int16
+        precision; 1: x alone, llama.cpp's precision, ~2/3 of the time; see ACTIVATION_PASSES)."""
+        if activation_passes not in (1, 2):
+            raise QuantError(f"activation_passes is 1 or 2, got {activation_passes}")
+        self.activation_passes = activation_passes
         self.raw, self.ggml_type = as_byte_tensor(raw), int(ggml_type)
         self.out_features, self.in_features = out_features, in_features
         self._row_bytes = row_nbytes(self.ggml_type, in_features)
@@ -120,6 +127,7 @@ class NativeLinear:
             x.shape[0],
             self.out_features,
             self.in_features,
+            self.activation_passes,
         )
         if rc:
             raise native.NativeError(_failure(rc, self.ggml_type, kern.isa))
@@ -165,6 +173,7 @@ class NativeLinear:
             sum(p.out_features for p in parts),
             parts[0].in_features,
             kernels=parts[0]._kernels,
+            activation_passes=max(p.activation_passes for p in parts),
         )
 
     def __repr__(self) -> str:
@@ -208,20 +217,36 @@ class FusedLinear:
 AnyLinear = LinearWeight | NativeLinear | FusedLinear
 
 
+# The GGUF weights whose input has no outliers (a normalized hidden state, or an attention
+# output: a weighted mean of values): one q8_K pass over it is enough for a K type, as llama.cpp
+# takes everywhere. Every other weight (a down projection's input is the product of an
+# activation and a projection, heavy-tailed; projectors) keeps two.
+_ONE_PASS = frozenset(
+    {"attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "output"}
+    | {"ffn_gate_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_up_shexp", "token_embd"}
+)
+
+
+def activation_passes(name: str) -> int:
+    """The q8_K passes (NativeLinear's activation_passes) for the GGUF tensor `name`."""
+    stem = name.removesuffix(".weight").rsplit(".", 1)[-1]
+    return 1 if stem in _ONE_PASS else 2
+
+
 def linear_from_gguf(
-    raw: torch.Tensor | np.ndarray, ggml_type: int, shape: tuple[int, ...]
+    raw: torch.Tensor | np.ndarray, ggml_type: int, shape: tuple[int, ...], *, passes: int = 2
 ) -> AnyLinear:
     """A projection from a GGUF tensor's bytes, `shape` (out, in): F32 as a dense tensor, every
-    other type kept as its blocks."""
+    other type kept as its blocks (passes: NativeLinear's activation_passes)."""
     if len(shape) != 2:
         raise QuantError(f"a linear weight is 2-D (out, in), got shape {shape}")
     if int(ggml_type) == GGMLType.F32:
         return LinearWeight.from_dense(dequantize(raw, ggml_type, shape))
-    return NativeLinear(raw, ggml_type, shape[0], shape[1])
+    return NativeLinear(raw, ggml_type, shape[0], shape[1], activation_passes=passes)
 
 
 def expert_linears(
-    raw: torch.Tensor | np.ndarray, ggml_type: int, shape: tuple[int, ...]
+    raw: torch.Tensor | np.ndarray, ggml_type: int, shape: tuple[int, ...], *, passes: int = 2
 ) -> list[AnyLinear]:
     """One projection per expert of a stacked GGUF tensor, `shape` (experts, out, in): each a
     view of its expert's blocks (no copy), so running an expert reads only its own bytes."""
@@ -235,7 +260,9 @@ def expert_linears(
             f"a stack of shape {shape} has {num_experts * step} bytes, got {data.numel()}"
         )
     return [
-        linear_from_gguf(data[e * step : (e + 1) * step], ggml_type, (out_features, in_features))
+        linear_from_gguf(
+            data[e * step : (e + 1) * step], ggml_type, (out_features, in_features), passes=passes
+        )
         for e in range(num_experts)
     ]
 

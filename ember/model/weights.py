@@ -7,6 +7,7 @@ from ember.backend.quant import dequantize
 from ember.backend.weights import (
     AnyLinear,
     Embedding,
+    activation_passes,
     concat_linear,
     expert_linears,
     linear_from_gguf,
@@ -60,7 +61,9 @@ class Weights:
         """A projection kept as its GGUF blocks (native kernels, or torch without them); F32
         tensors as dense float32."""
         info = self._info(name, (out_features, in_features))
-        return linear_from_gguf(self.gguf.raw(name), info.ggml_type, info.shape)
+        return linear_from_gguf(
+            self.gguf.raw(name), info.ggml_type, info.shape, passes=activation_passes(name)
+        )
 
     def fused(self, names: list[str], outs: list[int], in_features: int) -> AnyLinear:
         """Several projections of the same input as one call (q/k/v, gate/up): stacked blocks
@@ -74,7 +77,9 @@ class Weights:
         """A 3-D stack of expert weights (experts, out, in), one projection per expert, each
         kept as its slice of the file's blocks."""
         info = self._info(name, (num_experts, out_features, in_features))
-        return expert_linears(self.gguf.raw(name), info.ggml_type, info.shape)
+        return expert_linears(
+            self.gguf.raw(name), info.ggml_type, info.shape, passes=activation_passes(name)
+        )
 
     def output_head(self, vocab_size: int, hidden: int) -> AnyLinear:
         """`output.weight`, or the token embeddings where the model ties them."""

@@ -6,8 +6,8 @@
 #include <string.h>
 #include <stdint.h>
 #include <math.h>
-int ember_matmul_generic(int, const void *, const float *, float *, int64_t, int64_t, int64_t);
-int ember_matmul_neon(int, const void *, const float *, float *, int64_t, int64_t, int64_t);
+int ember_matmul_generic(int, const void *, const float *, float *, int64_t, int64_t, int64_t, int);
+int ember_matmul_neon(int, const void *, const float *, float *, int64_t, int64_t, int64_t, int);
 int ember_dequant_generic(int, const void *, float *, int64_t, int64_t);
 int ember_dequant_neon(int, const void *, float *, int64_t, int64_t);
 int ember_block_elems_generic(int);
@@ -38,7 +38,7 @@ int main(void) {
         float *x = malloc(M * K * 4), *y0 = malloc(M * N * 4), *y1 = malloc(M * N * 4);
         float *d0 = malloc(N * K * 4), *d1 = malloc(N * K * 4);
         for (int64_t i = 0; i < M * K; i++) x[i] = rand() / (float)RAND_MAX - 0.5f;
-        int r0 = ember_matmul_generic(t, w, x, y0, M, N, K), r1 = ember_matmul_neon(t, w, x, y1, M, N, K);
+        int r0 = ember_matmul_generic(t, w, x, y0, M, N, K, 2), r1 = ember_matmul_neon(t, w, x, y1, M, N, K, 2);
         ember_dequant_generic(t, w, d0, N, K); ember_dequant_neon(t, w, d1, N, K);
         double maxrel = 0, ref = 0; int same = memcmp(y0, y1, M * N * 4) == 0;
         for (int64_t i = 0; i < M * N; i++) { ref = fmax(ref, fabs(y0[i])); }

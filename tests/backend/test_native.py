@@ -95,6 +95,40 @@ def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 2, 7, 16])
+def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
+    # the K types with one q8_K pass over x (llama.cpp's precision): exactly that pass's result
+    shape = (77, 256 * 3)
+    raw, w = weight(qtype, shape, seed=rows)
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
+    lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), activation_passes=1)
+    y = lin(x)
+    codes, d = q8_k(x)
+    xq = (codes.double() * d.double()).reshape(x.shape)
+    want = xq @ w.double().t()
+    scale = xq.abs() @ w.double().abs().t()
+    assert ((y.double() - want).abs() <= 2e-6 * scale + 1e-30).all()
+    # its error is int8's (~1% of the largest output here): above two passes'
+    exact = x.double() @ w.double().t()
+    two = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa))(x).double()
+    error = float((y.double() - exact).abs().max() / exact.abs().max())
+    assert float((two - exact).abs().max() / exact.abs().max()) < error < 3e-2
+    if rows > 1:  # a row does not depend on its batch
+        assert torch.equal(y[1:2], lin(x[1:2]))
+
+
+def test_down_projections_keep_two_activation_passes() -> None:
+    from ember.backend.weights import activation_passes
+
+    assert activation_passes("blk.3.ffn_down.weight") == 2
+    assert activation_passes("blk.3.ffn_down_exps.weight") == 2
+    assert activation_passes("mm.2.weight") == 2
+    for name in ("blk.0.attn_q.weight", "blk.1.ffn_up.weight", "output.weight"):
+        assert activation_passes(name) == 1
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", FLOAT, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", ROWS)
 def test_float_matmul(isa: str, qtype: QT, rows: int) -> None:
@@ -176,7 +210,7 @@ def test_an_unknown_type_is_named() -> None:
     kern = native.kernels()
     assert kern is not None and not kern.supports(16)  # IQ2_XXS
     assert all(kern.supports(t) for t in SIMPLE + K_TYPES + FLOAT)
-    assert kern.matmul(16, 0, 0, 0, 1, 1, 256) == -1
+    assert kern.matmul(16, 0, 0, 0, 1, 1, 256, 2) == -1
     with pytest.raises(UnsupportedTypeError, match="IQ2_XXS"):
         NativeLinear(torch.zeros(66, dtype=torch.uint8), 16, 1, 256)
 

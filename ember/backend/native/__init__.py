@@ -29,7 +29,8 @@ class NativeError(EmberError, RuntimeError):
 class Kernels:
     """One ISA copy's entry points (ctypes functions; pointers and sizes as ints).
 
-    matmul(type, W, x, y, M, N, K) -> 0 | -1 type | -2 shape | -3 memory: y (M, N) = x @ W^T
+    matmul(type, W, x, y, M, N, K, passes) -> 0 | -1 type | -2 shape | -3 memory: y (M, N) =
+        x @ W^T; passes: 1 or 2 q8_K passes over x for the K types (kernels.c's em_prep)
     dequant(type, W, out, rows, K) -> same codes: out (rows, K) float32
     attend(kv_type, q, H, D, k, k_hs, k_cs, v, v_hs, v_cs, H_kv, D_v, S, mask, scale, out) -> 0
         | -1 | -2 | -3: one token's attention over a float KV cache range (attend.h)
@@ -119,7 +120,7 @@ def _kernels_of(isa: str) -> Kernels:
     lib = library()
     assert lib is not None
     matmul = getattr(lib, f"ember_matmul_{isa}")
-    matmul.argtypes = [_int, _ptr, _ptr, _ptr, _i64, _i64, _i64]
+    matmul.argtypes = [_int, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int]
     dequant = getattr(lib, f"ember_dequant_{isa}")
     dequant.argtypes = [_int, _ptr, _ptr, _i64, _i64]
     block_elems = getattr(lib, f"ember_block_elems_{isa}")

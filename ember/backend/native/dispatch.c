@@ -13,11 +13,11 @@ EM_API int ember_num_threads = 0; /* threads of the kernels' parallel loops; 0 =
 
 EM_API void ember_set_threads(int n) { ember_num_threads = n > 0 ? n : 0; }
 
-typedef int (*em_matmul_fn)(int, const void *, const float *, float *, int64_t, int64_t, int64_t);
+typedef int (*em_matmul_fn)(int, const void *, const float *, float *, int64_t, int64_t, int64_t, int);
 typedef int (*em_dequant_fn)(int, const void *, float *, int64_t, int64_t);
 
 #define EM_DECLARE(isa)                                                                        \
-    int ember_matmul_##isa(int, const void *, const float *, float *, int64_t, int64_t, int64_t); \
+    int ember_matmul_##isa(int, const void *, const float *, float *, int64_t, int64_t, int64_t, int); \
     int ember_dequant_##isa(int, const void *, float *, int64_t, int64_t);
 
 EM_DECLARE(generic)
@@ -125,8 +125,8 @@ static em_dequant_fn em_dequant_of(int isa) {
 
 /* For C callers: the best ISA's kernels (Ember's Python side binds the suffixed names). */
 EM_API int ember_matmul(int type, const void *w, const float *x, float *y, int64_t M, int64_t N,
-                        int64_t K) {
-    return em_matmul_of(ember_best_isa())(type, w, x, y, M, N, K);
+                        int64_t K, int passes) {
+    return em_matmul_of(ember_best_isa())(type, w, x, y, M, N, K, passes);
 }
 
 EM_API int ember_dequant(int type, const void *w, float *out, int64_t rows, int64_t K) {

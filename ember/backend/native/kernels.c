@@ -5,9 +5,9 @@
  *
  *   ember_matmul_<isa>(type, W, x, y, M, N, K): W (N, K) in ggml type `type` (its file bytes),
  *       x (M, K) float32, y (M, N) float32. The M rows of x are quantized once (blocks:
- *       simple.h's int16 blocks for the 32-element types, kquants.h's q8_K for the K types
- *       (two passes: x, then its rounding error); F16/BF16
- *       use them as they are); OpenMP splits W in chunks of rows, and each W row is
+ *       simple.h's int16 blocks for the 32-element types, kquants.h's q8_K for the K types:
+ *       `passes` 2 (or 0) takes x then its rounding error, 1 takes x alone, as llama.cpp;
+ *       F16/BF16 use them as they are); OpenMP splits W in chunks of rows, and each W row is
  *       used by all M rows of x while it sits in L1. Returns 0, or -1 for a type it lacks, -2
  *       for a K that is not whole blocks, -3 when out of memory.
  *   ember_dequant_<isa>(type, W, out, rows, K): out (rows, K) float32, bit-equal to gguf-py.
@@ -89,16 +89,18 @@ static int em_threads(int64_t weight_bytes) {
 }
 
 /* Activations prepared once for a weight type's dot products: int16 blocks (simple.h) for the
- * 32-element types; for the K types q8_K (int8 per 256 values) twice, x itself then what that
- * left out (x - q8_K(x)), whose step is ~1/254 of the first (one int8 pass alone put Gemma 3's
- * ffn_down outputs, heavy-tailed inputs, 5% of their largest value off and its logits outside
- * the reference's tolerance; two passes are as close as int16); F16/BF16 read x as it is. */
+ * 32-element types; for the K types q8_K (int8 per 256 values), once or twice: x itself, then
+ * what that left out (x - q8_K(x)), whose step is ~1/254 of the first. One pass is llama.cpp's
+ * precision and costs ~2/3 of two; it is enough for inputs without outliers (a normalized hidden
+ * state, an attention output), not for a down projection's (one pass put Gemma 3's ffn_down
+ * outputs 5% of their largest value off and its logits outside the reference's tolerance; two
+ * passes are as close as int16). F16/BF16 read x as it is. */
 typedef struct {
-    int type;
+    int type, passes;
     int64_t K, nb, row_bytes;
     const float *x;
     em_block_q16 *q16; /* (M, nb) */
-    kq_block_q8_K *q8k; /* (2M, nb): row 2m is x[m]'s first pass, 2m + 1 its second */
+    kq_block_q8_K *q8k; /* (passes M, nb): row passes m + i is x[m]'s pass i */
 } em_prep;
 
 /* Bytes of the buffer em_prepare needs; -1 for a type this library lacks, -2 for a K that is
@@ -113,11 +115,12 @@ static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
     return M * (K / EM_QK) * (int64_t)sizeof(em_block_q16);
 }
 
-/* Quantizes x (M, K) for `type` into buf (em_prep_bytes of it). */
-static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t K, void *buf) {
+/* Quantizes x (M, K) for `type` into buf (em_prep_bytes of it); passes: 1 or 2 (K types). */
+static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t K, void *buf,
+                       int passes) {
     int elems, bytes;
     em_block_size(type, &elems, &bytes);
-    p->type = type, p->K = K, p->x = x, p->q16 = 0, p->q8k = 0;
+    p->type = type, p->K = K, p->x = x, p->q16 = 0, p->q8k = 0, p->passes = passes == 1 ? 1 : 2;
     p->nb = K / elems, p->row_bytes = p->nb * bytes;
     const int64_t nb = p->nb;
     if (type == EM_F16 || type == EM_BF16) return;
@@ -125,8 +128,9 @@ static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t 
         kq_block_q8_K *xk = p->q8k = (kq_block_q8_K *)buf;
         float *rest = (float *)(xk + 2 * M * nb);
         for (int64_t m = 0; m < M; m++) {
-            kq_block_q8_K *x1 = xk + 2 * m * nb, *x2 = x1 + nb;
+            kq_block_q8_K *x1 = xk + p->passes * m * nb, *x2 = x1 + nb;
             kq_quantize_row_q8_K(x + m * K, x1, K);
+            if (p->passes == 1) continue;
             for (int64_t b = 0; b < nb; b++)
                 for (int j = 0; j < KQ_QK; j++)
                     rest[b * KQ_QK + j] = x[m * K + b * KQ_QK + j] - x1[b].d * (float)x1[b].qs[j];
@@ -151,6 +155,14 @@ static void em_rows(const em_prep *p, const uint8_t *W, int64_t M, int64_t ldy, 
         } else if (p->q8k) { /* the weight block unpacked once for all rows (both passes) */
             const kq_dot_rows_fn rows_dot = kq_dot_rows_for_type(p->type);
             float part[EM_GROUP_ROWS];
+            if (p->passes == 1) {
+                for (int64_t m0 = 0; m0 < M; m0 += EM_GROUP_ROWS) {
+                    const int64_t mc = M - m0 < EM_GROUP_ROWS ? M - m0 : EM_GROUP_ROWS;
+                    rows_dot(wrow, p->q8k + m0 * nb, nb, (int)mc, nb, part);
+                    for (int64_t m = 0; m < mc; m++) y[(m0 + m) * ldy + n] = part[m];
+                }
+                continue;
+            }
             for (int64_t m0 = 0; m0 < M; m0 += EM_GROUP_ROWS / 2) {
                 const int64_t mc = M - m0 < EM_GROUP_ROWS / 2 ? M - m0 : EM_GROUP_ROWS / 2;
                 rows_dot(wrow, p->q8k + 2 * m0 * nb, nb, (int)(2 * mc), nb, part);
@@ -172,7 +184,7 @@ int omp_get_max_threads(void);
 int omp_get_thread_num(void);
 
 int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, int64_t M,
-                            int64_t N, int64_t K) {
+                            int64_t N, int64_t K, int passes) {
     const int64_t need = em_prep_bytes(type, M, K);
     if (need < 0) return (int)need;
     if (M < 0 || N < 0) return -2;
@@ -180,7 +192,7 @@ int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, i
     void *buf = need ? malloc((size_t)need) : 0;
     if (need && !buf) return -3;
     em_prep p;
-    em_prepare(&p, type, x, M, K, buf);
+    em_prepare(&p, type, x, M, K, buf, passes);
     const uint8_t *W = (const uint8_t *)w;
     const int64_t chunks = (N + EM_ROWS_PER_CHUNK - 1) / EM_ROWS_PER_CHUNK;
     const int nth = em_threads(N * p.row_bytes), omp_default = omp_get_max_threads();

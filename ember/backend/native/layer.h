@@ -16,7 +16,7 @@
 #include <stdlib.h>
 
 typedef struct {
-    int32_t type, pad;
+    int32_t type, passes; /* passes: of a K type's activations (kernels.c's em_prep) */
     const void *data;
     int64_t n, k; /* out, in */
 } em_lin;
@@ -92,7 +92,7 @@ static int64_t em_parts_n(const em_lin *w, int parts, int64_t k) {
 static void em_prepare_parts(em_prep *p, const em_lin *w, int parts, const float *x, int64_t M,
                              uint8_t *buf, int64_t stride) {
     for (int i = 0; i < parts; i++)
-        if (w[i].n) em_prepare(&p[i], w[i].type, x, M, w[i].k, buf + i * stride);
+        if (w[i].n) em_prepare(&p[i], w[i].type, x, M, w[i].k, buf + i * stride, w[i].passes);
 }
 
 /* This thread's share of the team's loop over the rows of every part, each part into its own
