@@ -267,6 +267,19 @@ class GGUFFile:
             raise KeyError(f"no tensor named {name!r} in {self.path}")
         return self._bytes[info.offset : info.offset + info.nbytes]
 
+    def release(self, name: str) -> None:
+        """The pages of tensor `name` stop counting in this process's memory (a copy of its
+        bytes replaced it): they are read again from the file if it is touched. Whole pages
+        inside the tensor only; nothing where the file is not mapped."""
+        buf, info = self._buf, self.tensors.get(name)
+        if not isinstance(buf, mmap.mmap) or info is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = -(-info.offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        stop = (info.offset + info.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if stop > start:
+            with contextlib.suppress(OSError, ValueError):  # advice only: a closed map is fine
+                buf.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
     def get(self, key: str, default: Any = None) -> Any:
         """The metadata value of `key`, or `default` when the file has none."""
         return self.metadata.get(key, default)

@@ -7,6 +7,7 @@ from ember.backend.quant import dequantize
 from ember.backend.weights import (
     AnyLinear,
     Embedding,
+    FusedLinear,
     activation_passes,
     concat_linear,
     expert_linears,
@@ -69,7 +70,11 @@ class Weights:
         """Several projections of the same input as one call (q/k/v, gate/up): stacked blocks
         where all have one type, else the parts side by side (never expanded)."""
         parts = [self.linear(n, o, in_features) for n, o in zip(names, outs, strict=True)]
-        return concat_linear(parts)
+        fused = concat_linear(parts)
+        if len(parts) > 1 and not isinstance(fused, FusedLinear):
+            for name in names:  # copied into one tensor: the file's pages need not stay resident
+                self.gguf.release(name)
+        return fused
 
     def experts(
         self, name: str, num_experts: int, out_features: int, in_features: int

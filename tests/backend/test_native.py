@@ -167,7 +167,7 @@ def test_every_isa_gives_the_same_bits(qtype: QT) -> None:
 def test_many_rows_take_the_float32_path_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     from ember.backend import weights
 
-    monkeypatch.setattr(weights, "CHUNK_ROWS", 32)  # 77 rows: three chunks
+    monkeypatch.setattr(weights, "CHUNK_FLOATS", 32 * 64)  # 77 rows of 64: three chunks
     raw, w = weight(QT.Q4_1, (77, 64))
     x = torch.randn(40, 64)
     got = NativeLinear(raw, QT.Q4_1, 77, 64)(x)

@@ -117,6 +117,31 @@ def test_raw_is_a_read_only_view_that_survives_close(tmp_path: Path) -> None:
         GGUFFile.from_bytes(valid_builder().build()).raw("missing")
 
 
+def _resident_mib() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_release_drops_a_tensors_pages_and_keeps_its_bytes(tmp_path: Path) -> None:
+    # a tensor copied elsewhere (fused q/k/v, gate/up) need not stay resident as file pages
+    path = tmp_path / "big.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    data = np.random.default_rng(0).integers(0, 255, size=(64, 1 << 20), dtype=np.uint8)
+    w.add_tensor("big.weight", data.view(np.float32))  # 64 MiB
+    w.add_tensor("small.weight", np.arange(8, dtype=np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    with GGUFFile.open(path) as f:
+        checksum = int(f.raw("big.weight").sum(dtype=np.uint64))  # touches every page
+        before = _resident_mib()
+        f.release("big.weight")
+        assert _resident_mib() < before - 48
+        assert int(f.raw("big.weight").sum(dtype=np.uint64)) == checksum  # read again
+        f.release("small.weight")  # less than a page: nothing to drop, no error
+        assert f.raw("small.weight").view(np.float32).tolist() == list(range(8))
+    GGUFFile.from_bytes(path.read_bytes()).release("big.weight")  # not a map: nothing
+
+
 def test_open_reports_missing_and_empty_files(tmp_path: Path) -> None:
     with pytest.raises(GGUFError, match="cannot open"):
         GGUFFile.open(tmp_path / "missing.gguf")

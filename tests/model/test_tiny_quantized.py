@@ -70,4 +70,9 @@ def test_chunks_without_outputs_give_the_last_logits_of_one_batch(models, arch, 
     whole = run(model, len(PROMPT), all_logits=False)
     chunked = run(model, chunk, all_logits=False)
     assert chunked.shape == whole.shape == (1, whole.shape[1])
-    assert (chunked - whole).abs().max() <= 1e-3 * whole.abs().max()
+    # chunks of up to 16 rows take the kernels, the whole prompt float32 matmuls: the K types'
+    # single int8 pass over most inputs (llama.cpp's precision) is 1-2% off on these random
+    # 256-wide models (one q8_K block a row), held to the real models' reference bar; the
+    # others ~1e-5
+    tolerance = 5e-2 if ggml_type.endswith("_K") else 1e-3
+    assert (chunked - whole).abs().max() <= tolerance * whole.abs().max()
