@@ -221,6 +221,9 @@ class MmprojNames:
     def raw(self, name: str) -> object:
         return self.gguf.raw(self.names[name])
 
+    def release(self, name: str) -> None:
+        self.gguf.release(self.names[name])
+
 
 _MMPROJ_NAMES = (
     (r"^v\.patch_embd\.", "v.patch_embedding."),

@@ -164,6 +164,9 @@ class MmprojNames:
     def raw(self, name: str) -> object:
         return self.gguf.raw(self.names[name])
 
+    def release(self, name: str) -> None:
+        self.gguf.release(self.names[name])
+
 
 def build(gguf: GGUFFile, config: Config) -> Qwen2VL:
     """Qwen25VL where the file holds a vision tower, else the text-only model."""
