@@ -2,7 +2,6 @@
 
 from collections.abc import Callable
 
-from ember.backend.memory import return_large_blocks
 from ember.gguf import GGUFFile
 from ember.model.base import Model
 from ember.model.config import Config, ModelLoadError
@@ -42,7 +41,6 @@ def load_model(gguf: GGUFFile, projector: GGUFFile | None = None) -> Model:
     convention) for the architectures that take one."""
     import ember.model.archs  # noqa: F401  (registers the architectures)
 
-    return_large_blocks()  # a model's temporaries do not stay resident (backend/memory.py)
     config = Config(gguf.metadata)
     if projector is not None:
         kind = projector.metadata.get("clip.projector_type")
