@@ -220,13 +220,15 @@ class FusedLinear:
 AnyLinear = LinearWeight | NativeLinear | FusedLinear
 
 
-# The GGUF weights whose input has no outliers (a normalized hidden state, or an attention
-# output: a weighted mean of values): one q8_K pass over it is enough for a K type, as llama.cpp
-# takes everywhere. Every other weight (a down projection's input is the product of an
-# activation and a projection, heavy-tailed; projectors) keeps two.
+# The GGUF weights whose input is a normalized hidden state, without outliers: one q8_K pass
+# over it is enough for a K type, as llama.cpp takes everywhere. Every other weight keeps two:
+# a down projection's input (an activation times a projection) is heavy-tailed, and an attention
+# output's rounding depends on the batch (its sums run over other sequences' masked cells), which
+# one int8 pass turns into code flips: Gemma 3's eight parallel sequences then parted from each
+# run alone at a near-tie.
 _ONE_PASS = frozenset(
-    {"attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "output"}
-    | {"ffn_gate_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_up_shexp", "token_embd"}
+    {"attn_q", "attn_k", "attn_v", "attn_qkv", "ffn_gate", "ffn_up", "output", "token_embd"}
+    | {"ffn_gate_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_up_shexp"}
 )
 
 
