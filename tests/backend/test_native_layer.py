@@ -88,7 +88,7 @@ def test_native_layers_equal_the_python_layers(files, arch, kv, isa, monkeypatch
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_one_activation_pass_stays_close(files, isa, monkeypatch):
-    # qwen2's Q4_K q/k/v, output and gate/up take one q8_K pass by default (down keeps two)
+    # qwen2's Q4_K q/k/v and gate/up take one q8_K pass by default (attn_output and down two)
     ones = decode(load(files["qwen2"], isa, monkeypatch, passes=None), native_on=True, kv="f32")
     twos = decode(load(files["qwen2"], isa, monkeypatch), native_on=True, kv="f32")
     for a, b in zip(ones, twos, strict=True):
