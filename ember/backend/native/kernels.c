@@ -91,10 +91,10 @@ static int em_threads(int64_t weight_bytes) {
 /* Activations prepared once for a weight type's dot products: int16 blocks (simple.h) for the
  * 32-element types; for the K types q8_K (int8 per 256 values), once or twice: x itself, then
  * what that left out (x - q8_K(x)), whose step is ~1/254 of the first. One pass is llama.cpp's
- * precision and costs ~2/3 of two; it is enough for inputs without outliers (a normalized hidden
- * state, an attention output), not for a down projection's (one pass put Gemma 3's ffn_down
- * outputs 5% of their largest value off and its logits outside the reference's tolerance; two
- * passes are as close as int16). F16/BF16 read x as it is. */
+ * precision and costs ~2/3 of two; it is enough for a normalized hidden state, not for a down
+ * projection's input (one pass put Gemma 3's ffn_down outputs 5% of their largest value off and
+ * its logits outside the reference's tolerance; two passes are as close as int16). Which weight
+ * takes which: ember/backend/weights.py's activation_passes. F16/BF16 read x as it is. */
 typedef struct {
     int type, passes;
     int64_t K, nb, row_bytes;
