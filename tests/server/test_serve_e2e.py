@@ -100,7 +100,8 @@ def test_ps_lists_the_loaded_model(client):
 
 
 def test_num_predict_gives_exactly_that_many_tokens(client):
-    r = client.generate(MODEL, "Write a long poem.", options={"num_predict": 10}, logprobs=True)
+    options = {"num_predict": 10, "temperature": 0}
+    r = client.generate(MODEL, "Write a long poem.", options=options, logprobs=True)
     assert r.eval_count == 10 and r.done_reason == "length"
     assert r.logprobs is not None and len(r.logprobs) == 10
 
@@ -184,6 +185,7 @@ def test_openai_chat_stream_and_embeddings(oai):
         model=MODEL,
         messages=messages,
         max_tokens=20,
+        temperature=0,  # sampled, the model may end before 20 tokens
         stream=True,
         stream_options={"include_usage": True},
     )
