@@ -18,9 +18,9 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="the native libra
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (query heads, KV heads, key size, value size, cells): tiles of 4 and their rests, D % 8 != 0,
-# value sizes below, at and past the 64 lanes held in registers
+# value sizes below, at and past the 16 lanes a tile's heads hold in registers, and between
 SHAPES = [(9, 3, 64, 64, 549), (4, 1, 256, 256, 37), (14, 2, 64, 64, 5), (8, 8, 80, 80, 1)]
-SHAPES += [(5, 1, 20, 12, 19), (6, 2, 128, 96, 64)]
+SHAPES += [(5, 1, 20, 12, 19), (6, 2, 128, 96, 64), (6, 2, 32, 40, 23)]
 
 
 def reference(q, keys, values, mask, scale):

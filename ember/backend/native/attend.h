@@ -5,9 +5,8 @@
  * em_attend_heads(kv_type, q, nt, D, k, k_cs, v, v_cs, Dv, S, mask, scale, scores, out): nt
  * query heads (q: nt rows of D floats) that share one KV head (k, v: its first cell; k_cs,
  * v_cs: elements between cells); mask (S) added to the scores (-inf hides a cell) or NULL;
- * scores: nt rows of S floats of scratch; out: nt rows of Dv floats. Each key is loaded once
- * for the nt heads; the weighted sum of values keeps 64 output lanes in registers. A head whose
- * cells are all hidden gets zeros.
+ * scores: nt rows of S floats of scratch; out: nt rows of Dv floats. Each key and each value
+ * is loaded once for the nt heads. A head whose cells are all hidden gets zeros.
  *
  * Float32 throughout (AVX2/AVX-512 paths: FMA and a polynomial exp within 2 ulp of expf), so
  * results match torch's float32 attention to ~1e-6 relative, not bit for bit. */
@@ -128,51 +127,73 @@ static inline float em_softmax_numerators(float *scores, int64_t S) {
     return sum;
 }
 
-/* out[0..Dv) = sum_s p[s] v[s] / total */
-EM_INLINE void em_attn_values(int kv_type, const float *p, float total, const void *v, int64_t v_cs,
-                              int64_t Dv, int64_t S, float *out) {
-    const float inv = 1.0f / total;
+/* out[j] = sum_s p_j[s] v[s] * inv[j] for NT heads (p_j: row j of p, S floats apart): each
+ * value row is loaded once for all of them, 16 lanes of every head in registers at a time.
+ * Every lane sums in the order of s, with the same fused steps as one head alone. */
+EM_INLINE void em_attn_values(int kv_type, const float *p, const int NT, const float *inv,
+                              const void *v, int64_t v_cs, int64_t Dv, int64_t S, float *out) {
     int64_t c = 0;
 #if defined(EM_X86)
-    for (; c + 64 <= Dv; c += 64) { /* 64 lanes in registers over every cell */
-        __m256 o[8];
-        for (int t = 0; t < 8; t++) o[t] = _mm256_setzero_ps();
+    for (; c + 16 <= Dv; c += 16) {
+        __m256 o[EM_ATTN_TILE][2];
+        for (int j = 0; j < NT; j++) o[j][0] = o[j][1] = _mm256_setzero_ps();
         for (int64_t s = 0; s < S; s++) {
-            if (p[s] == 0.0f) continue;
-            const __m256 w = _mm256_set1_ps(p[s]);
+            int seen = 0;
+            for (int j = 0; j < NT; j++) seen |= p[j * S + s] != 0.0f;
+            if (!seen) continue; /* a hidden cell */
             const void *vs = em_kv_row(kv_type, v, s * v_cs + c);
-            for (int t = 0; t < 8; t++) o[t] = _mm256_fmadd_ps(w, em_kv_load8(kv_type, vs, 8 * t), o[t]);
+            const __m256 v0 = em_kv_load8(kv_type, vs, 0), v1 = em_kv_load8(kv_type, vs, 8);
+            for (int j = 0; j < NT; j++) { /* a zero weight adds zero: no branch */
+                const __m256 w = _mm256_set1_ps(p[j * S + s]);
+                o[j][0] = _mm256_fmadd_ps(w, v0, o[j][0]);
+                o[j][1] = _mm256_fmadd_ps(w, v1, o[j][1]);
+            }
         }
-        for (int t = 0; t < 8; t++) _mm256_storeu_ps(out + c + 8 * t, _mm256_mul_ps(o[t], _mm256_set1_ps(inv)));
+        for (int j = 0; j < NT; j++) {
+            const __m256 sc = _mm256_set1_ps(inv[j]);
+            _mm256_storeu_ps(out + j * Dv + c, _mm256_mul_ps(o[j][0], sc));
+            _mm256_storeu_ps(out + j * Dv + c + 8, _mm256_mul_ps(o[j][1], sc));
+        }
     }
 #endif
     if (c == Dv) return;
-    for (int64_t i = c; i < Dv; i++) out[i] = 0.0f;
-    for (int64_t s = 0; s < S; s++) {
-        if (p[s] == 0.0f) continue;
-        const void *vs = em_kv_row(kv_type, v, s * v_cs);
-        for (int64_t i = c; i < Dv; i++) out[i] += p[s] * em_kv_at(kv_type, vs, i);
+    for (int j = 0; j < NT; j++) {
+        float *o = out + j * Dv;
+        const float *pj = p + j * S;
+        for (int64_t i = c; i < Dv; i++) o[i] = 0.0f;
+        for (int64_t s = 0; s < S; s++) {
+            if (pj[s] == 0.0f) continue;
+            const void *vs = em_kv_row(kv_type, v, s * v_cs);
+            for (int64_t i = c; i < Dv; i++) o[i] += pj[s] * em_kv_at(kv_type, vs, i);
+        }
+        for (int64_t i = c; i < Dv; i++) o[i] *= inv[j];
     }
-    for (int64_t i = c; i < Dv; i++) out[i] *= inv;
+}
+
+/* NT heads (a constant where inlined): scores, softmax numerators, then the values */
+EM_INLINE void em_attend_tile(int kv_type, const float *q, const int NT, int64_t D, const void *k,
+                              int64_t k_cs, const void *v, int64_t v_cs, int64_t Dv, int64_t S,
+                              const float *mask, float scale, float *scores, float *out) {
+    em_attn_scores(kv_type, q, NT, D, k, k_cs, S, mask, scale, scores);
+    float inv[EM_ATTN_TILE];
+    for (int j = 0; j < NT; j++) {
+        float *p = scores + j * S;
+        const float total = em_softmax_numerators(p, S);
+        inv[j] = total == 0.0f ? 0.0f : 1.0f / total;
+        if (total == 0.0f) /* every cell hidden: zeros */
+            for (int64_t s = 0; s < S; s++) p[s] = 0.0f;
+    }
+    em_attn_values(kv_type, scores, NT, inv, v, v_cs, Dv, S, out);
 }
 
 EM_INLINE void em_attend_typed(int kv_type, const float *q, int nt, int64_t D, const void *k,
                                int64_t k_cs, const void *v, int64_t v_cs, int64_t Dv, int64_t S,
                                const float *mask, float scale, float *scores, float *out) {
     switch (nt) { /* constant tile sizes: the accumulators stay in registers */
-    case 4: em_attn_scores(kv_type, q, 4, D, k, k_cs, S, mask, scale, scores); break;
-    case 3: em_attn_scores(kv_type, q, 3, D, k, k_cs, S, mask, scale, scores); break;
-    case 2: em_attn_scores(kv_type, q, 2, D, k, k_cs, S, mask, scale, scores); break;
-    default: em_attn_scores(kv_type, q, 1, D, k, k_cs, S, mask, scale, scores); break;
-    }
-    for (int j = 0; j < nt; j++) {
-        float *p = scores + j * S, *o = out + j * Dv;
-        const float total = em_softmax_numerators(p, S);
-        if (total == 0.0f) {
-            for (int64_t i = 0; i < Dv; i++) o[i] = 0.0f;
-            continue;
-        }
-        em_attn_values(kv_type, p, total, v, v_cs, Dv, S, o);
+    case 4: em_attend_tile(kv_type, q, 4, D, k, k_cs, v, v_cs, Dv, S, mask, scale, scores, out); break;
+    case 3: em_attend_tile(kv_type, q, 3, D, k, k_cs, v, v_cs, Dv, S, mask, scale, scores, out); break;
+    case 2: em_attend_tile(kv_type, q, 2, D, k, k_cs, v, v_cs, Dv, S, mask, scale, scores, out); break;
+    default: em_attend_tile(kv_type, q, 1, D, k, k_cs, v, v_cs, Dv, S, mask, scale, scores, out); break;
     }
 }
 

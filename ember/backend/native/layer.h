@@ -139,7 +139,12 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
     float *scores = y + M * C;
     uint8_t *pbuf = (uint8_t *)(((uintptr_t)(scores + (int64_t)nth * EM_ATTN_TILE * S) + 63) & ~(uintptr_t)63);
     em_prep p[EM_MAX_PARTS];
-    const int64_t group = H / Hkv, tile = group < EM_ATTN_TILE ? group : EM_ATTN_TILE;
+    /* units of attention: (token, KV head, tile of its query heads); tiles small enough that
+     * every thread gets one (Gemma 3's one KV head of four query heads: two tiles of two) */
+    int64_t tile = (M * H + nth - 1) / nth;
+    tile = tile < EM_ATTN_TILE ? tile : EM_ATTN_TILE;
+    const int64_t group = H / Hkv;
+    tile = tile < group ? tile : group;
     const int64_t tiles = (group + tile - 1) / tile, units = M * Hkv * tiles;
     float *x = L->x;
 
