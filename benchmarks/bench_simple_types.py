@@ -1,0 +1,54 @@
+"""GB/s of weight bytes read by the 32-element types' mat-vec (simple.h through kernels.c): one
+row of activations against a weight far larger than the caches, so read from memory as a
+decode step reads it (Gemma 3's tied Q8_0 head is 179 MB of rows of 640), for each thread count.
+
+    .venv/bin/python benchmarks/bench_simple_types.py [--k 640] [--mib 100] [--types Q8_0 ...]
+"""
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from ember.backend import native
+
+TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--k", type=int, default=640, help="row length (Gemma 3's hidden size)")
+    parser.add_argument("--mib", type=int, default=100, help="weight size")
+    parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--types", nargs="+", default=TYPES, choices=TYPES)
+    args = parser.parse_args()
+    kernels = native.kernels()
+    if kernels is None:
+        raise SystemExit("the native library was not built")
+    print(f"kernels={kernels.isa}, K={args.k}, best of {args.runs}")
+    rng = np.random.default_rng(0)
+    for name in args.types:
+        qtype = GGMLQuantizationType[name]
+        block = quants.quantize(rng.standard_normal((4096, args.k), dtype=np.float32), qtype)
+        w = np.ascontiguousarray(np.concatenate([block] * max(1, (args.mib << 20) // block.nbytes)))
+        n = w.shape[0]
+        x, y = torch.randn(1, args.k), torch.empty(1, n)
+        for threads in args.threads:
+            native.set_threads(threads)
+            best = float("inf")
+            for _ in range(args.runs):
+                start = time.perf_counter()
+                kernels.matmul(
+                    int(qtype), w.ctypes.data, x.data_ptr(), y.data_ptr(), 1, n, args.k, 2
+                )
+                best = min(best, time.perf_counter() - start)
+            print(
+                f"{name} {w.nbytes >> 20} MiB, {threads} threads: {w.nbytes / best / 1e9:5.1f} GB/s"
+            )
+
+
+if __name__ == "__main__":
+    main()
