@@ -150,10 +150,11 @@ static void em_rows(const em_prep *p, const uint8_t *W, int64_t M, int64_t ldy, 
     const int64_t nb = p->nb, K = p->K;
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wrow = W + n * p->row_bytes;
-        /* the hardware prefetcher alone reads Q8_0 rows from memory at ~7 GB/s on one thread;
-         * asking for the lines 4 KiB ahead, ~13 (15 -> 19 with two threads); compute-bound
-         * types neither gain nor lose (benchmarks/bench_simple_types.py) */
-        for (int64_t o = 0; o < p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PREFETCH_BYTES + o);
+        /* one row of x (decode): reading W is the step, and the hardware prefetcher alone left
+         * Q8_0 rows at ~7-8 GB/s on one thread; asking for the lines 4 KiB ahead reads them
+         * faster (benchmarks/bench_simple_types.py). More rows are compute-bound. */
+        if (M == 1)
+            for (int64_t o = 0; o < p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PREFETCH_BYTES + o);
         if (p->type == EM_F16 || p->type == EM_BF16) {
             const em_dot_f32 dot = p->type == EM_F16 ? em_dot_f16 : em_dot_bf16;
             for (int64_t m = 0; m < M; m++) y[m * ldy + n] = dot(wrow, p->x + m * K, K);
