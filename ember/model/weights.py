@@ -17,6 +17,21 @@ from ember.gguf import GGUFFile, TensorInfo
 from ember.model.config import ModelLoadError
 
 
+class RenamedGGUF:
+    """A GGUF file whose tensors Weights sees under other names (names: ours -> the file's):
+    an mmproj file written with llama.cpp's names, read as Ollama's."""
+
+    def __init__(self, gguf: GGUFFile, names: dict[str, str]) -> None:
+        self.gguf, self.metadata, self.names = gguf, gguf.metadata, names
+        self.tensors = {ours: gguf.tensors[name] for ours, name in names.items()}
+
+    def raw(self, name: str) -> object:
+        return self.gguf.raw(self.names[name])
+
+    def release(self, name: str) -> None:
+        self.gguf.release(self.names[name])
+
+
 class Weights:
     """Hands out a GGUF's tensors by name, checked against the shape the model expects."""
 

@@ -22,7 +22,7 @@ from ember.model.base import ImageSpan
 from ember.model.config import Config
 from ember.model.imageproc import decode_image, to_pixels
 from ember.model.registry import register, register_projector
-from ember.model.weights import Weights
+from ember.model.weights import RenamedGGUF, Weights
 from ember.nn import rms_norm
 
 MEAN = STD = (0.5, 0.5, 0.5)
@@ -201,13 +201,12 @@ class Gemma3Vision(Gemma3):
         return self.layers(x, batch, cache)
 
 
-class MmprojNames:
+class MmprojNames(RenamedGGUF):
     """An mmproj GGUF (llama.cpp's names) seen under Ollama's names, for Weights. Which of
     ffn_up/ffn_down is SigLIP's fc1 is told by shape: converters have written it both ways."""
 
     def __init__(self, gguf: GGUFFile, ffn: int, hidden: int) -> None:
-        self.gguf, self.metadata = gguf, gguf.metadata
-        self.names: dict[str, str] = {}
+        names: dict[str, str] = {}
         for name, info in gguf.tensors.items():
             ours = name
             for theirs, mine in _MMPROJ_NAMES:
@@ -215,14 +214,8 @@ class MmprojNames:
             if ".ffn_" in name:
                 is_fc1 = info.shape[0] == ffn and (len(info.shape) == 1 or info.shape[1] == hidden)
                 ours = re.sub(r"\.ffn_(up|down)\.", ".mlp.fc1." if is_fc1 else ".mlp.fc2.", name)
-            self.names[ours] = name
-        self.tensors = {ours: gguf.tensors[name] for ours, name in self.names.items()}
-
-    def raw(self, name: str) -> object:
-        return self.gguf.raw(self.names[name])
-
-    def release(self, name: str) -> None:
-        self.gguf.release(self.names[name])
+            names[ours] = name
+        super().__init__(gguf, names)
 
 
 _MMPROJ_NAMES = (

@@ -24,7 +24,7 @@ from ember.model.base import ImageSpan
 from ember.model.config import Config, ModelLoadError
 from ember.model.imageproc import decode_image
 from ember.model.registry import register, register_projector
-from ember.model.weights import Weights
+from ember.model.weights import RenamedGGUF, Weights
 from ember.nn import RoPE
 
 PROJECTOR_TYPES = ("qwen2.5vl_merger", "qwen25vl")
@@ -144,7 +144,7 @@ class Qwen25VL(Qwen2VL):
         return self.layers(x, batch, cache)
 
 
-class MmprojNames:
+class MmprojNames(RenamedGGUF):
     """llama.cpp's mmproj names seen under Ollama's, for Weights."""
 
     RENAMES: ClassVar[dict[str, str]] = {"v.patch_embd.weight": "v.patch_embd_0.weight",
@@ -152,20 +152,12 @@ class MmprojNames:
                "v.post_ln.weight": "v.merger.ln_q.weight"}  # fmt: skip
 
     def __init__(self, gguf: GGUFFile) -> None:
-        self.gguf, self.metadata = gguf, gguf.metadata
-        self.names = {self._ours(name): name for name in gguf.tensors}
-        self.tensors = {ours: gguf.tensors[name] for ours, name in self.names.items()}
+        super().__init__(gguf, {self._ours(name): name for name in gguf.tensors})
 
     def _ours(self, name: str) -> str:
         if name.startswith("mm."):
             return "v.merger.mlp." + name.removeprefix("mm.")
         return self.RENAMES.get(name, name)
-
-    def raw(self, name: str) -> object:
-        return self.gguf.raw(self.names[name])
-
-    def release(self, name: str) -> None:
-        self.gguf.release(self.names[name])
 
 
 def build(gguf: GGUFFile, config: Config) -> Qwen2VL:
