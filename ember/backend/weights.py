@@ -6,7 +6,8 @@ stays in memory as the file's bytes (a view of the memory map where the caller p
 call with at most NATIVE_ROWS rows (decode, small batches) runs the native kernel of the ISA
 chosen at load (activations quantized to int8 per block for the quantized types, float32 for
 F16/BF16); more rows (prefill) expand the weight to float32 in chunks of at most CHUNK_FLOATS
-values and use torch's matmul, so prefill keeps torch's speed and the memory stays bounded. F32
+values and use torch's matmul, so prefill keeps torch's speed and the memory stays bounded,
+except a K type taking one q8_K pass: its int8 kernel outruns torch's float32 matmul. F32
 weights stay a dense float32 tensor. Without the library (or for a type it lacks), every call
 takes the chunked dequantize-then-matmul path (ember/backend/quant.py, bit-equal to gguf-py).
 """
@@ -19,6 +20,13 @@ from ember.backend.quant import QuantError, as_byte_tensor, dequantize, dequanti
 from ember.gguf import GGMLType
 
 NATIVE_ROWS = 16  # rows of x up to which the native kernel runs (it quantizes them once)
+# Types whose native kernel runs at any row count where x takes one q8_K pass: ~100-140 GFLOPS
+# against torch's ~75-120 on dequantized float32 (512 rows of a 3B model's projections, AVX2,
+# 2 threads: benchmarks/bench_prefill_kernels.py). Two passes cost twice, and the int16 path of
+# the 32-element types half torch's speed: those keep the float32 matmul for prefill.
+_INT8_PREFILL = frozenset(
+    {GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS}
+)
 # values expanded at a time on the float32 path (32 MiB: a 3B model's down projection was 100
 # MiB at once, 5% of its peak memory; smaller chunks are still large matmuls)
 CHUNK_FLOATS = 8 << 20
@@ -59,6 +67,7 @@ class NativeLinear:
 
     __slots__ = (
         "_kernels",
+        "_native_rows",
         "_row_bytes",
         "activation_passes",
         "ggml_type",
@@ -97,6 +106,8 @@ class NativeLinear:
         kern = native.kernels() if kernels is True else kernels or None
         self._kernels = kern if kern is not None and kern.supports(self.ggml_type) else None
         self.kind = GGMLType(self.ggml_type).name.lower()
+        one_pass_k = activation_passes == 1 and self.ggml_type in _INT8_PREFILL
+        self._native_rows = 1 << 62 if one_pass_k else NATIVE_ROWS  # most rows a native call takes
 
     @property
     def isa(self) -> str | None:
@@ -110,7 +121,7 @@ class NativeLinear:
         rows = flat.shape[0]
         if rows == 0:
             y = flat.new_empty(0, self.out_features)
-        elif rows <= NATIVE_ROWS and self._kernels is not None:
+        elif rows <= self._native_rows and self._kernels is not None:
             y = self._native(flat.contiguous())
         else:
             y = self._dense(flat)

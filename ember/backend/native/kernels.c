@@ -142,12 +142,16 @@ static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t 
     for (int64_t m = 0; m < M; m++) em_quantize_row_q16(x + m * K, p->q16 + m * nb, nb);
 }
 
-/* y[m * ldy + n] = W[n] . x[m] for the W rows n0..n1 and every row m of the prepared x. */
+/* y[m * ldy + n] = W[n] . x[m] for the W rows n0..n1 and the rows m0..m1 of the prepared x. */
 #define EM_PREFETCH_BYTES 4096
 #define EM_GROUP_ROWS 16 /* activation rows (passes) a K-type call takes */
-static void em_rows(const em_prep *p, const uint8_t *W, int64_t M, int64_t ldy, int64_t n0,
-                    int64_t n1, float *y) {
-    const int64_t nb = p->nb, K = p->K;
+static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m1, int64_t ldy,
+                       int64_t n0, int64_t n1, float *y) {
+    const int64_t nb = p->nb, K = p->K, M = m1 - m0;
+    const float *xf = p->x + m0 * K;
+    const kq_block_q8_K *q8k = p->q8k ? p->q8k + p->passes * m0 * nb : 0;
+    const em_block_q16 *q16 = p->q16 ? p->q16 + m0 * nb : 0;
+    y += m0 * ldy;
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wrow = W + n * p->row_bytes;
         /* one row of x (decode): reading W is the step, and the hardware prefetcher alone left
@@ -157,33 +161,43 @@ static void em_rows(const em_prep *p, const uint8_t *W, int64_t M, int64_t ldy, 
             for (int64_t o = 0; o < p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PREFETCH_BYTES + o);
         if (p->type == EM_F16 || p->type == EM_BF16) {
             const em_dot_f32 dot = p->type == EM_F16 ? em_dot_f16 : em_dot_bf16;
-            for (int64_t m = 0; m < M; m++) y[m * ldy + n] = dot(wrow, p->x + m * K, K);
-        } else if (p->q8k) { /* the weight block unpacked once for all rows (both passes) */
+            for (int64_t m = 0; m < M; m++) y[m * ldy + n] = dot(wrow, xf + m * K, K);
+        } else if (q8k) { /* the weight block unpacked once for all rows (both passes) */
             const kq_dot_rows_fn rows_dot = kq_dot_rows_for_type(p->type);
             float part[EM_GROUP_ROWS];
             if (p->passes == 1) {
-                for (int64_t m0 = 0; m0 < M; m0 += EM_GROUP_ROWS) {
-                    const int64_t mc = M - m0 < EM_GROUP_ROWS ? M - m0 : EM_GROUP_ROWS;
-                    rows_dot(wrow, p->q8k + m0 * nb, nb, (int)mc, nb, part);
-                    for (int64_t m = 0; m < mc; m++) y[(m0 + m) * ldy + n] = part[m];
+                for (int64_t g = 0; g < M; g += EM_GROUP_ROWS) {
+                    const int64_t mc = M - g < EM_GROUP_ROWS ? M - g : EM_GROUP_ROWS;
+                    rows_dot(wrow, q8k + g * nb, nb, (int)mc, nb, part);
+                    for (int64_t m = 0; m < mc; m++) y[(g + m) * ldy + n] = part[m];
                 }
                 continue;
             }
-            for (int64_t m0 = 0; m0 < M; m0 += EM_GROUP_ROWS / 2) {
-                const int64_t mc = M - m0 < EM_GROUP_ROWS / 2 ? M - m0 : EM_GROUP_ROWS / 2;
-                rows_dot(wrow, p->q8k + 2 * m0 * nb, nb, (int)(2 * mc), nb, part);
-                for (int64_t m = 0; m < mc; m++) y[(m0 + m) * ldy + n] = part[2 * m] + part[2 * m + 1];
+            for (int64_t g = 0; g < M; g += EM_GROUP_ROWS / 2) {
+                const int64_t mc = M - g < EM_GROUP_ROWS / 2 ? M - g : EM_GROUP_ROWS / 2;
+                rows_dot(wrow, q8k + 2 * g * nb, nb, (int)(2 * mc), nb, part);
+                for (int64_t m = 0; m < mc; m++) y[(g + m) * ldy + n] = part[2 * m] + part[2 * m + 1];
             }
         } else {
             const em_dots_q16 dots = em_q16_dots_of(p->type);
             float part[EM_DOTS];
-            for (int64_t m0 = 0; m0 < M; m0 += EM_DOTS) {
-                const int mc = M - m0 < EM_DOTS ? (int)(M - m0) : EM_DOTS;
-                dots(wrow, p->q16 + m0 * nb, nb, mc, part);
-                for (int m = 0; m < mc; m++) y[(m0 + m) * ldy + n] = part[m];
+            for (int64_t g = 0; g < M; g += EM_DOTS) {
+                const int mc = M - g < EM_DOTS ? (int)(M - g) : EM_DOTS;
+                dots(wrow, q16 + g * nb, nb, mc, part);
+                for (int m = 0; m < mc; m++) y[(g + m) * ldy + n] = part[m];
             }
         }
     }
+}
+
+/* em_rows_of over every row of x, EM_X_TILE rows at a time (prefill): a tile of prepared
+ * activations (64 rows of q8_K for K = 3072: 220 KiB) stays in L2 while the chunk's weight rows
+ * meet it, where all 512 rows of a batch (1.8 MiB) would be read from L3 for each weight row. */
+#define EM_X_TILE 64
+static void em_rows(const em_prep *p, const uint8_t *W, int64_t M, int64_t ldy, int64_t n0,
+                    int64_t n1, float *y) {
+    for (int64_t m0 = 0; m0 < M; m0 += EM_X_TILE)
+        em_rows_of(p, W, m0, M - m0 < EM_X_TILE ? M : m0 + EM_X_TILE, ldy, n0, n1, y);
 }
 
 int omp_get_max_threads(void);
