@@ -443,9 +443,34 @@ EM_FLOAT_DOT(em_dot_bf16, em_bf16)
 
 /* ---- rows expanded to float32, as gguf-py computes them (float32 products, no fused ops) ---- */
 
+#if defined(EM_X86)
+/* 16 int16 codes to d * code (+ m): the float steps of the scalar loop below, 8 lanes at a time */
+static inline void em_dequant16(__m256i codes, __m256 d, __m256 m, int affine, float *out) {
+    const __m256 lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(codes))));
+    const __m256 hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(codes, 1))));
+    _mm256_storeu_ps(out, affine ? _mm256_add_ps(lo, m) : lo);
+    _mm256_storeu_ps(out + 8, affine ? _mm256_add_ps(hi, m) : hi);
+}
+#endif
+
 static void em_dequant_block(int type, const uint8_t *b, float *out) {
-    int8_t q[EM_QK];
     const float d = em_f16(b);
+#if defined(EM_X86) /* the int16 codes the dot products widen (2x the scalar loop's values a second) */
+    em_w16 w;
+    switch (type) {
+    case 2: w = em_w_q4_0(b); break;
+    case 3: w = em_w_q4_1(b); break;
+    case 6: w = em_w_q5_0(b); break;
+    case 7: w = em_w_q5_1(b); break;
+    case 8: w = em_w_q8_0(b); break;
+    default: w = em_w_iq4_nl(b); break;
+    }
+    const int affine = type == 3 || type == 7;
+    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(affine ? em_f16(b + 2) : 0.0f);
+    em_dequant16(w.lo, dv, mv, affine, out);
+    em_dequant16(w.hi, dv, mv, affine, out + 16);
+#else
+    int8_t q[EM_QK];
     switch (type) {
     case 2: em_codes_q4_0(b, q); break;
     case 3: em_codes_q4_1(b, q); break;
@@ -461,6 +486,7 @@ static void em_dequant_block(int type, const uint8_t *b, float *out) {
     } else {
         for (int j = 0; j < EM_QK; j++) out[j] = d * (float)q[j];
     }
+#endif
 }
 
 #endif
