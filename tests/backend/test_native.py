@@ -96,9 +96,10 @@ def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [1, 2, 7, 16])
+@pytest.mark.parametrize("rows", [1, 2, 7, 16, 130])
 def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
-    # the K types with one q8_K pass over x (llama.cpp's precision): exactly that pass's result
+    # the K types with one q8_K pass over x (llama.cpp's precision): exactly that pass's result,
+    # at any row count (130: prefill's path, over three tiles of x)
     shape = (77, 256 * 3)
     raw, w = weight(qtype, shape, seed=rows)
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
@@ -114,8 +115,9 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     two = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa))(x).double()
     error = float((y.double() - exact).abs().max() / exact.abs().max())
     assert float((two - exact).abs().max() / exact.abs().max()) < error < 3e-2
-    if rows > 1:  # a row does not depend on its batch
+    if rows > 1:  # a row does not depend on its batch, nor on its tile
         assert torch.equal(y[1:2], lin(x[1:2]))
+        assert torch.equal(y[-1:], lin(x[-1:]))
 
 
 def test_down_projections_keep_two_activation_passes() -> None:
@@ -174,6 +176,13 @@ def test_many_rows_take_the_float32_path_in_chunks(monkeypatch: pytest.MonkeyPat
     torch.testing.assert_close(got, x @ w.t(), rtol=1e-5, atol=1e-5)
     batched = NativeLinear(raw, QT.Q4_1, 77, 64)(x.view(4, 10, 64))  # any leading dims
     assert batched.shape == (4, 10, 77)
+    # a K type whose x takes two q8_K passes too; with one pass it keeps its int8 kernel
+    raw, w = weight(QT.Q4_K, (77, 256))
+    x = torch.randn(40, 256)
+    got, want = NativeLinear(raw, QT.Q4_K, 77, 256, activation_passes=2)(x), x @ w.t()
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-6  # float32 sums, not int8
+    one = NativeLinear(raw, QT.Q4_K, 77, 256, activation_passes=1)
+    assert torch.equal(one(x)[-1:], one(x[-1:]))
 
 
 def test_the_torch_path_without_kernels() -> None:
