@@ -20,8 +20,8 @@ from ember.backend.quant import QuantError, as_byte_tensor, dequantize, dequanti
 from ember.gguf import GGMLType
 
 NATIVE_ROWS = 16  # rows of x up to which the native kernel runs (it quantizes them once)
-# Types whose native kernel runs at any row count where x takes one q8_K pass: ~100-140 GFLOPS
-# against torch's ~75-120 on dequantized float32 (512 rows of a 3B model's projections, AVX2,
+# Types whose native kernel runs at any row count where x takes one q8_K pass: 83-120 GFLOPS
+# against torch's 66-103 on dequantized float32 (512 rows of a 3B model's projections, AVX2,
 # 2 threads: benchmarks/bench_prefill_kernels.py). Two passes cost twice, and the int16 path of
 # the 32-element types half torch's speed: those keep the float32 matmul for prefill.
 _INT8_PREFILL = frozenset(
