@@ -71,8 +71,8 @@ class NativeLinear:
     """A weight (out, in) kept as its GGUF blocks: `w(x)` maps (..., in) float32 to (..., out)."""
 
     __slots__ = (
+        "_int8_any_rows",
         "_kernels",
-        "_native_rows",
         "_row_bytes",
         "activation_passes",
         "ggml_type",
@@ -111,8 +111,7 @@ class NativeLinear:
         kern = native.kernels() if kernels is True else kernels or None
         self._kernels = kern if kern is not None and kern.supports(self.ggml_type) else None
         self.kind = GGMLType(self.ggml_type).name.lower()
-        one_pass_k = activation_passes == 1 and self.ggml_type in _INT8_PREFILL
-        self._native_rows = 1 << 62 if one_pass_k else NATIVE_ROWS  # most rows a native call takes
+        self._int8_any_rows = activation_passes == 1 and self.ggml_type in _INT8_PREFILL
 
     @property
     def isa(self) -> str | None:
@@ -126,7 +125,7 @@ class NativeLinear:
         rows = flat.shape[0]
         if rows == 0:
             y = flat.new_empty(0, self.out_features)
-        elif rows <= self._native_rows and self._kernels is not None:
+        elif self._kernels is not None and (rows <= NATIVE_ROWS or self._int8_any_rows):
             y = self._native(flat.contiguous())
         else:
             y = self._dense(flat)
