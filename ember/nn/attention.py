@@ -3,11 +3,18 @@ cells the cache's range covers: the used length, never the whole allocation), in
 token (decode) takes the native kernel over the cache as stored (ember/backend/attend.py) where
 it can; the rest is torch."""
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 from ember.backend.attend import attend_one
 from ember.kvcache import Cache
+
+# The most the scores of a path that computes them in torch take at once: its queries go in
+# blocks that small (SDPA's kernel is blocked itself), so a batch's memory stays linear in its
+# cells (the load-time reservation counts on it: ember/model/activations.py).
+SCORES_BYTES = 16 << 20
 
 
 def attention(
@@ -50,3 +57,33 @@ def attention(
         enable_gqa=num_heads != num_kv_heads,
     )  # (1, H, T, D_v)
     return out[0].transpose(0, 1).flatten(1)
+
+
+def blocked_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    probabilities: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+) -> torch.Tensor:
+    """Attention whose scores are made in torch: q (T, H, D), keys and values (H_kv, S, D) as
+    the cache gives them -> (T, H * D_v). probabilities(scores, mask) turns one block's raw
+    scores q·k (H_kv, G, t, S) and its mask rows (t, S) into the weights of the values."""
+    num_tokens, num_heads = q.shape[:2]
+    num_kv_heads, num_cells = keys.shape[:2]
+    qh = q.transpose(0, 1).unflatten(0, (num_kv_heads, -1))  # (H_kv, G, T, D)
+    kt = keys[:, None].transpose(-1, -2).to(q.dtype)
+    vals = values[:, None].to(q.dtype)
+    rows = max(1, SCORES_BYTES // (4 * num_heads * num_cells))
+    blocks = [
+        torch.matmul(
+            probabilities(
+                torch.matmul(qh[:, :, i : i + rows], kt),
+                None if mask is None else mask[i : i + rows],
+            ),
+            vals,
+        )
+        for i in range(0, num_tokens, rows)
+    ]
+    out = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)  # (H_kv, G, T, D_v)
+    return out.flatten(0, 1).transpose(0, 1).flatten(1)

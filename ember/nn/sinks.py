@@ -5,6 +5,7 @@ such column)."""
 import torch
 
 from ember.kvcache import Cache
+from ember.nn.attention import blocked_attention
 
 
 def sink_attention(
@@ -15,12 +16,13 @@ def sink_attention(
     (T, H_kv, D) -> (T, H * D_v), grouped-query heads."""
     cache.put(k, v)
     keys, values, mask = cache.get()  # (H_kv, S, D), (T, S) or None
-    num_kv_heads, num_tokens = keys.shape[0], q.shape[0]
-    qh = q.transpose(0, 1).unflatten(0, (num_kv_heads, -1))  # (H_kv, G, T, D)
-    scores = torch.matmul(qh, keys[:, None].transpose(-1, -2).to(q.dtype)) * scale
-    if mask is not None:
-        scores = scores + mask
-    sink = sinks.view(num_kv_heads, -1, 1, 1).expand(-1, -1, num_tokens, 1)
-    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-    out = torch.matmul(probs, values[:, None].to(q.dtype))  # (H_kv, G, T, D_v)
-    return out.flatten(0, 1).transpose(0, 1).flatten(1)
+    sink = sinks.view(keys.shape[0], -1, 1, 1)  # (H_kv, G, 1, 1)
+
+    def probabilities(scores: torch.Tensor, rows_mask: torch.Tensor | None) -> torch.Tensor:
+        scores = scores * scale
+        if rows_mask is not None:
+            scores = scores + rows_mask
+        column = sink.expand(-1, -1, scores.shape[2], 1)
+        return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+
+    return blocked_attention(q, keys, values, mask, probabilities)

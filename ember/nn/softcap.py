@@ -4,6 +4,7 @@ scores, where SDPA cannot apply it, so attention is computed here in plain matmu
 import torch
 
 from ember.kvcache import Cache
+from ember.nn.attention import blocked_attention
 
 
 def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
@@ -17,10 +18,9 @@ def softcap_attention(
     q (T, H, D), k and v (T, H_kv, D) -> (T, H * D_v), grouped-query heads."""
     cache.put(k, v)
     keys, values, mask = cache.get()  # (H_kv, S, D), (T, S) or None
-    num_kv_heads = keys.shape[0]
-    qh = q.transpose(0, 1).unflatten(0, (num_kv_heads, -1))  # (H_kv, G, T, D)
-    scores = softcap(torch.matmul(qh, keys[:, None].transpose(-1, -2).to(q.dtype)) * scale, cap)
-    if mask is not None:
-        scores = scores + mask
-    out = torch.matmul(scores.softmax(dim=-1), values[:, None].to(q.dtype))  # (H_kv, G, T, D_v)
-    return out.flatten(0, 1).transpose(0, 1).flatten(1)
+
+    def probabilities(scores: torch.Tensor, rows_mask: torch.Tensor | None) -> torch.Tensor:
+        scores = softcap(scores * scale, cap)
+        return (scores if rows_mask is None else scores + rows_mask).softmax(dim=-1)
+
+    return blocked_attention(q, keys, values, mask, probabilities)
