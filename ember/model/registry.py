@@ -3,6 +3,7 @@
 from collections.abc import Callable
 
 from ember.gguf import GGUFFile
+from ember.model.activations import Activations
 from ember.model.base import Model
 from ember.model.config import Config, ModelLoadError
 
@@ -42,6 +43,15 @@ def load_model(gguf: GGUFFile, projector: GGUFFile | None = None) -> Model:
     import ember.model.archs  # noqa: F401  (registers the architectures)
 
     config = Config(gguf.metadata)
+    model = _build(gguf, config, projector)
+    # what a batch's activations take, at most: the load-time reservation checks it
+    model.activations = Activations.of(  # type: ignore[attr-defined]
+        gguf, experts_used=config.uint("expert_used_count", 1, maximum=1 << 10)
+    )
+    return model
+
+
+def _build(gguf: GGUFFile, config: Config, projector: GGUFFile | None) -> Model:
     if projector is not None:
         kind = projector.metadata.get("clip.projector_type")
         with_projector = _WITH_PROJECTOR.get((config.arch, kind if isinstance(kind, str) else None))

@@ -1,5 +1,11 @@
-"""Worst-case reservation at load: allocate the whole KV cache and run the largest batch once, so
-that a model that does not fit fails now, with a message, and never in the middle of a request."""
+"""Worst-case reservation at load: the whole KV cache is allocated, a token runs at the end of a
+full context, and what the largest batch needs beside them is checked against free memory, so
+that a model that does not fit fails now, with a message, and never mid-request.
+
+The largest batch is counted, not run: on a CPU torch frees a batch's activations as it goes,
+so running it held nothing afterwards and cost what a full prompt costs (39 s on a 3B model).
+Its bound comes from the file's tensor shapes (ember/model/activations.py); a model without one
+(a test's fake) runs its worst-case batch as before."""
 
 import io
 
@@ -11,9 +17,10 @@ from ember.batch import Batch
 from ember.errors import EmberError
 from ember.kvcache import Cache
 from ember.model import Model
+from ember.model.activations import Activations
 from ember.runner.multimodal import ImageModel
 
-_MARGIN = 1.1  # allocator slack and the activations of one batch, over the exact KV figure
+_MARGIN = 1.1  # allocator slack, over the KV figure and the bound of a batch's activations
 
 
 class InsufficientMemoryError(EmberError):
@@ -34,9 +41,10 @@ def reserve(
     dtype: torch.dtype | str,
     num_outputs: int = 0,
 ) -> int:
-    """Sizes cache for num_parallel sequences of num_ctx tokens and runs a worst-case batch of
-    num_batch tokens over all of it, with logits at num_outputs of its rows (at least one a
-    sequence; more where drafted tokens are verified). Returns the bytes the KV cache takes."""
+    """Sizes cache for num_parallel sequences of num_ctx tokens, allocates it, and checks that a
+    worst-case batch of num_batch tokens over all of it fits beside it, with logits at
+    num_outputs of its rows (at least one a sequence; more where drafted tokens are verified).
+    Returns the bytes the KV cache takes."""
     if isinstance(model, ImageModel):  # an image's inputs share one batch, even past num_batch;
         # a worst-case image (the vision encoder's buffers, as Ollama's) gives the longest span
         worst_span = model.image_span(model.encode_multimodal(worst_case_image()))
@@ -51,7 +59,9 @@ def reserve(
     mask = num_batch * cells * 4  # the additive mask of a full batch over every cell
     outputs = min(max(num_outputs, num_parallel), num_batch)
     logits = outputs * model.vocab_size * 4
-    need = (kv + mask + logits) * _MARGIN
+    bound: Activations | None = getattr(model, "activations", None)
+    activations = 0 if bound is None else bound.nbytes(num_batch, cells)
+    need = (kv + mask + logits + activations) * _MARGIN
     free = psutil.virtual_memory().available + cache.nbytes()
     what = (
         f"{num_parallel} × {num_ctx} tokens of KV cache ({gib(kv)}) and its compute buffers "
@@ -62,11 +72,11 @@ def reserve(
         raise InsufficientMemoryError(what)
     try:
         cache.init(max_sequences=num_parallel, capacity=num_ctx, max_batch=num_batch, dtype=dtype)
-        # The largest batch over a full context, then one token over every cell. The attention's
-        # time grows with the cells it sees but not its memory (a blocked kernel); the mask of
-        # a batch over all cells is counted in `need` above.
-        _run_worst_case(model, cache, num_batch, end=num_ctx, outputs=outputs)
-        _run_worst_case(model, cache, 1, end=cells, outputs=1)
+        if bound is None:  # no bound to check: the largest batch over a full context, run
+            _run_worst_case(model, cache, num_batch, end=num_ctx, outputs=outputs)
+        # One token at the end of a full context: each layer's keys and values are allocated
+        # at their full size (and zeroed: the pages are the process's now).
+        _run_worst_case(model, cache, 1, end=num_ctx, outputs=1)
     except (RuntimeError, MemoryError) as err:  # torch reports a failed allocation this way
         first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InsufficientMemoryError(

@@ -1,0 +1,67 @@
+"""The load-time reservation: the KV cache allocated at its full size, a batch's activations
+counted from the file's tensor shapes (never run), and the count an upper bound of what a
+worst-case batch takes, measured by torch's profiler on tiny and real models."""
+
+from types import SimpleNamespace
+
+import pytest
+from memprofile import peak_bytes
+
+from ember.gguf import GGUFFile
+from ember.model import Model, load_model
+from ember.runner import memory
+from ember.runner.memory import InsufficientMemoryError, reserve
+
+
+def worst_case_within_bound(model: Model, *, num_parallel: int, num_ctx: int, num_batch: int):
+    """(measured, bound) bytes of a batch of num_batch tokens that sees every cell of a cache
+    reserved for num_parallel × num_ctx, logits at one row a sequence."""
+    cache = model.make_cache()
+    reserve(model, cache, num_parallel=num_parallel, num_ctx=num_ctx, num_batch=num_batch,
+            dtype="f16")  # fmt: skip
+    cells = num_parallel * num_ctx
+
+    def run() -> None:
+        memory._run_worst_case(model, cache, num_batch, end=cells, outputs=num_parallel)
+
+    measured = peak_bytes(run)
+    logits = num_parallel * model.vocab_size * 4
+    return measured, model.activations.nbytes(num_batch, cells) + logits  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_the_bound_holds_a_tiny_models_worst_case_batch(tiny_models, arch):
+    model = load_model(GGUFFile.open(tiny_models[arch].path))
+    measured, bound = worst_case_within_bound(model, num_parallel=2, num_ctx=512, num_batch=128)
+    assert 0 < measured <= bound
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b"])
+def test_the_bound_holds_a_real_models_worst_case_batch_at_the_defaults(real_llm, name):
+    """num_ctx 4096, num_batch 512, 4 sequences: a full batch over all 16384 cells."""
+    model = real_llm(name).model
+    measured, bound = worst_case_within_bound(model, num_parallel=4, num_ctx=4096, num_batch=512)
+    assert measured <= bound <= 8 * measured  # safe, and not so loose that loads fail for it
+
+
+def test_reserving_runs_one_token_at_a_time(tiny_models):
+    """The worst-case batch is counted, not computed: the dry runs are single tokens."""
+    model = load_model(GGUFFile.open(tiny_models["llama"].path))
+    sizes = []
+    forward = model.forward
+    model.forward = lambda batch, cache: sizes.append(len(batch)) or forward(batch, cache)
+    cache = model.make_cache()
+    kv = reserve(model, cache, num_parallel=2, num_ctx=256, num_batch=64, dtype="f16")
+    assert sizes == [1, 1]
+    assert kv == cache.nbytes() > 0
+
+
+def test_a_load_that_does_not_fit_fails_with_what_it_needs(tiny_models, monkeypatch):
+    model = load_model(GGUFFile.open(tiny_models["llama"].path))
+    free = SimpleNamespace(available=1 << 20)
+    monkeypatch.setattr(memory.psutil, "virtual_memory", lambda: free)
+    with pytest.raises(InsufficientMemoryError, match=r"4 × 4096 tokens .* only 0\.0 GiB"):
+        reserve(model, model.make_cache(), num_parallel=4, num_ctx=4096, num_batch=512,
+                dtype="f16")  # fmt: skip
