@@ -2,7 +2,6 @@
 
 from collections.abc import Callable
 
-from ember.backend.allocator import return_large_blocks
 from ember.gguf import GGUFFile
 from ember.model.activations import Activations
 from ember.model.base import Model
@@ -44,7 +43,6 @@ def load_model(gguf: GGUFFile, projector: GGUFFile | None = None) -> Model:
     import ember.model.archs  # noqa: F401  (registers the architectures)
 
     config = Config(gguf.metadata)
-    return_large_blocks()  # a batch's activations go back to the system once freed
     model = _build(gguf, config, projector)
     # what a batch's activations take, at most: the load-time reservation checks it
     model.activations = Activations.of(  # type: ignore[attr-defined]
