@@ -10,12 +10,11 @@ import pytest
 pytest.importorskip("transformers")
 
 from hf_families import FAMILIES, save_family
-from memprofile import peak_bytes
+from memprofile import worst_case_within_bound
 
 from ember.convert import convert_directory
 from ember.gguf import GGUFFile
 from ember.model import load_model
-from ember.runner import memory
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -27,12 +26,5 @@ def test_the_bound_holds_a_worst_case_batch(tmp_path, monkeypatch, family):
     save_family(family, tmp_path / "hf")
     convert_directory(tmp_path / "hf", tmp_path / "model.gguf")
     model = load_model(GGUFFile.open(tmp_path / "model.gguf"))
-    cache = model.make_cache()
-    memory.reserve(model, cache, num_parallel=2, num_ctx=64, num_batch=64, dtype="f16")
-
-    def worst_case() -> None:
-        memory._run_worst_case(model, cache, 64, end=128, outputs=2)
-
-    measured = peak_bytes(worst_case)
-    bound = model.activations.nbytes(64, 128) + 2 * model.vocab_size * 4  # type: ignore[attr-defined]
+    measured, bound = worst_case_within_bound(model, num_parallel=2, num_ctx=64, num_batch=64)
     assert 0 < measured <= bound

@@ -5,28 +5,12 @@ worst-case batch takes, measured by torch's profiler on tiny and real models."""
 from types import SimpleNamespace
 
 import pytest
-from memprofile import peak_bytes
+from memprofile import worst_case_within_bound
 
 from ember.gguf import GGUFFile
-from ember.model import Model, load_model
+from ember.model import load_model
 from ember.runner import memory
 from ember.runner.memory import InsufficientMemoryError, reserve
-
-
-def worst_case_within_bound(model: Model, *, num_parallel: int, num_ctx: int, num_batch: int):
-    """(measured, bound) bytes of a batch of num_batch tokens that sees every cell of a cache
-    reserved for num_parallel × num_ctx, logits at one row a sequence."""
-    cache = model.make_cache()
-    reserve(model, cache, num_parallel=num_parallel, num_ctx=num_ctx, num_batch=num_batch,
-            dtype="f16")  # fmt: skip
-    cells = num_parallel * num_ctx
-
-    def run() -> None:
-        memory._run_worst_case(model, cache, num_batch, end=cells, outputs=num_parallel)
-
-    measured = peak_bytes(run)
-    logits = num_parallel * model.vocab_size * 4
-    return measured, model.activations.nbytes(num_batch, cells) + logits  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
