@@ -154,9 +154,17 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
                 yield {"model": req.model, "created_at": now(), **fields, "done": False}
                 continue
             if not req.raw:  # as Ollama: the tokens of prompt and answer, to continue from
-                tokens = await lease.runner.tokenize(prompt.text + "".join(text), add_special=False)
-                fields["context"] = tokens
+                fields["context"] = await _context(lease, prompt.text + "".join(text))
             yield _final(fields, req.model, final, start, lease.load_duration)
+
+
+async def _context(lease: Lease, text: str) -> list[int]:
+    """The tokens of text; a runner that died after its final record fails the request as
+    Ollama's does, with the runner's error rather than a cut stream."""
+    try:
+        return await lease.runner.tokenize(text, add_special=False)
+    except RunnerError as err:
+        raise await runner_failure(err, lease.runner) from None
 
 
 async def load_or_unload(

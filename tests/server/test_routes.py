@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from ember.runner.client import RunnerError
 from ember.server.errors import RUNNER_STOPPED_MESSAGE
 
 
@@ -39,6 +40,25 @@ def test_generate_answers_with_metrics_and_context(client, starter):
     # the whole prompt is reported, not only the tokens the runner evaluated
     assert body["prompt_eval_count"] == len(starter.runners[0].prompts[0].split()) > 1
     assert starter.runners[0].prompts[0] == "<user>why</user>\n<assistant>"
+
+
+def test_a_runner_killed_after_its_final_record_fails_the_generate_with_its_message(
+    client, starter, caplog
+):
+    """The context is counted by the runner after the answer: a runner killed in between (the
+    soak's race) gives Ollama's message, not an internal error logged as a bug."""
+    client.post("/api/generate", json={"model": "fake", "prompt": "why", "stream": False})
+    runner = starter.runners[0]
+
+    async def killed(content: str, *, add_special: bool = True) -> list[int]:
+        runner.is_alive = False
+        raise RunnerError("the runner stopped (exit code -9)", 500)
+
+    runner.tokenize = killed  # type: ignore[method-assign]
+    chunks = lines(client.post("/api/generate", json={"model": "fake", "prompt": "why"}))
+    assert chunks[-1] == {"error": RUNNER_STOPPED_MESSAGE}
+    assert "".join(c.get("response", "") for c in chunks) == "Hello there friend"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
 def test_generate_streams_ndjson_ending_with_the_final_chunk(client):
