@@ -159,7 +159,9 @@ class NativeLinear:
         y = x.new_empty(x.shape[0], self.out_features)
         for start in range(0, self.out_features, rows):
             stop = min(start + rows, self.out_features)
-            y[:, start:stop] = x @ self.dequantize(start, stop).t()
+            # straight into y's columns (BLAS takes y's row stride): a product then its copy
+            # was ~6% of Qwen 0.5B's and Gemma 3's prefill (torch profiler, AVX2, 2 threads)
+            torch.mm(x, self.dequantize(start, stop).t(), out=y[:, start:stop])
         return y
 
     def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
