@@ -70,3 +70,13 @@ class CellCounter(Protocol):
 
     def cell_usage(self) -> tuple[int, int]:
         """(cells holding a key of some sequence, cells in the pool)."""
+
+
+@runtime_checkable
+class CausalTriangle(Protocol):
+    """An optional capability of a cache: whether the current layer's mask is exactly the
+    batch's own causal triangle (as many cells as tokens, token i seeing cells 0..i), as for a
+    new sequence's first batch. Attention then needs no mask and skips the hidden half."""
+
+    def causal_triangle(self) -> bool:
+        """Whether get()'s mask is the (T, T) causal triangle."""

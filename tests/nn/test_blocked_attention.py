@@ -73,3 +73,34 @@ def test_a_sink_takes_its_share_of_every_block(monkeypatch):
         cache, _, _ = filled_cache(torch.Generator().manual_seed(5))
         outs.append(sink_attention(q, k, v, cache, scale=0.25, sinks=sinks))
     assert torch.allclose(outs[0], outs[1], atol=1e-6)
+
+
+@pytest.mark.parametrize("tokens", [2, 64, 65, 150])
+def test_a_new_sequences_causal_triangle_in_query_blocks_equals_one_masked_call(tokens):
+    # the first batch of a sequence takes its queries in blocks, each with the keys up to it
+    g = torch.Generator().manual_seed(tokens)
+    cache = CausalCache()
+    cache.init(max_sequences=1, capacity=256, max_batch=tokens)
+    cache.start_forward(Batch.single(list(range(tokens)), 0))
+    assert cache.causal_triangle()
+    cache.set_layer(0)
+    q = torch.randn(tokens, HEADS, DIM, generator=g)
+    k, v = (
+        torch.randn(tokens, KV_HEADS, DIM, generator=g),
+        torch.randn(tokens, KV_HEADS, DIM, generator=g),
+    )
+    got = attention_module.attention(q, k, v, cache, scale=0.3)
+    mask = torch.full((tokens, tokens), float("-inf")).triu(1)
+    want = (
+        F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            attn_mask=mask,
+            scale=0.3,
+            enable_gqa=True,
+        )[0]
+        .transpose(0, 1)
+        .flatten(1)
+    )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
