@@ -2,7 +2,7 @@
 cache (cross-attention), a per-layer-type wrapper, the batch-only caches of embedding encoders;
 keys and values held as f32, f16, bf16, q8_0 or q4_0 (store.py)."""
 
-from ember.kvcache.base import Cache, CacheFullError, CausalTriangle, CellCounter, ShiftFn
+from ember.kvcache.base import Cache, CacheFullError, CellCounter, PlainCausal, ShiftFn
 from ember.kvcache.bidirectional import BidirectionalCache, NoCache
 from ember.kvcache.causal import CausalCache
 from ember.kvcache.encoder import EncoderCache
@@ -15,10 +15,10 @@ __all__ = [
     "Cache",
     "CacheFullError",
     "CausalCache",
-    "CausalTriangle",
     "CellCounter",
     "EncoderCache",
     "NoCache",
+    "PlainCausal",
     "ShiftFn",
     "WrapperCache",
     "kv_type_name",

@@ -73,10 +73,11 @@ class CellCounter(Protocol):
 
 
 @runtime_checkable
-class CausalTriangle(Protocol):
-    """An optional capability of a cache: whether the current layer's mask is exactly the
-    batch's own causal triangle (as many cells as tokens, token i seeing cells 0..i), as for a
-    new sequence's first batch. Attention then needs no mask and skips the hidden half."""
+class PlainCausal(Protocol):
+    """An optional capability of a cache: whether the current layer's mask is plain causal
+    attention over every cell it shows, in order (token i of T sees cells 0..S-T+i), as for one
+    sequence's prompt, batch after batch, with no window cutting in. Attention can then skip
+    the cells above the diagonal by taking its queries in blocks."""
 
-    def causal_triangle(self) -> bool:
-        """Whether get()'s mask is the (T, T) causal triangle."""
+    def plain_causal(self) -> bool:
+        """Whether get()'s (T, S) mask is the lower-right causal one."""

@@ -40,7 +40,7 @@ class CausalCache:
         self.trims = False  # whether cells out of every query's window are freed
         self.cell_pos = np.full(0, -1, dtype=np.int64)
         self.cell_seqs = np.zeros(0, dtype=np.int64)  # bit mask of the sequences of a cell
-        self.triangle = False  # whether the mask is the batch's own causal triangle
+        self.plain = False  # whether the mask is plain causal (PlainCausal)
 
     @property
     def dtype(self) -> torch.dtype | str:
@@ -88,7 +88,7 @@ class CausalCache:
             self.span: tuple[int, int] | None = (0, n)
             self.lo, self.hi = 0, min(self.num_cells, max(batch.positions) + 1)
             self.mask: torch.Tensor | None = None
-            self.triangle = False
+            self.plain = False
             return
         positions = np.asarray(batch.positions, dtype=np.int64)
         seq_bits = np.left_shift(1, np.asarray(batch.sequences, dtype=np.int64))
@@ -140,8 +140,8 @@ class CausalCache:
         if self.chunk is not None:
             visible &= cell_pos[None, :] >= positions[:, None] - positions[:, None] % self.chunk
         num_tokens, num_cells = visible.shape
-        self.triangle = num_tokens == num_cells and bool(
-            np.array_equal(visible, np.tri(num_tokens, dtype=bool))
+        self.plain = bool(
+            np.array_equal(visible, np.tri(num_tokens, num_cells, num_cells - num_tokens, bool))
         )
         if visible.all():
             return None  # plain attention over everything: no mask to add
@@ -214,8 +214,8 @@ class CausalCache:
         kv = self.stores[self.layer].view(self.lo, self.hi)
         return None if kv is None else (kv[0], kv[1], self.mask)
 
-    def causal_triangle(self) -> bool:
-        return self.triangle
+    def plain_causal(self) -> bool:
+        return self.plain
 
     def stored_floats(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The current layer's keys (H, cells, Dk) and values as stored, for a native layer that

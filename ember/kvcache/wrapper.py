@@ -5,7 +5,7 @@ from collections.abc import Sequence
 import torch
 
 from ember.batch import Batch
-from ember.kvcache.base import Cache, CausalTriangle, CellCounter
+from ember.kvcache.base import Cache, CellCounter, PlainCausal
 
 
 class WrapperCache:
@@ -66,5 +66,5 @@ class WrapperCache:
     def view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
         return self.current.view()
 
-    def causal_triangle(self) -> bool:
-        return isinstance(self.current, CausalTriangle) and self.current.causal_triangle()
+    def plain_causal(self) -> bool:
+        return isinstance(self.current, PlainCausal) and self.current.plain_causal()

@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from ember.backend.attend import attend_one
-from ember.kvcache import Cache, CausalTriangle
+from ember.kvcache import Cache, PlainCausal
 
 # The most the scores of a path that computes them in torch take at once: its queries go in
 # blocks that small (SDPA's kernel is blocked itself), so a batch's memory stays linear in its
 # cells (the load-time reservation counts on it: ember/model/activations.py).
 SCORES_BYTES = 16 << 20
-# Queries a block of a new sequence's first batch (attention's causal triangle) takes at once.
+# Queries a block takes at once where the mask is plain causal (PlainCausal).
 CAUSAL_BLOCK = 64
 
 
@@ -52,21 +52,22 @@ def attention(
     # math path).
     q4, keys4, values4 = q.transpose(0, 1)[None], keys[None], values[None]
     gqa = num_heads != num_kv_heads
-    if mask is None or not (isinstance(cache, CausalTriangle) and cache.causal_triangle()):
+    if mask is None or not (isinstance(cache, PlainCausal) and cache.plain_causal()):
         out = F.scaled_dot_product_attention(
             q4, keys4, values4, attn_mask=mask, scale=scale, enable_gqa=gqa
         )  # (1, H, T, D_v)
     else:
-        # A new sequence's first batch: the causal triangle. Each block of queries takes only
-        # the keys up to its last token (the kernel's own causal mode skips nothing within its
-        # 512-key blocks): 20-27% less attention time for 512 tokens.
+        # One sequence's prompt: each block of queries takes only the cells up to its last
+        # token (the kernel's own causal mode skips nothing within its 512-key blocks): 20-27%
+        # less attention time for a first batch of 512 tokens.
+        earlier = keys.shape[1] - num_tokens  # cells before the batch's own
         out = torch.cat(
             [
                 F.scaled_dot_product_attention(
                     q4[:, :, start : start + CAUSAL_BLOCK],
-                    keys4[:, :, : start + CAUSAL_BLOCK],
-                    values4[:, :, : start + CAUSAL_BLOCK],
-                    attn_mask=mask[start : start + CAUSAL_BLOCK, : start + CAUSAL_BLOCK],
+                    keys4[:, :, : earlier + start + CAUSAL_BLOCK],
+                    values4[:, :, : earlier + start + CAUSAL_BLOCK],
+                    attn_mask=mask[start : start + CAUSAL_BLOCK, : earlier + start + CAUSAL_BLOCK],
                     scale=scale,
                     enable_gqa=gqa,
                 )

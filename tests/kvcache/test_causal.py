@@ -229,24 +229,24 @@ def test_wrapper_of_encoder_and_causal_as_mllama():
     assert torch.equal(cache.get()[2], grid("0 x\n0 0"))
 
 
-def test_a_new_sequences_first_batch_is_the_causal_triangle():
+def test_one_sequences_prompt_batch_after_batch_is_plain_causal():
     cache = CausalCache()
     cache.init(max_sequences=2, capacity=8, max_batch=4)
     cache.start_forward(batch([0, 1, 2]))
-    assert cache.causal_triangle()
-    cache.start_forward(batch([3, 4]))  # after cached cells: a band, not the triangle
-    assert not cache.causal_triangle()
+    assert cache.plain_causal()
+    cache.start_forward(batch([3, 4]))  # after its cached cells: still plain causal
+    assert cache.plain_causal()
     cache.start_forward(batch([0, 1, 0, 1], [1, 1, 0, 0]))  # two sequences apart
-    assert not cache.causal_triangle()
+    assert not cache.plain_causal()
     windowed = CausalCache(window=2)
     windowed.init(max_sequences=1, capacity=8, max_batch=4)
     windowed.start_forward(batch([0, 1]))  # the window hides nothing yet
-    assert windowed.causal_triangle()
-    windowed.start_forward(batch([2, 3, 4, 5]))
-    assert not windowed.causal_triangle()
+    assert windowed.plain_causal()
+    windowed.start_forward(batch([2, 3, 4, 5]))  # a band
+    assert not windowed.plain_causal()
     wrapper = WrapperCache([windowed, cache], [0, 1])
     wrapper.start_forward(batch([6, 7], [1, 1]))  # sequence 1 is new to windowed, not to cache
     wrapper.set_layer(0)
-    assert wrapper.causal_triangle()
-    wrapper.set_layer(1)
-    assert not wrapper.causal_triangle()
+    assert wrapper.plain_causal()
+    wrapper.set_layer(1)  # sequence 0's cells lie between sequence 1's: masked in the middle
+    assert not wrapper.plain_causal()

@@ -75,22 +75,26 @@ def test_a_sink_takes_its_share_of_every_block(monkeypatch):
     assert torch.allclose(outs[0], outs[1], atol=1e-6)
 
 
-@pytest.mark.parametrize("tokens", [2, 64, 65, 150])
-def test_a_new_sequences_causal_triangle_in_query_blocks_equals_one_masked_call(tokens):
-    # the first batch of a sequence takes its queries in blocks, each with the keys up to it
+@pytest.mark.parametrize(("cached", "tokens"), [(0, 2), (0, 64), (0, 150), (20, 65), (70, 3)])
+def test_plain_causal_attention_in_query_blocks_equals_one_masked_call(cached, tokens):
+    # one sequence's prompt takes its queries in blocks, each with the cells up to its last
     g = torch.Generator().manual_seed(tokens)
     cache = CausalCache()
-    cache.init(max_sequences=1, capacity=256, max_batch=tokens)
-    cache.start_forward(Batch.single(list(range(tokens)), 0))
-    assert cache.causal_triangle()
+    cache.init(max_sequences=1, capacity=256, max_batch=max(cached, tokens))
     cache.set_layer(0)
-    q = torch.randn(tokens, HEADS, DIM, generator=g)
+    total = cached + tokens
     k, v = (
-        torch.randn(tokens, KV_HEADS, DIM, generator=g),
-        torch.randn(tokens, KV_HEADS, DIM, generator=g),
+        torch.randn(total, KV_HEADS, DIM, generator=g),
+        torch.randn(total, KV_HEADS, DIM, generator=g),
     )
-    got = attention_module.attention(q, k, v, cache, scale=0.3)
-    mask = torch.full((tokens, tokens), float("-inf")).triu(1)
+    if cached:
+        cache.start_forward(Batch.single(list(range(cached)), 0))
+        cache.put(k[:cached], v[:cached])
+    cache.start_forward(Batch.single(list(range(tokens)), cached))
+    assert cache.plain_causal()
+    q = torch.randn(tokens, HEADS, DIM, generator=g)
+    got = attention_module.attention(q, k[cached:], v[cached:], cache, scale=0.3)
+    mask = torch.full((tokens, total), float("-inf")).triu(cached + 1)
     want = (
         F.scaled_dot_product_attention(
             q.transpose(0, 1)[None],
