@@ -140,8 +140,13 @@ class CausalCache:
         if self.chunk is not None:
             visible &= cell_pos[None, :] >= positions[:, None] - positions[:, None] % self.chunk
         num_tokens, num_cells = visible.shape
-        self.plain = bool(
-            np.array_equal(visible, np.tri(num_tokens, num_cells, num_cells - num_tokens, bool))
+        one_sequence = (batch_bits & (batch_bits - 1)) == 0
+        self.plain = (  # only several tokens of one sequence can be (one token uses no mask)
+            num_tokens > 1
+            and one_sequence
+            and bool(
+                np.array_equal(visible, np.tri(num_tokens, num_cells, num_cells - num_tokens, bool))
+            )
         )
         if visible.all():
             return None  # plain attention over everything: no mask to add
