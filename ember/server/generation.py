@@ -102,10 +102,7 @@ async def count_tokens(state: ServerState, req: ChatRequest) -> int:
     plan, req = _checked_chat(state, req)
     async with state.lease(plan, req.keep_alive) as lease:
         prompt = await _chat_prompt(lease, plan, req.model_copy(update={"truncate": False}))
-        try:
-            tokens = await lease.runner.tokenize(prompt.text)
-        except RunnerError as err:
-            raise await runner_failure(err, lease.runner) from None
+        tokens = await _tokens(lease, prompt.text)
     return len(tokens) + plan.model.template.image_tokens * len(prompt.images)
 
 
@@ -154,15 +151,16 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
                 yield {"model": req.model, "created_at": now(), **fields, "done": False}
                 continue
             if not req.raw:  # as Ollama: the tokens of prompt and answer, to continue from
-                fields["context"] = await _context(lease, prompt.text + "".join(text))
+                context = prompt.text + "".join(text)
+                fields["context"] = await _tokens(lease, context, add_special=False)
             yield _final(fields, req.model, final, start, lease.load_duration)
 
 
-async def _context(lease: Lease, text: str) -> list[int]:
-    """The tokens of text; a runner that died after its final record fails the request as
-    Ollama's does, with the runner's error rather than a cut stream."""
+async def _tokens(lease: Lease, text: str, *, add_special: bool = True) -> list[int]:
+    """The runner's tokens of text; a runner that failed (even one killed right after a final
+    record) fails the request with its API error, as Ollama's does, not as a bug."""
     try:
-        return await lease.runner.tokenize(text, add_special=False)
+        return await lease.runner.tokenize(text, add_special=add_special)
     except RunnerError as err:
         raise await runner_failure(err, lease.runner) from None
 
