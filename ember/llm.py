@@ -19,6 +19,7 @@ from ember.gguf import GGUFFile
 from ember.model import load_model
 from ember.options import Options
 from ember.runner.engine import Engine
+from ember.runner.memory import release_free_heap
 from ember.runner.sequence import Done, Piece, Request, Sequence, TokenLogprob
 from ember.sample.grammar import Grammar
 from ember.template import BUILTIN, render_chat
@@ -61,6 +62,7 @@ class LLM:
         self.gguf = GGUFFile.open(self.path)
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
         self.model = in_fresh_thread(lambda: load_model(self.gguf))  # see backend/threads.py
+        release_free_heap()  # the vocabulary's build and the file's parse left much behind
         self.num_parallel = num_parallel
         template = self.gguf.metadata.get("tokenizer.chat_template")
         arch = self.gguf.metadata.get("general.architecture", "")

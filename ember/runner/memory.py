@@ -7,6 +7,7 @@ so running it held nothing afterwards and cost what a full prompt costs (39 s on
 Its bound comes from the file's tensor shapes (ember/model/activations.py); a model without one
 (a test's fake) runs its worst-case batch as before."""
 
+import ctypes
 import io
 
 import psutil
@@ -20,11 +21,23 @@ from ember.model import Model
 from ember.model.activations import Activations
 from ember.runner.multimodal import ImageModel
 
+_LIBC = ctypes.CDLL(None)  # the process's own symbols: the C library it runs on
 _MARGIN = 1.1  # allocator slack, over the KV figure and the bound of a batch's activations
 
 
 class InsufficientMemoryError(EmberError):
     """The KV cache and compute buffers of a load do not fit in the memory that is free."""
+
+
+def release_free_heap() -> None:
+    """Hands the heap's free pages back to the OS: glibc's malloc_trim (elsewhere nothing).
+
+    A load frees far more than it keeps, in small blocks glibc would otherwise hold for the
+    life of the process: after Gemma 3's vocabulary (262,144 tokens, 513,511 derived merges)
+    ~70 MB of them, 9% of a runner's peak at its defaults (benchmarks/bench_memory.py)."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def gib(n: float) -> str:

@@ -33,7 +33,7 @@ from ember.model import Model, Ranker, load_model
 from ember.options import Options
 from ember.runner.draft import check_vocabulary
 from ember.runner.engine import KV_TYPES, Engine
-from ember.runner.memory import InsufficientMemoryError
+from ember.runner.memory import InsufficientMemoryError, release_free_heap
 from ember.runner.multimodal import ImageModel, PromptInputs, image_bytes, prompt_inputs
 from ember.runner.rerank import rerank_request
 from ember.runner.sequence import Done, Event, Piece, Sequence
@@ -128,6 +128,7 @@ class Runner:
                 mmproj = GGUFFile.open(self.projector) if self.projector else None
                 model = in_fresh_thread(lambda: load_model(gguf, mmproj))  # backend/threads.py
                 draft = self._draft_model(req.draft_model) if req.draft_model else None
+                release_free_heap()  # the vocabulary's build and the file's parse left much
                 self.progress = 0.8
                 self.engine = Engine(
                     model,
