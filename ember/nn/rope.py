@@ -2,8 +2,8 @@
 
 A forward pass builds one Rotation for its positions (`RoPE.rotation`): cosine and signed sine
 tables over every head of q and k, with the attention's scale folded into the query heads, so a
-layer rotates its queries and keys together in three ops: x * cos + x[..., partner] * sin,
-where partner swaps each rotated dimension with the other of its pair.
+layer rotates its queries and keys together in three ops: x * cos + partner(x) * sin, where
+partner(x) swaps each rotated dimension with the other of its pair.
 """
 
 from dataclasses import dataclass
@@ -17,10 +17,25 @@ class Rotation:
 
     cos: torch.Tensor  # (T, N, D)
     sin: torch.Tensor  # (T, N, D), negated where a dimension takes its partner's minus sine
-    partner: torch.Tensor  # (D,) int64: the dimension each one pairs with (itself if not rotated)
+    dim: int  # the rotated dimensions (the rest pair with themselves, their sine 0)
+    is_neox: bool
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.addcmul(x * self.cos, x.index_select(-1, self.partner), self.sin)
+        return torch.addcmul(x * self.cos, self.partner(x), self.sin)
+
+    def partner(self, x: torch.Tensor) -> torch.Tensor:
+        """x with each rotated dimension swapped with the other of its pair: contiguous copies
+        (a gather by index, index_select, took 1.2 ms of Gemma 3's 1.5 ms RoPE on 512 tokens)."""
+        rot, rest = x[..., : self.dim], x[..., self.dim :]
+        if self.is_neox:  # the two halves trade places
+            half = self.dim // 2
+            parts = [rot[..., half:], rot[..., :half]]
+        else:  # each adjacent pair trades places
+            pairs = rot.unflatten(-1, (-1, 2))
+            parts = [torch.stack((pairs[..., 1], pairs[..., 0]), -1).flatten(-2)]
+        if rest.shape[-1]:
+            parts.append(rest)
+        return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,24 +64,19 @@ class RoPE:
         """The Rotation of positions (T,) for heads of head_dim in groups of (count, scale):
         e.g. [(num_heads, attention scale), (num_kv_heads, 1.0)] for q and k side by side."""
         cos, sin = self.cos_sin(positions)  # (T, 1, dim/2)
-        half = self.dim // 2
-        idx = torch.arange(head_dim)
         if self.is_neox:  # dimension i pairs with i + dim/2
             cos_d, sin_d = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
-            partner = torch.where(idx < half, idx + half, idx - half)
         else:  # dimension 2i pairs with 2i + 1
             cos_d = cos.repeat_interleave(2, -1)
             sin_d = torch.stack((-sin, sin), -1).flatten(-2)
-            partner = idx ^ 1
         rest = head_dim - self.dim
         if rest:  # the dimensions past dim pass through
             n = cos_d.shape[0]
             cos_d = torch.cat((cos_d, torch.ones(n, 1, rest)), -1)
             sin_d = torch.cat((sin_d, torch.zeros(n, 1, rest)), -1)
-            partner = torch.where(idx < self.dim, partner, idx)
         cos_n = torch.cat([(cos_d * s).expand(-1, c, -1) for c, s in groups], 1)
         sin_n = torch.cat([(sin_d * s).expand(-1, c, -1) for c, s in groups], 1)
-        return Rotation(cos_n, sin_n, partner)
+        return Rotation(cos_n, sin_n, self.dim, self.is_neox)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotates x (T, H, D) by the angles of cos_sin."""

@@ -26,6 +26,16 @@ def test_rotation_equals_pairwise_rope_with_scaled_queries(is_neox, dim):
     assert torch.allclose(out[:, 6:], rope.apply(k, cos, sin), atol=1e-6)
 
 
+@pytest.mark.parametrize("is_neox", [False, True])
+@pytest.mark.parametrize("dim", [16, 8])
+def test_a_rotations_partner_swaps_each_rotated_dimension_with_its_pair(is_neox, dim):
+    rot = RoPE(dim, 10000.0, is_neox).rotation(torch.tensor([1]), 16, [(1, 1.0)])
+    x = torch.arange(16.0).expand(2, 3, 16)
+    half = dim // 2
+    pairs = [(i + half) % dim if is_neox else i ^ 1 for i in range(dim)]
+    assert torch.equal(rot.partner(x), x[..., pairs + list(range(dim, 16))])
+
+
 def reference(q, keys, values, mask, scale):
     g = q.shape[1] // keys.shape[0]
     return (
