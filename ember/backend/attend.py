@@ -3,22 +3,12 @@ as they are stored (float32, float16 or bfloat16): no copy of the cache to float
 one call for the scores, softmax and weighted sum of every head."""
 
 import ctypes
-from functools import cache
 
 import torch
 
-from ember import envconfig
 from ember.backend import native
 
 _KV_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-
-
-@cache
-def _kernels(isa: str | None) -> "native.Kernels | None":
-    try:
-        return native.kernels()
-    except native.NativeError:
-        return None
 
 
 def attend_one(
@@ -31,7 +21,7 @@ def attend_one(
     """q (H, D) float32; keys (H_kv, S, D) and values (H_kv, S, D_v) in a float type, each
     with unit stride along D; mask (1, S) float32 or None -> (1, H * D_v), or None where the
     native kernel cannot run (no library, another dtype or layout)."""
-    kern = _kernels(envconfig.cpu_isa())
+    kern = native.usable_kernels()
     kv_type = _KV_TYPES.get(keys.dtype)
     if (
         kern is None

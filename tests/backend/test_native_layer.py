@@ -25,8 +25,10 @@ CASES = {
 }
 PROMPT = [(5 * i + 2) % 150 + 5 for i in range(20)]
 # of max |logit|: the layers round differently by an ulp here and there (sums in another
-# order), which a half-size cache's rounding of a key can turn into one of its own ulps
-TOLERANCE = {"f32": 1e-4, "f16": 1e-3, "bf16": 1e-2}
+# order), which a half-size cache's rounding of a key can turn into one of its own ulps, and a
+# q8_K code into its neighbour (qwen2's f32 case: 0.96e-4 of its logits, 1.1e-4 once the
+# Python layers' activation became the native one)
+TOLERANCE = {"f32": 2e-4, "f16": 1e-3, "bf16": 1e-2}
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,8 @@ class Kernels:
         | -1 | -2 | -3: one token's attention over a float KV cache range (attend.h)
     layer(&em_layer, threads) -> same codes: one decoder layer for a few tokens (layer.h; the
         struct is ember/backend/layer.py's LayerArgs)
+    act_mul(act, gu, M, F, ld, out) -> 0 | -1 act | -2 shape: out (M, F) = act(g) * u for rows
+        [g | u] of gu, ld floats apart; act 0 silu, 1 tanh-GELU
     """
 
     isa: str
@@ -44,6 +46,7 @@ class Kernels:
     block_elems: ctypes._CFuncPtr  # type: ignore[name-defined]
     attend: ctypes._CFuncPtr  # type: ignore[name-defined]
     layer: ctypes._CFuncPtr  # type: ignore[name-defined]
+    act_mul: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def supports(self, ggml_type: int) -> bool:
         return self.block_elems(int(ggml_type)) > 0
@@ -130,7 +133,9 @@ def _kernels_of(isa: str) -> Kernels:
     attend.argtypes += [_ptr, ctypes.c_float, _ptr]
     layer = getattr(lib, f"ember_layer_{isa}")
     layer.argtypes = [_ptr, _int]
-    return Kernels(isa, matmul, dequant, block_elems, attend, layer)
+    act_mul = getattr(lib, f"ember_act_mul_{isa}")
+    act_mul.argtypes = [_int, _ptr, _i64, _i64, _i64, _ptr]
+    return Kernels(isa, matmul, dequant, block_elems, attend, layer, act_mul)
 
 
 def kernels(isa: str | None = None) -> Kernels | None:
@@ -145,6 +150,20 @@ def kernels(isa: str | None = None) -> Kernels | None:
             f"the {isa} kernels cannot run here (available: {', '.join(runnable_isas()) or 'none'})"
         )
     return _kernels_of(isa)
+
+
+def usable_kernels() -> Kernels | None:
+    """`kernels()` where they can run, else None (no library, or an EMBER_CPU_ISA this CPU
+    lacks: the callers then take torch)."""
+    return _usable(envconfig.cpu_isa())
+
+
+@cache
+def _usable(isa: str | None) -> Kernels | None:  # keyed by EMBER_CPU_ISA: tests change it
+    try:
+        return kernels()
+    except NativeError:
+        return None
 
 
 _threads = [-1]

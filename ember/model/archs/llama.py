@@ -7,8 +7,8 @@ llama.cpp's converter permutes the Q and K rows of llama-family files for ggml's
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from ember.backend.activation import act_mul
 from ember.backend.layer import MAX_ROWS, LayerShape, NativeLayer
 from ember.batch import Batch
 from ember.gguf import GGUFFile
@@ -119,8 +119,7 @@ class Block:
             h, x = h[outputs], x[outputs]
         x = x + self.attn_output(h)
         gate_up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps))
-        gate = F.silu(gate_up[:, : o.ffn], inplace=True)
-        return x + self.ffn_down(gate * gate_up[:, o.ffn :])
+        return x + self.ffn_down(act_mul(gate_up, o.ffn, "silu"))
 
 
 class Llama:

@@ -4,8 +4,8 @@ A Qwen3-Reranker (`qwen3.pooling_type` rank) scores a prompt by p("yes") against
 last token."""
 
 import torch
-import torch.nn.functional as F
 
+from ember.backend.activation import act_mul
 from ember.backend.layer import NativeLayer
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache
@@ -77,8 +77,8 @@ class Qwen3Block(Qwen3Attention):
         outputs: torch.Tensor | None,
     ) -> torch.Tensor:
         x = self.attend(x, rot, cache, o, outputs)
-        gate, up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps)).chunk(2, dim=-1)
-        return x + self.ffn_down(F.silu(gate) * up)
+        gate_up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps))
+        return x + self.ffn_down(act_mul(gate_up, gate_up.shape[1] // 2, "silu"))
 
 
 class Qwen3(Llama):
