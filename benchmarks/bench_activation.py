@@ -5,11 +5,11 @@ ember/backend/activation.py) against the native act_mul, at the bundled models' 
 """
 
 import argparse
-import time
 from functools import partial
 
 import torch
 import torch.nn.functional as F
+from bench_prefill_kernels import best_seconds  # benchmarks/ is the script's own path
 
 from ember.backend.activation import act_mul
 
@@ -27,17 +27,6 @@ def torch_act_mul(gate_up: torch.Tensor, ffn: int, act: str) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
-def best_ms(fn, reps: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -47,8 +36,8 @@ def main() -> None:
     print(f"{args.tokens} rows, {args.threads} threads, best of 30 (ms a layer)")
     for name, ffn, act in MODELS:
         gate_up = torch.randn(args.tokens, 2 * ffn)
-        old = best_ms(partial(torch_act_mul, gate_up, ffn, act))
-        new = best_ms(partial(act_mul, gate_up, ffn, act))
+        old = best_seconds(partial(torch_act_mul, gate_up, ffn, act), 30) * 1e3
+        new = best_seconds(partial(act_mul, gate_up, ffn, act), 30) * 1e3
         print(f"{name:<20} {act:<10} torch {old:6.2f}  act_mul {new:6.2f}")
 
 
