@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ember.backend import native
+from ember.backend.weights import AnyLinear
 
 _ACTS = {"silu": 0, "gelu_tanh": 1}
 
@@ -30,3 +31,10 @@ def act_mul(gate_up: torch.Tensor, ffn: int, act: str) -> torch.Tensor:
     if rc != 0:
         raise native.NativeError(f"act_mul({act}, {tuple(gate_up.shape)}, {ffn}) failed: {rc}")
     return out
+
+
+def gated_mlp(x: torch.Tensor, gate_up: AnyLinear, down: AnyLinear, act: str) -> torch.Tensor:
+    """down(act(gate) * up) of x (T, C) through a fused [gate | up] projection. The (T, 2 ffn)
+    product is freed once the activation has read it, before down runs: held to the end, it
+    was 32 of the ~125 MB a 3B model's layer takes over a 512-token batch."""
+    return down(act_mul(gate_up(x), gate_up.out_features // 2, act))

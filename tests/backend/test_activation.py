@@ -1,5 +1,8 @@
 """The gated MLP's act(gate) * up in one native call, on every ISA path this CPU runs, against
-torch's silu and tanh-GELU; and torch's own where the kernels cannot run."""
+torch's silu and tanh-GELU; and torch's own where the kernels cannot run. gated_mlp frees the
+gate/up product before the down projection runs."""
+
+import weakref
 
 import pytest
 import torch
@@ -7,7 +10,8 @@ import torch.nn.functional as F
 from native_isas import ISAS
 
 from ember.backend import native
-from ember.backend.activation import act_mul
+from ember.backend.activation import act_mul, gated_mlp
+from ember.backend.weights import LinearWeight
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native library was not built")
 
@@ -41,3 +45,26 @@ def test_a_path_without_the_kernels_takes_torch(monkeypatch):
     gate_up = torch.randn(4, 16)
     want = F.gelu(gate_up[:, :8], approximate="tanh") * gate_up[:, 8:]
     assert torch.equal(act_mul(gate_up, 8, "gelu_tanh"), want)
+
+
+def test_gated_mlp_frees_the_gate_up_product_before_down_runs():
+    g = torch.Generator().manual_seed(3)
+    gate_up = LinearWeight.from_dense(torch.randn(2 * 12, 8, generator=g))
+    down = LinearWeight.from_dense(torch.randn(8, 12, generator=g))
+    products: list[weakref.ref] = []
+
+    class Watched:
+        out_features = gate_up.out_features
+
+        def __call__(self, x):
+            y = gate_up(x)
+            products.append(weakref.ref(y))
+            return y
+
+    def down_after_the_product_is_gone(h):
+        assert products and products[0]() is None, "the gate/up product is still alive"
+        return down(h)
+
+    x = torch.randn(5, 8, generator=g)
+    got = gated_mlp(x, Watched(), down_after_the_product_is_gone, "silu")
+    assert torch.equal(got, down(act_mul(gate_up(x), 12, "silu")))

@@ -62,6 +62,22 @@ def test_torch_path_is_exact(qtype: QT) -> None:
     assert relative_error(w(x), exact(raw, qtype, shape, x)) < 1e-5
 
 
+@pytest.mark.parametrize("kernels", [True, False], ids=["native", "torch"])
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_0], ids=lambda t: t.name)
+def test_prefill_dequantizes_in_chunks_of_one_buffer(monkeypatch, qtype: QT, kernels) -> None:
+    """Many rows of x take the weight in chunks (the last one shorter), each dequantized into
+    the same buffer: the product is still the exact one."""
+    monkeypatch.setattr("ember.backend.weights.CHUNK_ROWS", 7)
+    shape = (48, 256)
+    raw = blocks(qtype, shape)
+    w = NativeLinear(raw, qtype, *shape, kernels=kernels)
+    x = torch.randn(40, 256)
+    assert relative_error(w(x), exact(raw, qtype, shape, x)) < 1e-5
+    buffer = torch.full((9, 256), float("nan"))
+    assert w.dequantize(3, 12, out=buffer) is buffer
+    assert torch.equal(buffer, dequantize(raw, qtype, shape)[3:12])
+
+
 def test_f32_is_dense() -> None:
     raw = quantized(QT.F32, (48, 256))
     w = linear_from_gguf(raw, QT.F32, (48, 256))

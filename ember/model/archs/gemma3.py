@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ember.backend.activation import act_mul
+from ember.backend.activation import gated_mlp
 from ember.backend.layer import ACT_GELU_TANH, MAX_ROWS, LayerShape, NativeLayer
 from ember.batch import Batch
 from ember.gguf import GGUFFile
@@ -121,8 +121,8 @@ class Block:
         if outputs is not None:
             h, x = h[outputs], x[outputs]
         x = x + rms_norm(self.attn_output(h), self.post_attention_norm, o.eps)
-        gate_up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps))
-        mlp = self.ffn_down(act_mul(gate_up, o.ffn, "gelu_tanh"))
+        normed = rms_norm(x, self.ffn_norm, o.eps)
+        mlp = gated_mlp(normed, self.ffn_gate_up, self.ffn_down, "gelu_tanh")
         return x + rms_norm(mlp, self.post_ffw_norm, o.eps)
 
 

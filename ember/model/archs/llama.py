@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ember.backend.activation import act_mul
+from ember.backend.activation import gated_mlp
 from ember.backend.layer import MAX_ROWS, LayerShape, NativeLayer
 from ember.batch import Batch
 from ember.gguf import GGUFFile
@@ -118,8 +118,8 @@ class Block:
         if outputs is not None:  # last layer: only the rows whose logits are wanted go on
             h, x = h[outputs], x[outputs]
         x = x + self.attn_output(h)
-        gate_up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps))
-        return x + self.ffn_down(act_mul(gate_up, o.ffn, "silu"))
+        normed = rms_norm(x, self.ffn_norm, o.eps)
+        return x + gated_mlp(normed, self.ffn_gate_up, self.ffn_down, "silu")
 
 
 class Llama:

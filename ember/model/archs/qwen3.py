@@ -5,7 +5,7 @@ last token."""
 
 import torch
 
-from ember.backend.activation import act_mul
+from ember.backend.activation import gated_mlp
 from ember.backend.layer import NativeLayer
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache
@@ -77,8 +77,8 @@ class Qwen3Block(Qwen3Attention):
         outputs: torch.Tensor | None,
     ) -> torch.Tensor:
         x = self.attend(x, rot, cache, o, outputs)
-        gate_up = self.ffn_gate_up(rms_norm(x, self.ffn_norm, o.eps))
-        return x + self.ffn_down(act_mul(gate_up, gate_up.shape[1] // 2, "silu"))
+        normed = rms_norm(x, self.ffn_norm, o.eps)
+        return x + gated_mlp(normed, self.ffn_gate_up, self.ffn_down, "silu")
 
 
 class Qwen3(Llama):
