@@ -179,6 +179,11 @@ class NativeLinear:
             return rows if out is None else out.copy_(rows)
         if out is None:
             out = torch.empty(stop - start, self.in_features)
+        elif out.shape != (stop - start, self.in_features) or not out.is_contiguous():
+            raise QuantError(
+                f"dequantize(out=) needs a contiguous ({stop - start}, "
+                f"{self.in_features}) tensor, got {tuple(out.shape)}"
+            )
         native.set_threads(torch.get_num_threads())
         rc = kern.dequant(
             self.ggml_type, raw.data_ptr(), out.data_ptr(), stop - start, self.in_features
