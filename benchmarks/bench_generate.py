@@ -95,6 +95,24 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def cpu_line() -> str:
+    """The CPU's model name and the ISA of the kernels Ember's workers run (EMBER_CPU_ISA or
+    the best this CPU has)."""
+    from pathlib import Path
+
+    from ember.backend import native
+
+    name = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
+    return f"CPU {name}; Ember's kernels: {native.chosen_isa() or 'none (PyTorch path)'}"
+
+
 def has_llama_cpp() -> bool:
     try:
         import llama_cpp  # noqa: F401
@@ -148,6 +166,7 @@ def main() -> None:
         f"{args.gen_tokens} generated, median of {args.runs} interleaved runs, "
         f"Ember KV cache {args.kv_type}"
     )
+    print(cpu_line())
     header = ("engine", "prefill tok/s", "decode tok/s", "load s", "peak RSS MB")
     print("{:<10} {:>14} {:>13} {:>7} {:>12}".format(*header))
     for engine, runs in results.items():

@@ -77,11 +77,11 @@ def tensors(layers: int) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
-def add_tokenizer(writer: gguf.GGUFWriter) -> None:
+def add_tokenizer(writer: gguf.GGUFWriter, source: Path | None) -> None:
     from ember.catalog import resolve_model
     from ember.gguf import GGUFFile
 
-    with GGUFFile.open(resolve_model("smollm2:135m")) as src:
+    with GGUFFile.open(source or resolve_model("smollm2:135m")) as src:
         md = src.metadata
         tokens = list(md["tokenizer.ggml.tokens"])
         types = list(md["tokenizer.ggml.token_type"])
@@ -104,7 +104,7 @@ def add_tokenizer(writer: gguf.GGUFWriter) -> None:
             writer.add_chat_template(template)
 
 
-def write_f16(path: Path, layers: int, seed: int) -> None:
+def write_f16(path: Path, layers: int, seed: int, tokenizer: Path | None) -> None:
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("Llama-3.2-3B-shaped (random weights)")
     writer.add_block_count(layers)
@@ -120,7 +120,7 @@ def write_f16(path: Path, layers: int, seed: int) -> None:
     writer.add_value_length(HEAD_DIM)
     writer.add_vocab_size(VOCAB)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    add_tokenizer(writer)
+    add_tokenizer(writer, tokenizer)
     plan = tensors(layers)
     for name, shape, kind in plan:
         dtype = np.float16 if kind == "weight" else np.float32
@@ -168,6 +168,11 @@ def main() -> None:
     parser.add_argument("--keep-f16", action="store_true")
     parser.add_argument("--layers", type=int, default=LAYERS, help="fewer for a quick check")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="a GGUF to copy the tokenizer from (default: the bundled smollm2)",
+    )
     args = parser.parse_args()
     from typing import Any, cast
 
@@ -176,7 +181,7 @@ def main() -> None:
     f16 = args.f16 or args.out.with_suffix(".f16.gguf")
     t0 = time.perf_counter()
     if not f16.exists():
-        write_f16(f16, args.layers, args.seed)
+        write_f16(f16, args.layers, args.seed, args.tokenizer)
         print(
             f"wrote {f16} ({f16.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.0f} s"
         )
