@@ -5,7 +5,9 @@ llama.cpp (llama-cpp-python) on the same GGUF file and in the same run when it i
     .venv/bin/python benchmarks/bench_generate.py --model /tmp/llama3b-q4_k_m.gguf --runs 1
 
 --model is a bundled name or a GGUF path (benchmarks/make_scale_model.py writes a 3B-shaped
-one). Ember's KV cache is of --kv-type (the engine's default, f16, as llama.cpp's).
+one). Ember's KV cache is of --kv-type (the engine's default, f16, as llama.cpp's). --isa
+avx512 avx2 runs Ember once per kernel ISA named (EMBER_CPU_ISA in its worker), all in the same
+interleaved runs: the figures of every path a CPU has, side by side.
 
 Each engine runs in its own process (so peak RSS is its own), the engines interleaved run by
 run, and the medians are printed. The prompt is exactly --prompt-tokens ids, the same for both
@@ -14,11 +16,14 @@ engines; generation is greedy for --gen-tokens steps without stopping at end tok
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
+
+from ember.envconfig import CPU_ISAS
 
 TEXT = " ".join(
     f"Entry {i}: the {c} lantern on shelf {i % 7} was lit at {i % 24} o'clock."
@@ -129,6 +134,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--kv-type", default="f16", help="Ember's KV cache type (f16 default)")
+    parser.add_argument("--isa", nargs="+", choices=CPU_ISAS, help="one Ember run per kernel ISA")
     parser.add_argument("--worker", choices=["ember", "llama.cpp"], help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -139,10 +145,18 @@ def main() -> None:
 
     path = str(resolve_model(args.model))
     ids = prompt_ids(path, args.prompt_tokens)
-    engines = ["ember"] + (["llama.cpp"] if has_llama_cpp() else [])
+    if args.isa:
+        from ember.backend import native
+
+        if missing := [isa for isa in args.isa if isa not in native.runnable_isas()]:
+            raise SystemExit(f"this CPU or build cannot run {', '.join(missing)}")
+    embers = [f"ember/{isa}" for isa in args.isa] if args.isa else ["ember"]
+    engines = embers + (["llama.cpp"] if has_llama_cpp() else [])
     results: dict[str, list[dict]] = {e: [] for e in engines}
     for _ in range(args.runs):
-        for engine in engines:
+        for label in engines:
+            engine, _, isa = label.partition("/")
+            env = {**os.environ, "EMBER_CPU_ISA": isa} if isa else None
             cmd = [
                 sys.executable,
                 __file__,
@@ -158,21 +172,21 @@ def main() -> None:
                 args.kv_type,
             ]
             out = subprocess.run(
-                cmd, input=json.dumps(ids), capture_output=True, text=True, check=True
+                cmd, input=json.dumps(ids), capture_output=True, text=True, check=True, env=env
             )
-            results[engine].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            results[label].append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(
         f"model {args.model} ({path}), {args.threads} threads, prompt {len(ids)} tokens, "
         f"{args.gen_tokens} generated, median of {args.runs} interleaved runs, "
         f"Ember KV cache {args.kv_type}"
     )
-    print(cpu_line())
+    print(cpu_line() if not args.isa else cpu_line().split(";")[0])
     header = ("engine", "prefill tok/s", "decode tok/s", "load s", "peak RSS MB")
-    print("{:<10} {:>14} {:>13} {:>7} {:>12}".format(*header))
+    print("{:<14} {:>14} {:>13} {:>7} {:>12}".format(*header))
     for engine, runs in results.items():
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         print(
-            f"{engine:<10} {len(ids) / med['prefill_s']:>14.1f} "
+            f"{engine:<14} {len(ids) / med['prefill_s']:>14.1f} "
             f"{args.gen_tokens / med['decode_s']:>13.1f} {med['load_s']:>7.2f} "
             f"{med['peak_rss_mb']:>12.0f}"
         )
