@@ -37,7 +37,12 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, help="a GGUF to copy the tokenizer from")
     parser.add_argument("--threads", type=int, default=0, help="llama.cpp's (0: all cores)")
     args = parser.parse_args()
-    import llama_cpp
+    try:
+        import llama_cpp
+    except ImportError:
+        raise SystemExit(
+            "make_shaped_model needs llama-cpp-python (`make bench` installs it)"
+        ) from None
 
     hidden, layers, heads, kv_heads, head_dim, ffn, vocab, file_type, head = SHAPES[args.shape]
     scale.HIDDEN, scale.HEADS, scale.KV_HEADS, scale.HEAD_DIM = hidden, heads, kv_heads, head_dim
