@@ -100,22 +100,14 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
-def cpu_line() -> str:
-    """The CPU's model name and the ISA of the kernels Ember's workers run (EMBER_CPU_ISA or
-    the best this CPU has)."""
-    from pathlib import Path
-
+def cpu_line(isas: list[str] | None) -> str:
+    """The CPU's model name and, unless the rows name their ISAs, the one Ember's workers run
+    (EMBER_CPU_ISA, else the best this CPU has)."""
     from ember.backend import native
 
-    name = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "unknown CPU",
-    )
-    return f"CPU {name}; Ember's kernels: {native.chosen_isa() or 'none (PyTorch path)'}"
+    if isas:
+        return f"CPU {native.cpu_name()}"
+    return f"CPU {native.cpu_name()}; Ember's kernels: {native.chosen_isa() or 'none (PyTorch)'}"
 
 
 def has_llama_cpp() -> bool:
@@ -180,7 +172,7 @@ def main() -> None:
         f"{args.gen_tokens} generated, median of {args.runs} interleaved runs, "
         f"Ember KV cache {args.kv_type}"
     )
-    print(cpu_line() if not args.isa else cpu_line().split(";")[0])
+    print(cpu_line(args.isa))
     header = ("engine", "prefill tok/s", "decode tok/s", "load s", "peak RSS MB")
     print("{:<14} {:>14} {:>13} {:>7} {:>12}".format(*header))
     for engine, runs in results.items():

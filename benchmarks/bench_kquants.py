@@ -6,7 +6,6 @@ a 4096 x 4096 matrix per type, for every ISA path this CPU runs (the test shim, 
 
 import argparse
 import ctypes
-import platform
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ember.backend import native  # noqa: E402
 from tests.backend.test_kquants_dot import (  # noqa: E402
     ISAS,
     Q8_BYTES,
@@ -28,16 +28,6 @@ from tests.backend.test_kquants_dot import (  # noqa: E402
 )
 
 SHIM = ROOT / "tests" / "backend" / "kquants_shim.c"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def build(isa: str, out: Path) -> ctypes.CDLL | None:
@@ -66,8 +56,10 @@ def main() -> None:
     weights = {t: random_blocks(t, args.rows, args.k, rng) for t in TYPES}
     out = np.empty(args.rows, np.float32)
     out_p = out.ctypes.data
-    print(f"CPU: {cpu_name()}; {args.rows} x {args.k} weights, one thread, one row of x,", end=" ")
-    print(f"best of {args.reps}")
+    print(
+        f"CPU: {native.cpu_name()}; {args.rows} x {args.k} weights, one thread, one row of x, "
+        f"best of {args.reps}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         libs = {isa: build(isa, Path(tmp)) for isa in ISAS if isa != "avx2-relaxed"}
         libs = {isa: lib for isa, lib in libs.items() if lib is not None}

@@ -24,21 +24,36 @@ cutting it would leave merges whose results are missing.)
 import argparse
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 import numpy as np
 
-HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 3072, 28, 24, 8, 128, 8192, 128256
+
+@dataclass(frozen=True)
+class Shape:
+    """A Llama model's sizes; make_shaped_model.py writes others than the 3B one."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+
+
+LLAMA_3B = Shape(hidden=3072, layers=28, heads=24, kv_heads=8, head_dim=128, ffn=8192, vocab=128256)
 ROPE_THETA, CONTEXT, EPS = 500000.0, 131072, 1e-5
 ROPE_SCALING = {"factor": 32.0, "low": 1.0, "high": 4.0, "original": 8192}
 SLICE_ELEMENTS = 1 << 24  # random values drawn 16M at a time
 
 
-def rope_factors() -> np.ndarray:
+def rope_factors(head_dim: int) -> np.ndarray:
     """llama3 rope scaling as per-frequency divisors (llama.cpp's `rope_freqs.weight`)."""
     s = ROPE_SCALING
-    freqs = 1.0 / ROPE_THETA ** (np.arange(0, HEAD_DIM, 2, dtype=np.float64) / HEAD_DIM)
+    freqs = 1.0 / ROPE_THETA ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     low_wavelen, high_wavelen = s["original"] / s["low"], s["original"] / s["high"]
     factors = []
     for f in freqs:
@@ -53,31 +68,32 @@ def rope_factors() -> np.ndarray:
     return np.asarray(factors, dtype=np.float32)
 
 
-def tensors(layers: int) -> list[tuple[str, tuple[int, ...], str]]:
+def tensors(shape: Shape, layers: int) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape as rows × columns, kind) in llama.cpp's order; kind: weight, norm, rope."""
-    out = [("token_embd.weight", (VOCAB, HIDDEN), "weight")]
-    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    hidden, ffn = shape.hidden, shape.ffn
+    out = [("token_embd.weight", (shape.vocab, hidden), "weight")]
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     for i in range(layers):
         p = f"blk.{i}."
         out += [
-            (p + "attn_norm.weight", (HIDDEN,), "norm"),
-            (p + "attn_q.weight", (q, HIDDEN), "weight"),
-            (p + "attn_k.weight", (kv, HIDDEN), "weight"),
-            (p + "attn_v.weight", (kv, HIDDEN), "weight"),
-            (p + "attn_output.weight", (HIDDEN, q), "weight"),
-            (p + "ffn_norm.weight", (HIDDEN,), "norm"),
-            (p + "ffn_gate.weight", (FFN, HIDDEN), "weight"),
-            (p + "ffn_up.weight", (FFN, HIDDEN), "weight"),
-            (p + "ffn_down.weight", (HIDDEN, FFN), "weight"),
+            (p + "attn_norm.weight", (hidden,), "norm"),
+            (p + "attn_q.weight", (q, hidden), "weight"),
+            (p + "attn_k.weight", (kv, hidden), "weight"),
+            (p + "attn_v.weight", (kv, hidden), "weight"),
+            (p + "attn_output.weight", (hidden, q), "weight"),
+            (p + "ffn_norm.weight", (hidden,), "norm"),
+            (p + "ffn_gate.weight", (ffn, hidden), "weight"),
+            (p + "ffn_up.weight", (ffn, hidden), "weight"),
+            (p + "ffn_down.weight", (hidden, ffn), "weight"),
         ]
     out += [
-        ("output_norm.weight", (HIDDEN,), "norm"),
-        ("rope_freqs.weight", (HEAD_DIM // 2,), "rope"),
+        ("output_norm.weight", (hidden,), "norm"),
+        ("rope_freqs.weight", (shape.head_dim // 2,), "rope"),
     ]
     return out
 
 
-def add_tokenizer(writer: gguf.GGUFWriter, source: Path | None) -> None:
+def add_tokenizer(writer: gguf.GGUFWriter, source: Path | None, vocab: int) -> None:
     from ember.catalog import resolve_model
     from ember.gguf import GGUFFile
 
@@ -87,7 +103,7 @@ def add_tokenizer(writer: gguf.GGUFWriter, source: Path | None) -> None:
         types = list(md["tokenizer.ggml.token_type"])
         merges = list(md["tokenizer.ggml.merges"])
         template = md.get("tokenizer.chat_template")
-        pad = VOCAB - len(tokens)
+        pad = vocab - len(tokens)
         tokens += [f"<|reserved_{i}|>" for i in range(pad)]
         types += [int(gguf.TokenType.UNUSED)] * pad
         writer.add_tokenizer_model(str(md["tokenizer.ggml.model"]))
@@ -104,42 +120,44 @@ def add_tokenizer(writer: gguf.GGUFWriter, source: Path | None) -> None:
             writer.add_chat_template(template)
 
 
-def write_f16(path: Path, layers: int, seed: int, tokenizer: Path | None) -> None:
+def write_f16(
+    path: Path, layers: int, seed: int, tokenizer: Path | None, shape: Shape = LLAMA_3B
+) -> None:
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("Llama-3.2-3B-shaped (random weights)")
     writer.add_block_count(layers)
     writer.add_context_length(CONTEXT)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(FFN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
     writer.add_rope_freq_base(ROPE_THETA)
     writer.add_layer_norm_rms_eps(EPS)
-    writer.add_rope_dimension_count(HEAD_DIM)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
-    writer.add_vocab_size(VOCAB)
+    writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_vocab_size(shape.vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    add_tokenizer(writer, tokenizer)
-    plan = tensors(layers)
-    for name, shape, kind in plan:
+    add_tokenizer(writer, tokenizer, shape.vocab)
+    plan = tensors(shape, layers)
+    for name, dims, kind in plan:
         dtype = np.float16 if kind == "weight" else np.float32
-        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        writer.add_tensor_info(name, shape, np.dtype(dtype), nbytes)
+        nbytes = math.prod(dims) * np.dtype(dtype).itemsize
+        writer.add_tensor_info(name, dims, np.dtype(dtype), nbytes)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
     assert writer.fout is not None
     out = writer.fout[0]
-    for _, shape, kind in plan:
+    for _, dims, kind in plan:
         writer.write_padding(out, out.tell())
         if kind == "rope":
-            rope_factors().tofile(out)
+            rope_factors(shape.head_dim).tofile(out)
         elif kind == "norm":
-            (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).tofile(out)
+            (1.0 + 0.1 * rng.standard_normal(dims, dtype=np.float32)).tofile(out)
         else:
-            total, done = math.prod(shape), 0
+            total, done = math.prod(dims), 0
             while done < total:
                 n = min(SLICE_ELEMENTS, total - done)
                 (0.02 * rng.standard_normal(n, dtype=np.float32)).astype(np.float16).tofile(out)
@@ -166,7 +184,7 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="the Q4_K_M file to write (keep it out of the repo)")
     parser.add_argument("--f16", type=Path, help="the intermediate F16 file (OUT.f16.gguf)")
     parser.add_argument("--keep-f16", action="store_true")
-    parser.add_argument("--layers", type=int, default=LAYERS, help="fewer for a quick check")
+    parser.add_argument("--layers", type=int, default=LLAMA_3B.layers, help="fewer: a quick check")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--tokenizer",

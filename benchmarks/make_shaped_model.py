@@ -22,10 +22,13 @@ import make_scale_model as scale
 
 LLAMA_FTYPE = {"Q4_1": 3, "Q4_K_M": 15}
 GGML_Q8_0 = 8
-# hidden, layers, heads, kv heads, head dim, ffn, vocabulary, file type, head type (or None)
+SMOLLM2 = scale.Shape(
+    hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152
+)
+# shape, file type, the embedding/head type where it differs from the file type's choice
 SHAPES = {
-    "smollm2": (576, 30, 9, 3, 64, 1536, 49152, "Q4_1", GGML_Q8_0),
-    "llama3b": (3072, 28, 24, 8, 128, 8192, 128256, "Q4_K_M", None),
+    "smollm2": (SMOLLM2, "Q4_1", GGML_Q8_0),
+    "llama3b": (scale.LLAMA_3B, "Q4_K_M", None),
 }
 
 
@@ -44,11 +47,9 @@ def main() -> None:
             "make_shaped_model needs llama-cpp-python (`make bench` installs it)"
         ) from None
 
-    hidden, layers, heads, kv_heads, head_dim, ffn, vocab, file_type, head = SHAPES[args.shape]
-    scale.HIDDEN, scale.HEADS, scale.KV_HEADS, scale.HEAD_DIM = hidden, heads, kv_heads, head_dim
-    scale.FFN, scale.VOCAB = ffn, vocab
+    shape, file_type, head = SHAPES[args.shape]
     f16 = args.out.with_suffix(".f16.gguf")
-    scale.write_f16(f16, args.layers or layers, 0, args.tokenizer)
+    scale.write_f16(f16, args.layers or shape.layers, 0, args.tokenizer, shape)
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype, params.nthread = LLAMA_FTYPE[file_type], args.threads
     if head is not None:

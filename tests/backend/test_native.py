@@ -4,6 +4,8 @@ passes for the K types; loosely with float32 ones),
 dequantization bit-equal to gguf-py, EMBER_CPU_ISA, and a real model's greedy tokens on the
 generic path."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
@@ -241,6 +243,15 @@ def test_cpu_isa_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EMBER_CPU_ISA")
     best = native.runnable_isas()[0]
     assert native.system_info().startswith(f"native kernels: {best} (cpu: ")
+
+
+def test_cpu_name_is_the_model_name_of_proc_cpuinfo() -> None:
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    assert native.cpu_name()
+    if names:
+        assert native.cpu_name() == names[0]
 
 
 @pytest.mark.model

@@ -9,6 +9,7 @@ no compiler), `kernels()` is None and the weights run on the pure-PyTorch path.
 
 import ctypes
 import os
+import platform
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -85,6 +86,18 @@ def runnable_isas() -> list[str]:
         return []
     ok = [i for i in range(len(ISAS)) if lib.ember_isa_compiled(i) and lib.ember_cpu_supports(i)]
     return [ISAS[i] for i in sorted(ok, reverse=True)]
+
+
+def cpu_name() -> str:
+    """The CPU's model name ("AMD EPYC"), for benchmark headers; the machine's type where the
+    system does not say."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def cpu_features() -> str:
