@@ -107,3 +107,15 @@ def real_llm() -> Callable[[str], Any]:
         return loaded[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def weight_isas() -> Callable[[Any], set[str | None]]:
+    """weight_isas(model) -> the ISA paths of its native projections (None: torch's)."""
+    from ember.backend.weights import NativeLinear
+
+    def isas(model: Any) -> set[str | None]:
+        blocks = [model, *getattr(model, "blocks", [])]
+        return {v.isa for b in blocks for v in vars(b).values() if isinstance(v, NativeLinear)}
+
+    return isas

@@ -257,7 +257,7 @@ def test_cpu_name_is_the_model_name_of_proc_cpuinfo() -> None:
 @pytest.mark.model
 @pytest.mark.slow
 def test_generic_path_gives_a_real_model_the_same_greedy_tokens(
-    monkeypatch: pytest.MonkeyPatch, smollm2_path
+    monkeypatch: pytest.MonkeyPatch, smollm2_path, weight_isas
 ) -> None:
     from ember import LLM
 
@@ -267,14 +267,7 @@ def test_generic_path_gives_a_real_model_the_same_greedy_tokens(
     for isa in dict.fromkeys(["generic", native.runnable_isas()[0]]):
         monkeypatch.setenv("EMBER_CPU_ISA", isa)
         llm = LLM(str(smollm2_path))
-        assert {w.isa for w in _projections(llm.model)} == {isa}
+        assert weight_isas(llm.model) == {isa}
         runs[isa] = llm.generate(prompt, options=options).tokens
     assert len(set(map(tuple, runs.values()))) == 1, runs
 
-
-def _projections(model: object) -> list[NativeLinear]:
-    found = []
-    for block in [model, *getattr(model, "blocks", [])]:
-        for v in vars(block).values():
-            found += [v] if isinstance(v, NativeLinear) else []
-    return found

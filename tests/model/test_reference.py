@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from ember.backend import native
 from ember.batch import Batch
 from ember.model import forward
 
@@ -62,6 +63,48 @@ def test_kv_cache_types_match_reference(
     real_llm, reference, name, prompt, kv_type, chunk, record_property
 ):
     check(real_llm, reference, name, prompt, record_property, kv_type=kv_type, chunk=chunk)
+
+
+# The other ISA paths this CPU runs (the best one, the default, takes the cases above): every
+# prompt over the engine's default f16 cache, and Gemma 3's long prompt in batches of 64 too.
+OTHER_ISAS = native.runnable_isas()[1:] if native.available() else []
+ISA_CASES = [
+    pytest.param(isa, name, prompt, chunk, id=f"{isa}-{name}-{prompt}-{chunk}")
+    for isa in OTHER_ISAS
+    for name, prompts in PROMPTS.items()
+    for prompt in prompts
+    for chunk in ([512, 64] if prompt == "long_sliding_window" else [512])
+]
+
+
+@pytest.fixture(scope="module")
+def isa_llm(real_llm):
+    """LLMs by (name, isa), loaded under EMBER_CPU_ISA=isa (their weights keep that path)."""
+    from ember import LLM
+
+    loaded = {}
+
+    def get(name: str, isa: str):
+        if (name, isa) not in loaded:
+            real_llm(name)  # skips when the model's package is missing
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("EMBER_CPU_ISA", isa)
+                loaded[name, isa] = LLM(name)
+        return loaded[name, isa]
+
+    return get
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.parametrize(("isa", "name", "prompt", "chunk"), ISA_CASES)
+def test_other_isa_paths_match_reference(
+    monkeypatch, isa_llm, weight_isas, reference, isa, name, prompt, chunk, record_property
+):
+    llm = isa_llm(name, isa)
+    monkeypatch.setenv("EMBER_CPU_ISA", isa)  # for what picks its path at run time (attention)
+    assert weight_isas(llm.model) == {isa}
+    check(lambda _: llm, reference, name, prompt, record_property, kv_type="f16", chunk=chunk)
 
 
 def check(real_llm, reference, name, prompt, record_property, **run) -> None:
