@@ -6,8 +6,8 @@ stays in memory as the file's bytes (a view of the memory map where the caller p
 call with at most NATIVE_ROWS rows (decode, small batches) runs the native kernel of the ISA
 chosen at load (activations quantized to int8 per block for the quantized types, float32 for
 F16/BF16); more rows (prefill) expand the weight to float32 in chunks of at most CHUNK_FLOATS
-values and use torch's matmul, so prefill keeps torch's speed and the memory stays bounded,
-except a K type taking one q8_K pass: its int8 kernel outruns torch's float32 matmul. F32
+values for a float32 matmul (ember/backend/gemm.py), so prefill keeps a BLAS's speed and the
+memory stays bounded, except a K type taking one q8_K pass: its int8 kernel outruns that. F32
 weights stay a dense float32 tensor. Without the library (or for a type it lacks), every call
 takes the chunked dequantize-then-matmul path (ember/backend/quant.py, bit-equal to gguf-py).
 """
@@ -15,7 +15,7 @@ takes the chunked dequantize-then-matmul path (ember/backend/quant.py, bit-equal
 import numpy as np
 import torch
 
-from ember.backend import native
+from ember.backend import gemm, native
 from ember.backend.quant import QuantError, as_byte_tensor, dequantize, dequantize_rows, row_nbytes
 from ember.gguf import GGMLType
 
@@ -128,7 +128,7 @@ class NativeLinear:
         elif self._kernels is not None and (rows <= NATIVE_ROWS or self._int8_any_rows):
             y = self._native(flat.contiguous())
         else:
-            y = self._dense(flat)
+            y = self._dense(flat.contiguous())
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def _native(self, x: torch.Tensor) -> torch.Tensor:
@@ -153,7 +153,9 @@ class NativeLinear:
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         most = max(1, min(CHUNK_ROWS, CHUNK_FLOATS // self.in_features))
         if self.out_features <= most:
-            return x @ self.dequantize().t()
+            return gemm.matmul_into(
+                x, self.dequantize(), x.new_empty(x.shape[0], self.out_features)
+            )
         chunks = -(-self.out_features // most)
         rows = -(-self.out_features // chunks)  # equal chunks: no small one at the end
         y = x.new_empty(x.shape[0], self.out_features)
@@ -163,7 +165,7 @@ class NativeLinear:
             # straight into y's columns (BLAS takes y's row stride): a product then its copy
             # was ~6% of Qwen 0.5B's and Gemma 3's prefill (torch profiler, AVX2, 2 threads)
             w = self.dequantize(start, stop, out=chunk[: stop - start])
-            torch.mm(x, w.t(), out=y[:, start:stop])
+            gemm.matmul_into(x, w, y[:, start:stop])
         return y
 
     def dequantize(

@@ -1,0 +1,49 @@
+"""Prefill's float32 matmul, out = x @ w.T, through oneDNN where torch has it.
+
+torch.mm takes MKL's sgemm, and MKL runs its AVX2 code on AMD CPUs; torch's oneDNN linear runs
+AVX-512 there, in strict float32 (no bf16 shortcut: the results differ from MKL's by
+accumulation order only). On a 2-core Zen 5 EPYC, 2 threads, 512 rows of x times the bundled
+models' weight chunks: MKL 190-205 GFLOPS, oneDNN 390-450 (and 230-235 with oneDNN held to
+AVX2 by ONEDNN_MAX_CPU_ISA): `.venv/bin/python benchmarks/bench_gemm.py`.
+
+oneDNN keeps the code it generates for each shape it meets (~0.4 MB a shape, never freed, with
+or without its primitive cache), so a prompt of every length would grow the process by hundreds
+of MB: it only ever sees blocks of BLOCK_ROWS rows of x, and the rows left over (fewer than the
+smallest block) take torch.mm.
+"""
+
+import torch
+
+BLOCK_ROWS = (256, 64)  # 256-row blocks run as fast as 512-row ones; 64 still ~300 GFLOPS
+
+
+def _onednn_linear():  # type: ignore[no-untyped-def]
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._linear_pointwise.default
+    except (AttributeError, RuntimeError):  # a torch built without it
+        return None
+
+
+_LINEAR = _onednn_linear()
+
+
+def available() -> bool:
+    """Whether prefill's matmuls take oneDNN (else torch.mm alone)."""
+    return _LINEAR is not None
+
+
+def matmul_into(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = x @ w.T for float32 x (m, k) and w (n, k), both contiguous; out (m, n) may be a
+    column slice of a wider tensor."""
+    start, rows = 0, x.shape[0]
+    if _LINEAR is not None:
+        for block in BLOCK_ROWS:
+            while rows - start >= block:
+                part = _LINEAR(x[start : start + block], w, None, "none", [], "")
+                out[start : start + block].copy_(part)
+                start += block
+    if start < rows:
+        torch.mm(x[start:], w.t(), out=out[start:])
+    return out
