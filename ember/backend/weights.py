@@ -23,7 +23,9 @@ NATIVE_ROWS = 16  # rows of x up to which the native kernel runs (it quantizes t
 # Types whose native kernel runs at any row count where x takes one q8_K pass: 83-120 GFLOPS
 # against torch's 66-103 on dequantized float32 (512 rows of a 3B model's projections, AVX2,
 # 2 threads: benchmarks/bench_prefill_kernels.py). Two passes cost twice, and the int16 path of
-# the 32-element types half torch's speed: those keep the float32 matmul for prefill.
+# the 32-element types half torch's speed: those keep the float32 matmul for prefill. Not on
+# the avx512 path where oneDNN runs the float32 one (gemm.py): there it is the faster, 405-476
+# GFLOPS against the int8 kernel's 303-328 (the same command, a Zen 5 EPYC), and exact.
 _INT8_PREFILL = frozenset(
     {GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS}
 )
@@ -111,7 +113,11 @@ class NativeLinear:
         kern = native.kernels() if kernels is True else kernels or None
         self._kernels = kern if kern is not None and kern.supports(self.ggml_type) else None
         self.kind = GGMLType(self.ggml_type).name.lower()
-        self._int8_any_rows = activation_passes == 1 and self.ggml_type in _INT8_PREFILL
+        self._int8_any_rows = (
+            activation_passes == 1
+            and self.ggml_type in _INT8_PREFILL
+            and not (self.isa == "avx512" and gemm.available())
+        )
 
     @property
     def isa(self) -> str | None:
