@@ -7,7 +7,9 @@ llama.cpp (llama-cpp-python) on the same GGUF file and in the same run when it i
 --model is a bundled name or a GGUF path (benchmarks/make_scale_model.py writes a 3B-shaped
 one). Ember's KV cache is of --kv-type (the engine's default, f16, as llama.cpp's). --isa
 avx512 avx2 runs Ember once per kernel ISA named (EMBER_CPU_ISA in its worker), all in the same
-interleaved runs: the figures of every path a CPU has, side by side.
+interleaved runs: the figures of every path a CPU has, side by side. A worker of a lower ISA
+holds torch's own kernels (ATen, oneDNN, MKL) to it too, so that its figures are those of a CPU
+without the higher one.
 
 Each engine runs in its own process (so peak RSS is its own), the engines interleaved run by
 run, and the medians are printed. The prompt is exactly --prompt-tokens ids, the same for both
@@ -24,6 +26,20 @@ import sys
 import time
 
 from ember.envconfig import CPU_ISAS
+
+# what holds torch's kernels to a lower ISA than the CPU's (Ember's own take EMBER_CPU_ISA)
+TORCH_ISA_ENV = {
+    "avx2": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
+    "generic": {
+        "ATEN_CPU_CAPABILITY": "default",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+        "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+    },
+}
 
 TEXT = " ".join(
     f"Entry {i}: the {c} lantern on shelf {i % 7} was lit at {i % 24} o'clock."
@@ -148,7 +164,9 @@ def main() -> None:
     for _ in range(args.runs):
         for label in engines:
             engine, _, isa = label.partition("/")
-            env = {**os.environ, "EMBER_CPU_ISA": isa} if isa else None
+            env = (
+                {**os.environ, "EMBER_CPU_ISA": isa, **TORCH_ISA_ENV.get(isa, {})} if isa else None
+            )
             cmd = [
                 sys.executable,
                 __file__,
