@@ -3,7 +3,7 @@
 torch.mm takes MKL's sgemm, and MKL runs its AVX2 code on AMD CPUs; torch's oneDNN linear runs
 AVX-512 there, in strict float32 (no bf16 shortcut: the results differ from MKL's by
 accumulation order only). On a 2-core Zen 5 EPYC, 2 threads, 512 rows of x times the bundled
-models' weight chunks: MKL 190-205 GFLOPS, oneDNN 390-450 (and 230-235 with oneDNN held to
+models' weight chunks: MKL 190-205 GFLOPS, oneDNN 390-450 (and 222-239 with oneDNN held to
 AVX2 by ONEDNN_MAX_CPU_ISA): `.venv/bin/python benchmarks/bench_gemm.py`.
 
 oneDNN keeps the code it generates for each shape it meets (~0.4 MB a shape, never freed, with
