@@ -39,6 +39,12 @@ CHUNK_FLOATS = 8 << 20
 CHUNK_ROWS = 512
 
 
+def int8_prefill(isa: str | None) -> bool:
+    """Whether a one-pass K type's prefill takes its int8 kernel on this ISA path (not where
+    oneDNN runs the float32 matmul at AVX-512 speed: see _INT8_PREFILL)."""
+    return not (isa == "avx512" and gemm.available())
+
+
 class LinearWeight:
     """A dense float32 weight (out, in), for F32 tensors: `w(x)` maps (..., in) to (..., out)."""
 
@@ -114,9 +120,7 @@ class NativeLinear:
         self._kernels = kern if kern is not None and kern.supports(self.ggml_type) else None
         self.kind = GGMLType(self.ggml_type).name.lower()
         self._int8_any_rows = (
-            activation_passes == 1
-            and self.ggml_type in _INT8_PREFILL
-            and not (self.isa == "avx512" and gemm.available())
+            activation_passes == 1 and self.ggml_type in _INT8_PREFILL and int8_prefill(self.isa)
         )
 
     @property

@@ -12,13 +12,14 @@ from gguf import GGMLQuantizationType as QT
 from native_isas import ISAS
 from quant_data import gguf_reference, quantized, random_blocks
 
-from ember.backend import gemm, native
+from ember.backend import native
 from ember.backend.quant import UnsupportedTypeError
 from ember.backend.weights import (
     NATIVE_ROWS,
     FusedLinear,
     NativeLinear,
     concat_linear,
+    int8_prefill,
     linear_from_gguf,
 )
 from ember.errors import OptionsError
@@ -113,7 +114,7 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
     lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), activation_passes=1)
     y = lin(x)
-    if rows > NATIVE_ROWS and isa == "avx512" and gemm.available():
+    if rows > NATIVE_ROWS and not int8_prefill(isa):
         # prefill on the avx512 path: oneDNN's float32 matmul outruns the int8 kernel there
         exact = x.double() @ w.double().t()
         assert float((y.double() - exact).abs().max() / exact.abs().max()) < 1e-5
@@ -196,7 +197,7 @@ def test_many_rows_take_the_float32_path_in_chunks(monkeypatch: pytest.MonkeyPat
     got, want = NativeLinear(raw, QT.Q4_K, 77, 256, activation_passes=2)(x), x @ w.t()
     assert float((got - want).abs().max() / want.abs().max()) < 1e-6  # float32 sums, not int8
     one = NativeLinear(raw, QT.Q4_K, 77, 256, activation_passes=1)
-    if one.isa == "avx512" and gemm.available():  # there oneDNN's float32 matmul is faster
+    if not int8_prefill(one.isa):  # there oneDNN's float32 matmul is faster
         assert float((one(x) - want).abs().max() / want.abs().max()) < 1e-6
     else:
         assert torch.equal(one(x)[-1:], one(x[-1:]))
