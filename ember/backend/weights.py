@@ -135,11 +135,16 @@ class NativeLinear:
         rows = flat.shape[0]
         if rows == 0:
             y = flat.new_empty(0, self.out_features)
-        elif self._kernels is not None and (rows <= NATIVE_ROWS or self._int8_any_rows):
+        elif not self.takes_dense(rows):
             y = self._native(flat.contiguous())
         else:
-            y = self._dense(flat.contiguous())
+            y = flat.new_empty(rows, self.out_features)
+            self.dense_into(flat.contiguous(), 0, self.out_features, y)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+
+    def takes_dense(self, rows: int) -> bool:
+        """Whether `rows` rows of x take the float32 path (dense_into), not the native kernel."""
+        return self._kernels is None or (rows > NATIVE_ROWS and not self._int8_any_rows)
 
     def _native(self, x: torch.Tensor) -> torch.Tensor:
         kern = self._kernels
@@ -160,23 +165,32 @@ class NativeLinear:
             raise native.NativeError(_failure(rc, self.ggml_type, kern.isa))
         return y
 
-    def _dense(self, x: torch.Tensor) -> torch.Tensor:
-        most = max(1, min(CHUNK_ROWS, CHUNK_FLOATS // self.in_features))
-        if self.out_features <= most:
-            return gemm.matmul_into(
-                x, self.dequantize(), x.new_empty(x.shape[0], self.out_features)
-            )
-        chunks = -(-self.out_features // most)
-        rows = -(-self.out_features // chunks)  # equal chunks: no small one at the end
-        y = x.new_empty(x.shape[0], self.out_features)
-        chunk = torch.empty(rows, self.in_features)  # one buffer for every chunk of the call
-        for start in range(0, self.out_features, rows):
-            stop = min(start + rows, self.out_features)
-            # straight into y's columns (BLAS takes y's row stride): a product then its copy
+    @property
+    def chunk_rows(self) -> int:
+        """The most weight rows the float32 path expands at a time (CHUNK_ROWS, CHUNK_FLOATS)."""
+        return max(1, min(CHUNK_ROWS, CHUNK_FLOATS // self.in_features))
+
+    def dense_into(
+        self,
+        x: torch.Tensor,
+        start: int,
+        stop: int,
+        out: torch.Tensor,
+        chunk: torch.Tensor | None = None,
+    ) -> None:
+        """out = x @ W[start:stop]^T by the float32 path, for contiguous float32 x (M, in); out
+        (M, stop - start) may be a column slice of a wider tensor. The rows are expanded in
+        equal chunks (no small one at the end) into `chunk` (contiguous float32, at least
+        chunk_rows rows of in) where given, else into a buffer of the call's own."""
+        rows = -(-(stop - start) // -(-(stop - start) // self.chunk_rows))
+        if chunk is None:
+            chunk = torch.empty(rows, self.in_features)  # one buffer for every chunk
+        for first in range(start, stop, rows):
+            last = min(first + rows, stop)
+            # straight into out's columns (BLAS takes its row stride): a product then its copy
             # was ~6% of Qwen 0.5B's and Gemma 3's prefill (torch profiler, AVX2, 2 threads)
-            w = self.dequantize(start, stop, out=chunk[: stop - start])
-            gemm.matmul_into(x, w, y[:, start:stop])
-        return y
+            w = self.dequantize(first, last, out=chunk[: last - first])
+            gemm.matmul_into(x, w, out[:, first - start : last - start])
 
     def dequantize(
         self, start: int = 0, stop: int | None = None, *, out: torch.Tensor | None = None

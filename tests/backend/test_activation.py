@@ -1,17 +1,19 @@
 """The gated MLP's act(gate) * up in one native call, on every ISA path this CPU runs, against
 torch's silu and tanh-GELU; and torch's own where the kernels cannot run. gated_mlp frees the
-gate/up product before the down projection runs."""
+gate/up product before the down projection runs, and a prompt's never makes it whole."""
 
 import weakref
 
 import pytest
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType as QT
 from native_isas import ISAS
+from quant_data import quantized
 
 from ember.backend import native
 from ember.backend.activation import act_mul, gated_mlp
-from ember.backend.weights import LinearWeight
+from ember.backend.weights import LinearWeight, NativeLinear
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native library was not built")
 
@@ -68,3 +70,41 @@ def test_gated_mlp_frees_the_gate_up_product_before_down_runs():
     x = torch.randn(5, 8, generator=g)
     got = gated_mlp(x, Watched(), down_after_the_product_is_gone, "silu")
     assert torch.equal(got, down(act_mul(gate_up(x), 12, "silu")))
+
+
+def test_act_mul_writes_into_a_column_slice():
+    gate_up = torch.randn(5, 2 * 12)
+    wide = torch.full((5, 30), float("nan"))
+    got = act_mul(gate_up, 12, "gelu_tanh", out=wide[:, 7:19])
+    assert got.data_ptr() == wide[:, 7:19].data_ptr()
+    assert torch.equal(wide[:, 7:19], act_mul(gate_up, 12, "gelu_tanh"))
+    assert wide[:, :7].isnan().all() and wide[:, 19:].isnan().all()
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["native", "torch"])
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_a_prompts_gated_mlp_goes_by_blocks_of_the_gate(monkeypatch, kernels, act):
+    """On the float32 path the gate's rows go a block at a time with the up's (blocks of 7 of
+    the 20 here, the last shorter): the result is the whole product's, and no tensor of the
+    whole product's size (T, 2 ffn) is ever made."""
+    monkeypatch.setattr("ember.backend.weights.CHUNK_ROWS", 7)
+    ffn, dim, rows = 20, 64, 40
+    g = torch.Generator().manual_seed(5)
+    gate_up = NativeLinear(
+        quantized(QT.Q8_0, (2 * ffn, dim), seed=1), QT.Q8_0, 2 * ffn, dim, kernels=kernels
+    )
+    down = LinearWeight.from_dense(torch.randn(dim, ffn, generator=g))
+    x = torch.randn(rows, dim, generator=g)
+    assert gate_up.takes_dense(rows)
+    want = down(act_mul(gate_up(x), ffn, act))
+    made: list[tuple[int, ...]] = []
+    empty = torch.Tensor.new_empty
+
+    def watched(self, *size, **kwargs):
+        made.append(tuple(size[0]) if len(size) == 1 else size)
+        return empty(self, *size, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", watched)
+    got = gated_mlp(x, gate_up, down, act)
+    assert (rows, 2 * ffn) not in made and (rows, 14) in made
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)

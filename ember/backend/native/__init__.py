@@ -37,8 +37,8 @@ class Kernels:
         | -1 | -2 | -3: one token's attention over a float KV cache range (attend.h)
     layer(&em_layer, threads) -> same codes: one decoder layer for a few tokens (layer.h; the
         struct is ember/backend/layer.py's LayerArgs)
-    act_mul(act, gu, M, F, ld, out) -> 0 | -1 act | -2 shape: out (M, F) = act(g) * u for rows
-        [g | u] of gu, ld floats apart; act 0 silu, 1 tanh-GELU
+    act_mul(act, gu, M, F, ld, out, ldo) -> 0 | -1 act | -2 shape: out (M, F; rows ldo floats
+        apart) = act(g) * u for rows [g | u] of gu, ld floats apart; act 0 silu, 1 tanh-GELU
     """
 
     isa: str
@@ -147,7 +147,7 @@ def _kernels_of(isa: str) -> Kernels:
     layer = getattr(lib, f"ember_layer_{isa}")
     layer.argtypes = [_ptr, _int]
     act_mul = getattr(lib, f"ember_act_mul_{isa}")
-    act_mul.argtypes = [_int, _ptr, _i64, _i64, _i64, _ptr]
+    act_mul.argtypes = [_int, _ptr, _i64, _i64, _i64, _ptr, _i64]
     return Kernels(isa, matmul, dequant, block_elems, attend, layer, act_mul)
 
 

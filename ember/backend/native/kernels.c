@@ -15,7 +15,7 @@
  *   ember_attend_<isa>(...): one token's attention over a float KV cache range (attend.h);
  *       returns 0, -1 for a cache type it lacks, -2 for a bad shape, -3 when out of memory.
  *   ember_layer_<isa>(layer, threads): one decoder layer for a few tokens (layer.h).
- *   ember_act_mul_<isa>(act, gu, M, F, ld, out): a gated MLP's act(gate) * up for M rows.
+ *   ember_act_mul_<isa>(act, gu, M, F, ld, out, ldo): a gated MLP's act(gate) * up for M rows.
  */
 #include <stdlib.h>
 
@@ -292,15 +292,17 @@ int EM_EXPORT(ember_attend)(int kv_type, const float *q, int64_t H, int64_t D, c
 
 #include "layer.h" /* after the matmul pieces it uses */
 
-/* out (M, F) = act(g) * u for each row [g | u] of gu (M rows of ld >= 2F floats): a gated MLP's
- * activation for a prompt's rows (layer.h's em_act_mul), the rows shared among the threads. */
-int EM_EXPORT(ember_act_mul)(int act, const float *gu, int64_t M, int64_t F, int64_t ld, float *out) {
+/* out (M, F; rows ldo >= F floats apart) = act(g) * u for each row [g | u] of gu (M rows of
+ * ld >= 2F floats): a gated MLP's activation for a prompt's rows (layer.h's em_act_mul), the
+ * rows shared among the threads. */
+int EM_EXPORT(ember_act_mul)(int act, const float *gu, int64_t M, int64_t F, int64_t ld, float *out,
+                             int64_t ldo) {
     if (act != EM_ACT_SILU && act != EM_ACT_GELU_TANH) return -1;
-    if (M < 0 || F < 0 || ld < 2 * F) return -2;
+    if (M < 0 || F < 0 || ld < 2 * F || ldo < F) return -2;
     const int nth = M * F >= (1 << 15) && ember_num_threads != 1
                         ? (ember_num_threads > 0 ? ember_num_threads : omp_get_max_threads())
                         : 1;
     #pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1)
-    for (int64_t m = 0; m < M; m++) em_act_mul(act, gu + m * ld, gu + m * ld + F, F, out + m * F);
+    for (int64_t m = 0; m < M; m++) em_act_mul(act, gu + m * ld, gu + m * ld + F, F, out + m * ldo);
     return 0;
 }
