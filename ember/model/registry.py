@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 
+from ember.backend import heap
 from ember.gguf import GGUFFile
 from ember.model.activations import Activations
 from ember.model.base import Model
@@ -44,6 +45,7 @@ def load_model(gguf: GGUFFile, projector: GGUFFile | None = None) -> Model:
 
     config = Config(gguf.metadata)
     model = _build(gguf, config, projector)
+    heap.keep_freed_memory()  # after the load's own temporaries: see backend/heap.py
     # what a batch's activations take, at most: the load-time reservation checks it
     model.activations = Activations.of(  # type: ignore[attr-defined]
         gguf, experts_used=config.uint("expert_used_count", 1, maximum=1 << 10)
