@@ -39,6 +39,8 @@ class Kernels:
         struct is ember/backend/layer.py's LayerArgs)
     act_mul(act, gu, M, F, ld, out, ldo) -> 0 | -1 act | -2 shape: out (M, F; rows ldo floats
         apart) = act(g) * u for rows [g | u] of gu, ld floats apart; act 0 silu, 1 tanh-GELU
+    rms_norm(x, M, n, ldx, w, eps, out, ldo) -> 0 | -2 shape: RMSNorm of M rows of n floats,
+        times w (n floats, or NULL)
     """
 
     isa: str
@@ -48,6 +50,7 @@ class Kernels:
     attend: ctypes._CFuncPtr  # type: ignore[name-defined]
     layer: ctypes._CFuncPtr  # type: ignore[name-defined]
     act_mul: ctypes._CFuncPtr  # type: ignore[name-defined]
+    rms_norm: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def supports(self, ggml_type: int) -> bool:
         return self.block_elems(int(ggml_type)) > 0
@@ -148,7 +151,9 @@ def _kernels_of(isa: str) -> Kernels:
     layer.argtypes = [_ptr, _int]
     act_mul = getattr(lib, f"ember_act_mul_{isa}")
     act_mul.argtypes = [_int, _ptr, _i64, _i64, _i64, _ptr, _i64]
-    return Kernels(isa, matmul, dequant, block_elems, attend, layer, act_mul)
+    rms_norm = getattr(lib, f"ember_rms_norm_{isa}")
+    rms_norm.argtypes = [_ptr, _i64, _i64, _i64, _ptr, ctypes.c_float, _ptr, _i64]
+    return Kernels(isa, matmul, dequant, block_elems, attend, layer, act_mul, rms_norm)
 
 
 def kernels(isa: str | None = None) -> Kernels | None:
