@@ -9,7 +9,7 @@ zeroed) hung on the order of earlier events: Qwen 0.5B's 512-token prompt took 3
 page faults, or 120-133 thousand once its largest temporary (the whole gate/up product) was
 gone. With the thresholds fixed after the load, the first 512-token prompt of SmolLM2, Gemma 3
 and Qwen 0.5B takes 12.8, 17 and 19.6 thousand (48, 28-47 and 42-43 thousand before) and runs
-3-25% faster (a Zen 5 EPYC, 2 threads). Blocks of 16 MiB and more (a 3B model's T x F
+1-28% faster (a Zen 5 EPYC, 2 threads). Blocks of 16 MiB and more (a 3B model's T x F
 activations, its down projection's expanded rows) are still mapped and given back at once:
 kept, they grew the heap by ~50 MB more at a 3B-shaped model's prompt (peak RSS 2,382 MiB
 against 2,291-2,341). The price: SmolLM2's peak RSS is ~12 MB higher (385-387 MB, 374-375).
