@@ -310,8 +310,8 @@ int EM_EXPORT(ember_act_mul)(int act, const float *gu, int64_t M, int64_t F, int
 
 /* out (M, n; rows ldo apart) = x (M, n; rows ldx apart) / sqrt(mean(x^2) + eps), times w (n)
  * where given: RMSNorm over a prompt's rows, which torch's CPU op takes in five passes (pow,
- * mean, add, rsqrt, two products: ~120 us for Gemma 3's 512 x 640 on 2 threads). The squares
- * sum in 16 lanes, so the result differs from torch's by float32 rounding only. */
+ * mean, add, rsqrt, two products): Gemma 3's 512 x 640 took 74 us on 2 threads, 16 here. The
+ * squares sum in 16 lanes, so the result differs from torch's by float32 rounding only. */
 int EM_EXPORT(ember_rms_norm)(const float *x, int64_t M, int64_t n, int64_t ldx, const float *w,
                               float eps, float *out, int64_t ldo) {
     if (M < 0 || n <= 0 || ldx < n || ldo < n) return -2;
