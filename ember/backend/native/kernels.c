@@ -90,6 +90,14 @@ static int em_threads(int64_t weight_bytes) {
     return ember_num_threads > 0 ? ember_num_threads : 0;
 }
 
+int omp_get_max_threads(void);
+
+/* The team for elementwise work of `work` units: one thread below `least` (or when told one) */
+static int em_team(int64_t work, int64_t least) {
+    if (work < least || ember_num_threads == 1) return 1;
+    return ember_num_threads > 0 ? ember_num_threads : omp_get_max_threads();
+}
+
 /* Activations prepared once for a weight type's dot products: int16 blocks (simple.h) for the
  * 32-element types; for the K types q8_K (int8 per 256 values), once or twice: x itself, then
  * what that left out (x - q8_K(x)), whose step is ~1/254 of the first. One pass is llama.cpp's
@@ -202,7 +210,6 @@ static void em_rows(const em_prep *p, const uint8_t *W, int64_t M, int64_t ldy, 
         em_rows_of(p, W, m0, M - m0 < EM_X_TILE ? M : m0 + EM_X_TILE, ldy, n0, n1, y);
 }
 
-int omp_get_max_threads(void);
 int omp_get_thread_num(void);
 
 int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, int64_t M,
@@ -270,9 +277,7 @@ int EM_EXPORT(ember_attend)(int kv_type, const float *q, int64_t H, int64_t D, c
     if (!scores) return -3;
     const int64_t group = H / Hkv;
     /* threads only where the work outweighs waking them */
-    const int nth = S * (D + Dv) * H >= (1 << 17) && ember_num_threads != 1
-                        ? (ember_num_threads > 0 ? ember_num_threads : omp_get_max_threads())
-                        : 1;
+    const int nth = em_team(S * (D + Dv) * H, 1 << 17);
     /* units of work: (KV head, tile of up to EM_ATTN_TILE of its query heads), each reading
      * its KV head's keys once; tiles small enough that every thread gets one */
     int64_t tile = (H + nth - 1) / nth;
@@ -300,9 +305,7 @@ int EM_EXPORT(ember_act_mul)(int act, const float *gu, int64_t M, int64_t F, int
                              int64_t ldo) {
     if (act != EM_ACT_SILU && act != EM_ACT_GELU_TANH) return -1;
     if (M < 0 || F < 0 || ld < 2 * F || ldo < F) return -2;
-    const int nth = M * F >= (1 << 15) && ember_num_threads != 1
-                        ? (ember_num_threads > 0 ? ember_num_threads : omp_get_max_threads())
-                        : 1;
+    const int nth = em_team(M * F, 1 << 15);
     #pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1)
     for (int64_t m = 0; m < M; m++) em_act_mul(act, gu + m * ld, gu + m * ld + F, F, out + m * ldo);
     return 0;
@@ -311,13 +314,12 @@ int EM_EXPORT(ember_act_mul)(int act, const float *gu, int64_t M, int64_t F, int
 /* out (M, n; rows ldo apart) = x (M, n; rows ldx apart) / sqrt(mean(x^2) + eps), times w (n)
  * where given: RMSNorm over a prompt's rows, which torch's CPU op takes in five passes (pow,
  * mean, add, rsqrt, two products): Gemma 3's 512 x 640 took 74 us on 2 threads, 16 here. The
- * squares sum in 16 lanes, so the result differs from torch's by float32 rounding only. */
+ * squares sum in 16 lanes, so the result differs from torch's by float32 rounding only (the
+ * decode layer's em_rms_norm sums in sequence: one token's row is short, and its bits stay). */
 int EM_EXPORT(ember_rms_norm)(const float *x, int64_t M, int64_t n, int64_t ldx, const float *w,
                               float eps, float *out, int64_t ldo) {
     if (M < 0 || n <= 0 || ldx < n || ldo < n) return -2;
-    const int nth = M * n >= (1 << 15) && ember_num_threads != 1
-                        ? (ember_num_threads > 0 ? ember_num_threads : omp_get_max_threads())
-                        : 1;
+    const int nth = em_team(M * n, 1 << 15);
     #pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1)
     for (int64_t m = 0; m < M; m++) {
         const float *xm = x + m * ldx;
