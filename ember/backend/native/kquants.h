@@ -52,6 +52,14 @@
  * moment gave 15-20% less across the board, so read all figures here as +-20%).
  * kq_dot_rows_* (several rows of x per weight row, bit-identical per row): Q4_K and Q6_K unpack
  * the weights once for 2 or 4 rows of x on x86: per x row, in cache, Q4_K 1.05x, Q6_K 1.2x.
+ * With AVX-512 those take 512-bit registers (kq_dot_*_n_zmm, the same bits). On a 2-core Zen 5
+ * EPYC, 2 threads, 512 rows of x times the 3B file's weights (GFLOPS,
+ * `benchmarks/bench_prefill_kernels.py --model /tmp/llama3b-q4_k_m.gguf`, two alternating runs
+ * each): Q4_K one pass 292-310 -> 324-343, two passes 148-156 -> 166-175; Q6_K two passes
+ * 121-131 -> 151-163. Its decode step (two passes for the attention output and the down
+ * projections) 50.4-51.8 -> 48.8-49.7 ms (`benchmarks/profile_decode.py --model
+ * /tmp/llama3b-q4_k_m.gguf --context 128`). Still short of twice: the per-row scale and min
+ * steps, not the products, take most of the instructions.
  */
 #ifndef EMBER_KQUANTS_H
 #define EMBER_KQUANTS_H
@@ -751,6 +759,28 @@ static inline float kq_dot_iq4_xs_x86(const void *w, const kq_block_q8_K *x, int
 #define KQ_ALWAYS_INLINE inline
 #endif
 
+/* Q4_K's mins against one x row's block sums, added to accm: d_x * dmin * min_j * bsum32_j */
+static inline __m128 kq_q4_K_mins(__m128 accm, __m128i mins, const kq_block_q8_K *xr, float dmw) {
+    const __m256i bs = _mm256_loadu_si256((const __m256i *)xr->bsums);
+    const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    return _mm_fmadd_ps(_mm_set1_ps(xr->d * dmw), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs32)), accm);
+}
+
+/* a Q4_K row's result: its scaled sums less its mins */
+static inline float kq_q4_K_result(__m256 acc, __m128 accm) {
+    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return kq_hsum256(acc) - _mm_cvtss_f32(m);
+}
+
+/* a Q6_K block's int32 sums less 32 x its scaled block sums of x (the codes' offset), times
+ * d_x * d, added to acc */
+static inline __m256 kq_q6_K_block(__m256 acc, __m256i sumi, __m256i sc16, const kq_block_q8_K *xr, float dw) {
+    const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)xr->bsums));
+    const __m256i si = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
+    return _mm256_fmadd_ps(_mm256_set1_ps(xr->d * dw), _mm256_cvtepi32_ps(si), acc);
+}
+
 static KQ_ALWAYS_INLINE void kq_dot_q4_K_n_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
                                                float *out, const int N) {
     const uint8_t *b = (const uint8_t *)w;
@@ -765,10 +795,7 @@ static KQ_ALWAYS_INLINE void kq_dot_q4_K_n_x86(const void *w, const kq_block_q8_
         const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(ms));
         __m256i sumi[4];
         for (int r = 0; r < N; r++) {
-            const kq_block_q8_K *xr = x + r * xs + i;
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)xr->bsums);
-            const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-            accm[r] = _mm_fmadd_ps(_mm_set1_ps(xr->d * dmw), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs32)), accm[r]);
+            accm[r] = kq_q4_K_mins(accm[r], mins, x + r * xs + i, dmw);
             sumi[r] = _mm256_setzero_si256();
         }
         for (int c = 0; c < 4; c++) {
@@ -788,11 +815,7 @@ static KQ_ALWAYS_INLINE void kq_dot_q4_K_n_x86(const void *w, const kq_block_q8_
         for (int r = 0; r < N; r++)
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(x[r * xs + i].d * dw), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
     }
-    for (int r = 0; r < N; r++) {
-        __m128 m = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        out[r] = kq_hsum256(acc[r]) - _mm_cvtss_f32(m);
-    }
+    for (int r = 0; r < N; r++) out[r] = kq_q4_K_result(acc[r], accm[r]);
 }
 
 static KQ_ALWAYS_INLINE void kq_dot_q6_K_n_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
@@ -831,22 +854,124 @@ static KQ_ALWAYS_INLINE void kq_dot_q6_K_n_x86(const void *w, const kq_block_q8_
                 sumi[r] = KQ_MADD_ACC(sumi[r], s3, p3);
             }
         }
-        for (int r = 0; r < N; r++) {
-            const kq_block_q8_K *xr = x + r * xs + i;
-            const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)xr->bsums));
-            const __m256i si = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(corr, 5));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(xr->d * dw), _mm256_cvtepi32_ps(si), acc[r]);
-        }
+        for (int r = 0; r < N; r++) acc[r] = kq_q6_K_block(acc[r], sumi[r], sc16, x + r * xs + i, dw);
     }
     for (int r = 0; r < N; r++) out[r] = kq_hsum256(acc[r]);
 }
+
+/* The same N-row products on 512-bit registers where the build has AVX-512 (BW for the byte
+ * and word products): a register holds 64 consecutive weights (a 32-byte run's low and high
+ * nibbles, or Q6_K's two 32-value runs) against 64 consecutive activations, so each x row
+ * takes half the multiply instructions. The 16 int32 lanes fold to the 256-bit code's 8 before
+ * any float operation: lane l and l + 8 hold exactly the products the 256-bit lane l sums, and
+ * int32 sums are exact, so every result is bit-identical to kq_dot_*_x86. */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define KQ_ZMM 1
+#if defined(KQ_VNNI)
+#define KQ_MADD_ACC512(acc, a, b) _mm512_dpwssd_epi32((acc), (a), (b))
+#else
+#define KQ_MADD_ACC512(acc, a, b) _mm512_add_epi32((acc), _mm512_madd_epi16((a), (b)))
+#endif
+
+static inline __m256i kq_fold512(__m512i v) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+/* word lanes 0-15 from element lo of v's words, 16-31 from element lo + 1 (vpermw) */
+static inline __m512i kq_words2(__m512i v, int lo) {
+    return _mm512_permutexvar_epi16(_mm512_inserti64x4(_mm512_set1_epi16((short)lo),
+                                                       _mm256_set1_epi16((short)(lo + 1)), 1), v);
+}
+
+/* word lanes 8k..8k+7 from element lo + k of v's words, k = 0..3 */
+static inline __m512i kq_words4(__m512i v, int lo) {
+    const long long k1 = 0x0001000100010001LL;
+    const __m512i idx = _mm512_set_epi64(3 * k1, 3 * k1, 2 * k1, 2 * k1, k1, k1, 0, 0);
+    return _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)lo)), v);
+}
+
+static KQ_ALWAYS_INLINE void kq_dot_q4_K_n_zmm(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
+                                               float *out, const int N) {
+    const uint8_t *b = (const uint8_t *)w;
+    const __m512i m4 = _mm512_set1_epi8(0xf);
+    __m256 acc[4];
+    __m128 accm[4];
+    for (int r = 0; r < N; r++) acc[r] = _mm256_setzero_ps(), accm[r] = _mm_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 144) {
+        const __m256i ms = _mm256_cvtepu8_epi16(kq_scales_k4_x86(b + 4));
+        const __m128i mins = _mm256_extracti128_si256(ms, 1);
+        const __m512i ms512 = _mm512_castsi256_si512(ms);
+        const float dw = kq_f16_at(b), dmw = kq_f16_at(b + 2);
+        __m512i sumi[4];
+        for (int r = 0; r < N; r++) {
+            accm[r] = kq_q4_K_mins(accm[r], mins, x + r * xs + i, dmw);
+            sumi[r] = _mm512_setzero_si512();
+        }
+        for (int c = 0; c < 4; c++) {
+            const __m512i sc = kq_words2(ms512, 2 * c);
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+            const __m512i q = _mm512_and_si512(
+                _mm512_inserti64x4(_mm512_castsi256_si512(q4), _mm256_srli_epi16(q4, 4), 1), m4);
+            for (int r = 0; r < N; r++) {
+                const __m512i a = _mm512_loadu_si512((const void *)(x[r * xs + i].qs + 64 * c));
+                sumi[r] = KQ_MADD_ACC512(sumi[r], sc, _mm512_maddubs_epi16(q, a));
+            }
+        }
+        for (int r = 0; r < N; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(x[r * xs + i].d * dw), _mm256_cvtepi32_ps(kq_fold512(sumi[r])),
+                                     acc[r]);
+    }
+    for (int r = 0; r < N; r++) out[r] = kq_q4_K_result(acc[r], accm[r]);
+}
+
+static KQ_ALWAYS_INLINE void kq_dot_q6_K_n_zmm(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
+                                               float *out, const int N) {
+    const uint8_t *b = (const uint8_t *)w;
+    const __m512i m4 = _mm512_set1_epi8(0xf), m30 = _mm512_set1_epi8(0x30);
+    /* shifts of the high bits for the two 32-value runs of a register (the 256-bit code's
+     * c0|c1 and c2|c3) */
+    const __m512i shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    __m256 acc[4];
+    for (int r = 0; r < N; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 210) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+        const __m512i sc512 = _mm512_castsi256_si512(sc16);
+        const float dw = kq_f16_at(b + 208);
+        __m512i sumi[4];
+        for (int r = 0; r < N; r++) sumi[r] = _mm512_setzero_si512();
+        for (int n = 0; n < 2; n++) {
+            const __m512i l = _mm512_loadu_si512((const void *)(b + 64 * n));
+            const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n)));
+            const __m512i z01 = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                                _mm512_and_si512(_mm512_sllv_epi16(h, shl01), m30));
+            const __m512i z23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                _mm512_and_si512(_mm512_srlv_epi16(h, shr23), m30));
+            const __m512i s01 = kq_words4(sc512, 8 * n), s23 = kq_words4(sc512, 8 * n + 4);
+            for (int r = 0; r < N; r++) {
+                const int8_t *a = x[r * xs + i].qs + 128 * n;
+                const __m512i p01 = _mm512_maddubs_epi16(z01, _mm512_loadu_si512((const void *)a));
+                const __m512i p23 = _mm512_maddubs_epi16(z23, _mm512_loadu_si512((const void *)(a + 64)));
+                sumi[r] = KQ_MADD_ACC512(sumi[r], s01, p01);
+                sumi[r] = KQ_MADD_ACC512(sumi[r], s23, p23);
+            }
+        }
+        for (int r = 0; r < N; r++)
+            acc[r] = kq_q6_K_block(acc[r], kq_fold512(sumi[r]), sc16, x + r * xs + i, dw);
+    }
+    for (int r = 0; r < N; r++) out[r] = kq_hsum256(acc[r]);
+}
+#define KQ_N(name) kq_dot_##name##_n_zmm
+#else
+#define KQ_N(name) kq_dot_##name##_n_x86
+#endif
 
 #define KQ_ROWS_X86(name)                                                                          \
     static inline void kq_dot_rows_##name##_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, \
                                                  int64_t nb, float *out) {                         \
         int r = 0;                                                                                 \
-        for (; r + 4 <= nx; r += 4) kq_dot_##name##_n_x86(w, x + r * xs, xs, nb, out + r, 4);     \
-        for (; r + 2 <= nx; r += 2) kq_dot_##name##_n_x86(w, x + r * xs, xs, nb, out + r, 2);     \
+        for (; r + 4 <= nx; r += 4) KQ_N(name)(w, x + r * xs, xs, nb, out + r, 4);                 \
+        for (; r + 2 <= nx; r += 2) KQ_N(name)(w, x + r * xs, xs, nb, out + r, 2);                 \
         if (r < nx) out[r] = kq_dot_##name##_x86(w, x + r * xs, nb);                             \
     }
 KQ_ROWS_X86(q4_K)
