@@ -88,7 +88,7 @@ class DraftModel:
 
     def _propose(self, slot: int, tokens: Sequence[int], k: int) -> list[int]:
         held = self.held[slot]
-        num_past = min(common_prefix(held, list(tokens)), len(tokens) - 1)
+        num_past = max(0, min(common_prefix(held, list(tokens)), len(tokens) - 1))
         if not self.cache.can_resume(slot, num_past):
             num_past = 0
         self.cache.remove(slot, num_past, None)

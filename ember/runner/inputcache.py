@@ -97,7 +97,7 @@ class InputCache:
         else:
             slot = max(free, key=lambda s: (matching_prefix(s, prompt, images), -s.id))
             num_past = matching_prefix(slot, prompt, images)
-        num_past = min(num_past, len(prompt) - 1)
+        num_past = max(0, min(num_past, len(prompt) - 1))  # 0, not -1, for an empty prompt
         if not self.cache.can_resume(slot.id, num_past):
             num_past = 0
         self.cache.remove(slot.id, num_past, None)

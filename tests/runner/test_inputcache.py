@@ -58,6 +58,14 @@ def test_a_fully_cached_prompt_still_evaluates_its_last_token():
     assert num_past == 2 and slot.inputs == [1, 2]
 
 
+def test_an_empty_prompt_reuses_nothing_and_keeps_no_input():
+    # it had found -1 cached tokens (the last token evaluated again, of none), which dropped
+    # the slot's last input and failed the server's prefix-hit counter
+    ic = filled(1, [[1, 2, 3]])
+    slot, num_past = ic.load([])
+    assert num_past == 0 and slot.inputs == []
+
+
 def test_no_free_slot_is_an_error():
     ic = filled(1, [[]])
     ic.load([1])

@@ -83,7 +83,7 @@ class FakeRunner:
             "done": True,
             "done_reason": "length" if limit >= 0 and limit < len(self.reply.split()) else "stop",
             "prompt_count": len(prompt.split()),
-            "prompt_cached_count": len(prompt.split()) - 1,
+            "prompt_cached_count": max(0, len(prompt.split()) - 1),
             "prompt_eval_count": 1,
             "prompt_eval_duration": 10,
             "eval_count": len(words),
