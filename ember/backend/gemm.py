@@ -41,6 +41,13 @@ def available() -> bool:
     return _LINEAR is not None
 
 
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T through oneDNN (available() only), for float32 x (m, k) and contiguous w (n, k)
+    of shapes from a small set: each new shape keeps its code for good."""
+    assert _LINEAR is not None
+    return _LINEAR(x, w, None, "none", [], "")
+
+
 def matmul_into(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """out = x @ w.T for float32 x (m, k) and w (n, k), both contiguous; out (m, n) may be a
     column slice of a wider tensor."""

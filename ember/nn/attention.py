@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ember.backend.attend import attend_one
 from ember.kvcache import Cache, PlainCausal
+from ember.nn import prompt_attention
 
 # The most the scores of a path that computes them in torch take at once: its queries go in
 # blocks that small (SDPA's kernel is blocked itself), so a batch's memory stays linear in its
@@ -56,6 +57,10 @@ def attention(
         out = F.scaled_dot_product_attention(
             q4, keys4, values4, attn_mask=mask, scale=scale, enable_gqa=gqa
         )  # (1, H, T, D_v)
+    elif prompt_attention.available() and (
+        prompt_attention.scores_bytes(num_heads, num_kv_heads, keys.shape[1]) <= SCORES_BYTES
+    ):
+        return prompt_attention.causal_attention(q, keys, values, scale)
     else:
         # One sequence's prompt: each block of queries takes only the cells up to its last
         # token (the kernel's own causal mode skips nothing within its 512-key blocks): 20-27%

@@ -1,0 +1,103 @@
+"""One sequence's prompt attention (a plain causal mask) as two float32 matmuls a block of
+queries, through oneDNN (ember/backend/gemm.py), with the mask and softmax in torch between.
+
+torch's flash kernel makes its products with MKL's sgemm, which takes its AVX2 code on AMD
+CPUs; oneDNN runs AVX-512 there. A layer's attention over a 512-token prompt, 2 threads, a
+Zen 5 EPYC, ms, SDPA in 64-query blocks -> this (`benchmarks/bench_prompt_attention.py`, three
+runs on a noisy machine): SmolLM2 2.6-5.0 -> 2.1-2.7, Gemma 3 4.4-6.0 -> 1.9-3.4, Qwen 0.5B
+3.8-5.4 -> 2.5-3.9, a 3B shape 16-21 -> 8.3-11.3; a 512-token prefill 4-5% shorter on all three
+bundled models (in-process runs alternating five times).
+
+Each KV head's query heads go together as the rows of one product, token-major (a view of q
+where one KV head serves all), so the keys are read once for the group. oneDNN keeps the code
+it generates for every shape it meets (~0.4 MB each, for good), so the shapes come from a small
+set: queries padded to whole blocks, cells rounded up by cells_for; the padded cells are masked
+and the padded queries' rows dropped.
+"""
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from ember.backend import gemm, native
+
+
+def block_for(group: int) -> int:
+    """Queries of each head a product takes, for a group of that many query heads: ~512 rows
+    at most, a power of two from 16 to 128. Qwen 0.5B's 7 heads took 2.5-5.3 ms a layer with
+    128 (896 rows) against 2.9 with 64; Gemma 3's 4 heads 1.9-2.0 with 128, 2.1 with 64, 3.6
+    with 256 (bench_prompt_attention.py)."""
+    return max(16, min(128, 1 << ((512 // group).bit_length() - 1)))
+
+
+def cells_for(n: int) -> int:
+    """n cells rounded up to the next of the few sizes the products see: multiples of 64 up
+    to 1,024, then eight steps an octave (at most 1/8 more)."""
+    step = 64 if n <= 1024 else 1 << ((n - 1).bit_length() - 4)
+    return -(-n // step) * step
+
+
+def scores_bytes(num_heads: int, num_kv_heads: int, num_cells: int) -> int:
+    """The most bytes one block's scores and weights take together."""
+    group = num_heads // num_kv_heads
+    return 2 * 4 * group * block_for(group) * cells_for(num_cells)
+
+
+def available() -> bool:
+    """Whether a prompt's attention takes this path: where torch has oneDNN, unless the CPU
+    kernels run their generic path (with oneDNN held to SSE4.1 it ran 1.4-1.6x slower than SDPA,
+    whose MKL products still ran AVX2; held to AVX2, 0.65-0.96x SDPA's time)."""
+    if not gemm.available():
+        return False
+    kernels = native.usable_kernels()
+    return kernels is None or kernels.isa != "generic"
+
+
+def causal_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q (T, H, D) of the sequence's last T positions; keys, values (H_kv, S, D) float32 of
+    all its S cells in order, S >= T -> (T, H * D_v): token i sees cells 0..S-T+i."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads, num_cells, _ = keys.shape
+    dim_v = values.shape[2]
+    group = num_heads // num_kv_heads
+    block = block_for(group)
+    earlier = num_cells - num_tokens
+    padded_cells = cells_for(num_cells)
+    out = q.new_empty(num_tokens, num_heads, dim_v)
+    for h in range(num_kv_heads):
+        heads = slice(h * group, (h + 1) * group)
+        # the head's keys (S', D) and its values transposed (D_v, S'), zero cells padded (they
+        # are masked): a block takes a row-wise copy of the cells it sees from the values, as
+        # oneDNN reads a strided weight at a fraction of its speed
+        head_keys = keys[h]
+        if padded_cells > num_cells:
+            head_keys = F.pad(head_keys, (0, 0, 0, padded_cells - num_cells))
+        values_t = values.new_zeros(dim_v, padded_cells)
+        values_t[:, :num_cells] = values[h].t()
+        for start in range(0, num_tokens, block):
+            taken = min(block, num_tokens - start)
+            first = earlier + start  # the block's first token's own cell
+            seen = cells_for(first + taken)
+            # the block's tokens times the group's heads as the rows, token-major (a view of
+            # q where all heads share one KV head); the last block padded to block tokens
+            rows = q[start : start + taken, heads]
+            if taken < block:
+                rows = F.pad(rows, (0, 0, 0, 0, 0, block - taken))
+            scores = gemm.linear(rows.reshape(block * group, head_dim), head_keys[:seen])
+            scores = scores.view(block, group, seen)
+            if scale != 1.0:
+                scores.mul_(scale)
+            scores[:, :, first:] += _tail_mask(block, seen - first)  # the cells after each token's
+            weights = torch.softmax(scores, dim=-1).view(block * group, seen)
+            part = gemm.linear(weights, values_t[:, :seen].contiguous())
+            out[start : start + taken, heads] = part.view(block, group, dim_v)[:taken]
+    return out.flatten(1)
+
+
+@functools.lru_cache(maxsize=16)
+def _tail_mask(rows: int, width: int) -> torch.Tensor:
+    """(rows, 1, width): -inf where column j comes after row i (j > i)."""
+    return torch.full((rows, width), float("-inf")).triu(1)[:, None]
