@@ -9,6 +9,9 @@ each rotated dimension with the other of its pair, then the scaled heads times t
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from ember.backend.norm import qk_rope_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +23,8 @@ class Rotation:
     dim: int  # the rotated dimensions (the rest pair with themselves, their sine 0)
     is_neox: bool
     groups: tuple[tuple[int, float], ...]  # (heads, scale) of x's heads in order
+    half_cos: torch.Tensor | None = None  # (T, dim/2), as the native kernels read them
+    half_sin: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.addcmul(x * self.cos, self.partner(x), self.sin)
@@ -29,6 +34,29 @@ class Rotation:
                 out.narrow(-2, start, count).mul_(scale)
             start += count
         return out
+
+    def heads_of(
+        self,
+        x: torch.Tensor,
+        heads: int,
+        head_dim: int,
+        norms: tuple[torch.Tensor, torch.Tensor] | None = None,
+        eps: float = 0.0,
+    ) -> torch.Tensor:
+        """The first `heads` heads of head_dim values in each row of x (T, W), RMS-normalised
+        where norms gives their weights (the first group's heads, then the rest's), rotated and
+        scaled: (T, heads, head_dim), as a q/k-norm model's q and k. One native pass where the
+        kernels take it (backend/norm.py's qk_rope_rows), else torch's ops."""
+        out = qk_rope_rows(x, heads, head_dim, self, norms, eps)
+        if out is not None:
+            return out
+        h = x[:, : heads * head_dim].view(x.shape[0], heads, head_dim)
+        if norms is not None:
+            first = self.groups[0][0]
+            h = F.rms_norm(h, (head_dim,), None, eps)
+            h[:, :first] *= norms[0]
+            h[:, first:] *= norms[1]
+        return self(h)
 
     def partner(self, x: torch.Tensor) -> torch.Tensor:
         """x with each rotated dimension swapped with the other of its pair: contiguous copies
@@ -83,7 +111,11 @@ class RoPE:
             sin_d = torch.cat((sin_d, torch.zeros(n, 1, rest)), -1)
         # tables of one head, broadcast over all: (T, N, D) ones, the scales folded in, were
         # 16 MB through a 3B model's 512-token batch
-        return Rotation(cos_d, sin_d, self.dim, self.is_neox, tuple(groups))
+        half = (
+            cos.reshape(cos.shape[0], -1).contiguous(),
+            sin.reshape(sin.shape[0], -1).contiguous(),
+        )
+        return Rotation(cos_d, sin_d, self.dim, self.is_neox, tuple(groups), *half)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotates x (T, H, D) by the angles of cos_sin."""

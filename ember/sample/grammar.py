@@ -28,7 +28,6 @@ JSON_OPTIONS: dict[str, Any] = {
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
 
-
 class GrammarError(EmberError, ValueError):
     """A format the grammar engine rejects, or a token the grammar does not allow."""
 

@@ -41,6 +41,9 @@ class Kernels:
         apart) = act(g) * u for rows [g | u] of gu, ld floats apart; act 0 silu, 1 tanh-GELU
     rms_norm(x, M, n, ldx, w, eps, out, ldo) -> 0 | -2 shape: RMSNorm of M rows of n floats,
         times w (n floats, or NULL)
+    qk_rope(x, M, H, D, ldx, Hq, norm, qn, kn, eps, cos, sin, rope_dim, neox, q_scale, out) -> 0
+        | -2 shape: out (M, H, D) = the H heads of x's rows normalised (norm; times qn for the
+        first Hq, kn for the rest, each D floats or NULL), RoPE-rotated, the first Hq scaled
     """
 
     isa: str
@@ -51,6 +54,7 @@ class Kernels:
     layer: ctypes._CFuncPtr  # type: ignore[name-defined]
     act_mul: ctypes._CFuncPtr  # type: ignore[name-defined]
     rms_norm: ctypes._CFuncPtr  # type: ignore[name-defined]
+    qk_rope: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def supports(self, ggml_type: int) -> bool:
         return self.block_elems(int(ggml_type)) > 0
@@ -153,7 +157,10 @@ def _kernels_of(isa: str) -> Kernels:
     act_mul.argtypes = [_int, _ptr, _i64, _i64, _i64, _ptr, _i64]
     rms_norm = getattr(lib, f"ember_rms_norm_{isa}")
     rms_norm.argtypes = [_ptr, _i64, _i64, _i64, _ptr, ctypes.c_float, _ptr, _i64]
-    return Kernels(isa, matmul, dequant, block_elems, attend, layer, act_mul, rms_norm)
+    qk_rope = getattr(lib, f"ember_qk_rope_{isa}")
+    qk_rope.argtypes = [_ptr, *[_i64] * 5, _int, _ptr, _ptr, ctypes.c_float, _ptr, _ptr, _i64]
+    qk_rope.argtypes += [_int, ctypes.c_float, _ptr]
+    return Kernels(isa, matmul, dequant, block_elems, attend, layer, act_mul, rms_norm, qk_rope)
 
 
 def kernels(isa: str | None = None) -> Kernels | None:

@@ -7,7 +7,6 @@ The GGUF's norm weights already include Gemma's +1, so they are used as plain RM
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ember.backend.activation import gated_mlp
 from ember.backend.layer import ACT_GELU_TANH, MAX_ROWS, LayerShape, NativeLayer
@@ -76,12 +75,10 @@ class Block:
         self.attn_qkv = w.fused(
             [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], self.splits, o.hidden
         )
-        q_norm = w.tensor(p + "attn_q_norm.weight", (o.head_dim,))
-        k_norm = w.tensor(p + "attn_k_norm.weight", (o.head_dim,))
-        # the q and k norms' weights, one row a head: both heads normalised in one op
-        self.qk_norm = torch.cat(
-            (q_norm.expand(o.num_heads, -1), k_norm.expand(o.num_kv_heads, -1))
-        ).contiguous()
+        self.qk_norms = (  # the q heads' norm weight, the k heads'
+            w.tensor(p + "attn_q_norm.weight", (o.head_dim,)),
+            w.tensor(p + "attn_k_norm.weight", (o.head_dim,)),
+        )
         self.attn_output = w.linear(p + "attn_output.weight", o.hidden, o.num_heads * o.head_dim)
         self.post_attention_norm = w.tensor(p + "post_attention_norm.weight", (o.hidden,))
         self.ffn_norm = w.tensor(p + "ffn_norm.weight", (o.hidden,))
@@ -99,7 +96,7 @@ class Block:
         )  # fmt: skip
         return NativeLayer.bind(
             shape, attn_norm=self.attn_norm, qkv=self.attn_qkv, attn_output=self.attn_output,
-            q_norm=self.qk_norm[0], k_norm=self.qk_norm[o.num_heads],
+            q_norm=self.qk_norms[0], k_norm=self.qk_norms[1],
             post_attn_norm=self.post_attention_norm, ffn_norm=self.ffn_norm,
             gate_up=self.ffn_gate_up, down=self.ffn_down, post_ffn_norm=self.post_ffw_norm,
         )  # fmt: skip
@@ -114,8 +111,9 @@ class Block:
     ) -> torch.Tensor:
         qkv = self.attn_qkv(rms_norm(x, self.attn_norm, o.eps))
         t, qk_size = qkv.shape[0], self.splits[0] + self.splits[1]
-        qk = F.rms_norm(qkv[:, :qk_size].view(t, -1, o.head_dim), (o.head_dim,), None, o.eps)
-        qk = rots[GLOBAL if self.is_global else SLIDING](qk * self.qk_norm)  # q scaled
+        qk = rots[GLOBAL if self.is_global else SLIDING].heads_of(
+            qkv, qk_size // o.head_dim, o.head_dim, self.qk_norms, o.eps
+        )  # normalised, rotated, q scaled
         v = qkv[:, qk_size:].view(t, o.num_kv_heads, o.head_dim)
         h = attention(qk[:, : o.num_heads], qk[:, o.num_heads :], v, cache, scale=1.0)
         if outputs is not None:
