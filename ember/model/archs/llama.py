@@ -112,7 +112,7 @@ class Block:
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
         t, qk_size = qkv.shape[0], self.splits[0] + self.splits[1]
-        qk = rot(qkv[:, :qk_size].view(t, -1, o.head_dim))  # q (scaled) and k heads: (T, N, D)
+        qk = rot.heads_of(qkv, qk_size // o.head_dim, o.head_dim)  # q (scaled), k: (T, N, D)
         v = qkv[:, qk_size:].view(t, o.num_kv_heads, o.value_dim)
         h = attention(qk[:, : o.num_heads], qk[:, o.num_heads :], v, cache, scale=1.0)
         if outputs is not None:  # last layer: only the rows whose logits are wanted go on
