@@ -55,7 +55,7 @@ def matmul_into(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Te
     if _LINEAR is not None:
         for block in BLOCK_ROWS:
             while rows - start >= block:
-                part = _LINEAR(x[start : start + block], w, None, "none", [], "")
+                part = linear(x[start : start + block], w)
                 out[start : start + block].copy_(part)
                 start += block
     if start < rows:

@@ -9,14 +9,11 @@ import torch
 
 from ember.backend.layer import MAX_ROWS, NativeLayer, StepView
 from ember.kvcache import Cache, CausalCache, WrapperCache
+from ember.nn.rope import rope_tables
+
+__all__ = ["RopeTables", "rope_tables", "run_native"]
 
 RopeTables = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # layer -> (cos, sin) (T, dim/2)
-
-
-def rope_tables(cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE.cos_sin's (T, 1, dim/2) tables as the native layer reads them."""
-    cos, sin = cos_sin
-    return cos.reshape(cos.shape[0], -1).contiguous(), sin.reshape(sin.shape[0], -1).contiguous()
 
 
 def run_native(

@@ -14,6 +14,12 @@ import torch.nn.functional as F
 from ember.backend.norm import qk_rope_rows
 
 
+def rope_tables(cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE.cos_sin's (T, 1, dim/2) tables as the native kernels read them: (T, dim/2)."""
+    cos, sin = cos_sin
+    return cos.reshape(cos.shape[0], -1).contiguous(), sin.reshape(sin.shape[0], -1).contiguous()
+
+
 @dataclass(frozen=True, slots=True)
 class Rotation:
     """RoPE (and a per-head scale) for the tokens of one batch: apply to x (T, N, D)."""
