@@ -1,8 +1,10 @@
-"""GB/s of weight bytes read by the 32-element types' mat-vec (simple.h through kernels.c): one
-row of activations against a weight far larger than the caches, so read from memory as a
-decode step reads it (Gemma 3's tied Q8_0 head is 179 MB of rows of 640), for each thread count.
+"""GB/s of weight bytes read by the 32-element types' products (simple.h through kernels.c): rows
+of activations (one for a decode step, --rows more for several sequences) against a weight far
+larger than the caches, so read from memory as a decode step reads it (Gemma 3's tied Q8_0 head
+is 179 MB of rows of 640), for each thread count; and ns a block and row of x.
 
     .venv/bin/python benchmarks/bench_simple_types.py [--k 640] [--mib 100] [--types Q8_0 ...]
+        [--rows 1 4 8] [--isa avx2]
 """
 
 import argparse
@@ -24,8 +26,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--types", nargs="+", default=TYPES, choices=TYPES)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1], help="rows of x")
+    parser.add_argument("--isa", help="a lower ISA path than this CPU's best (EMBER_CPU_ISA)")
     args = parser.parse_args()
-    kernels = native.kernels()
+    kernels = native.kernels(args.isa)
     if kernels is None:
         raise SystemExit("the native library was not built")
     print(f"kernels={kernels.isa}, K={args.k}, best of {args.runs}")
@@ -35,19 +39,22 @@ def main() -> None:
         block = quants.quantize(rng.standard_normal((4096, args.k), dtype=np.float32), qtype)
         w = np.ascontiguousarray(np.concatenate([block] * max(1, (args.mib << 20) // block.nbytes)))
         n = w.shape[0]
-        x, y = torch.randn(1, args.k), torch.empty(1, n)
-        for threads in args.threads:
-            native.set_threads(threads)
-            best = float("inf")
-            for _ in range(args.runs):
-                start = time.perf_counter()
-                kernels.matmul(
-                    int(qtype), w.ctypes.data, x.data_ptr(), y.data_ptr(), 1, n, args.k, 2
+        for rows in args.rows:
+            x, y = torch.randn(rows, args.k), torch.empty(rows, n)
+            for threads in args.threads:
+                native.set_threads(threads)
+                best = float("inf")
+                for _ in range(args.runs):
+                    start = time.perf_counter()
+                    kernels.matmul(
+                        int(qtype), w.ctypes.data, x.data_ptr(), y.data_ptr(), rows, n, args.k, 2
+                    )
+                    best = min(best, time.perf_counter() - start)
+                per_block = best * 1e9 / (n * args.k // 32 * rows)
+                print(
+                    f"{name} {w.nbytes >> 20} MiB, {rows} rows, {threads} threads: "
+                    f"{w.nbytes / best / 1e9:5.1f} GB/s, {per_block:.2f} ns a block and row"
                 )
-                best = min(best, time.perf_counter() - start)
-            print(
-                f"{name} {w.nbytes >> 20} MiB, {threads} threads: {w.nbytes / best / 1e9:5.1f} GB/s"
-            )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 Every quantized type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS) and F16/BF16
 stays in memory as the file's bytes (a view of the memory map where the caller passes one). A
 call with at most NATIVE_ROWS rows (decode, small batches) runs the native kernel of the ISA
-chosen at load (activations quantized to int8 per block for the quantized types, float32 for
+chosen at load (activations quantized per block for the quantized types: int8 for the K types,
+int16 for the 32-element ones except on the avx512 path, where those read float32; float32 for
 F16/BF16); more rows (prefill) expand the weight to float32 in chunks of at most CHUNK_FLOATS
 values for a float32 matmul (ember/backend/gemm.py), so prefill keeps a BLAS's speed and the
 memory stays bounded, except a K type taking one q8_K pass: its int8 kernel outruns that. F32
@@ -37,6 +38,13 @@ CHUNK_FLOATS = 8 << 20
 # (9728 x 896) as one 33 MB chunk and a small one; 512 rows lifted its 512-token prefill from
 # 97-113 to 137-171 tok/s (AVX2, 2 threads, benchmarks/bench_generate.py's Ember worker).
 CHUNK_ROWS = 512
+
+
+def float_activations(isa: str | None) -> bool:
+    """Whether the 32-element types' kernels take x as float32 on this ISA path (avx512: two
+    fused multiply-adds a block and row, fewer instructions than int16 codes; simple.h's
+    EM_FLOAT_X) instead of int16 codes per 32 values (every other path, all with the same bits)."""
+    return isa == "avx512"
 
 
 def int8_prefill(isa: str | None) -> bool:

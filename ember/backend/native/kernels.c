@@ -43,6 +43,7 @@ enum { EM_F16 = 1, EM_Q4_0 = 2, EM_Q4_1 = 3, EM_Q5_0 = 6, EM_Q5_1 = 7, EM_Q8_0 =
 
 typedef void (*em_dots_q16)(const uint8_t *, const em_block_q16 *, int64_t, int, float *);
 typedef float (*em_dot_f32)(const uint8_t *, const float *, int64_t);
+typedef void (*em_dotsf)(const uint8_t *, int64_t, const float *, int64_t, int, int, float *);
 typedef void (*em_dequant_row)(const void *, float *, int64_t);
 
 /* type -> (block elements, block bytes); 0 elements: not a type this library reads */
@@ -74,6 +75,20 @@ static em_dots_q16 em_q16_dots_of(int type) {
     default: return 0;
     }
 }
+
+#if defined(EM_FLOAT_X)
+static em_dotsf em_f32x_dots_of(int type) {
+    switch (type) {
+    case EM_Q4_0: return em_dotsf_q4_0;
+    case EM_Q4_1: return em_dotsf_q4_1;
+    case EM_Q5_0: return em_dotsf_q5_0;
+    case EM_Q5_1: return em_dotsf_q5_1;
+    case EM_Q8_0: return em_dotsf_q8_0;
+    case EM_IQ4_NL: return em_dotsf_iq4_nl;
+    default: return 0;
+    }
+}
+#endif
 
 static em_dequant_row em_k_dequant_of(int type) {
     switch (type) {
@@ -124,6 +139,9 @@ static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
     if (K % elems) return -2;
     if (type == EM_F16 || type == EM_BF16) return 0;
     if (elems == KQ_QK) return 2 * M * (K / KQ_QK) * (int64_t)sizeof(kq_block_q8_K) + K * 4;
+#if defined(EM_FLOAT_X)
+    return 0; /* the 32-element types read x as it is */
+#endif
     return M * (K / EM_QK) * (int64_t)sizeof(em_block_q16);
 }
 
@@ -150,6 +168,9 @@ static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t 
         }
         return;
     }
+#if defined(EM_FLOAT_X)
+    return;
+#endif
     p->q16 = (em_block_q16 *)buf;
     for (int64_t m = 0; m < M; m++) em_quantize_row_q16(x + m * K, p->q16 + m * nb, nb);
 }
@@ -190,6 +211,27 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
                 rows_dot(wrow, q8k + 2 * g * nb, nb, (int)(2 * mc), nb, part);
                 for (int64_t m = 0; m < mc; m++) y[(g + m) * ldy + n] = part[2 * m] + part[2 * m + 1];
             }
+#if defined(EM_FLOAT_X)
+        } else if (!q16) {
+            const em_dotsf dots = em_f32x_dots_of(p->type);
+            float part[2 * EM_XROWS];
+            /* One row of x (decode) meets two weight rows a pass, for independent chains; so
+             * do rows of x longer than 1,024 values (each load of x then serves both). Shorter
+             * ones meet one weight row a pass. (Measured from memory with 1, 2, 4 and 8 rows:
+             * benchmarks/bench_simple_types.py --rows.) */
+            const int nw = n + 1 < n1 && (M == 1 || K > 1024) ? 2 : 1;
+            if (nw == 2) /* both rows ahead (M == 1 asked for the first above): without it,
+                          * pairs of rows read a Q8_0 head from memory at half the speed */
+                for (int64_t o = M == 1 ? p->row_bytes : 0; o < 2 * p->row_bytes; o += 64)
+                    __builtin_prefetch(wrow + EM_PREFETCH_BYTES + o);
+            for (int64_t g = 0; g < M; g += EM_XROWS) {
+                const int mc = M - g < EM_XROWS ? (int)(M - g) : EM_XROWS;
+                dots(wrow, p->row_bytes, xf + g * K, K, nw, mc, part);
+                for (int i = 0; i < nw; i++)
+                    for (int m = 0; m < mc; m++) y[(g + m) * ldy + n + i] = part[i * mc + m];
+            }
+            n += nw - 1;
+#endif
         } else {
             const em_dots_q16 dots = em_q16_dots_of(p->type);
             float part[EM_DOTS];
