@@ -220,9 +220,12 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
              * ones meet one weight row a pass. (Measured from memory with 1, 2, 4 and 8 rows:
              * benchmarks/bench_simple_types.py --rows.) */
             const int nw = n + 1 < n1 && (M == 1 || K > 1024) ? 2 : 1;
-            if (nw == 2) /* both rows ahead (M == 1 asked for the first above): without it,
-                          * pairs of rows read a Q8_0 head from memory at half the speed */
-                for (int64_t o = M == 1 ? p->row_bytes : 0; o < 2 * p->row_bytes; o += 64)
+            /* the weight rows ahead (M == 1 asked for the first above). Without it, pairs of
+             * rows read a Q8_0 head from memory at half the speed, and so did 8 rows of x (two
+             * passes of 4 a weight row) at 0.7x; with 2-4 rows, one weight row a pass, the
+             * hardware's prefetch is enough (asking cost 5%). */
+            if (nw == 2 || M > EM_XROWS)
+                for (int64_t o = M == 1 ? p->row_bytes : 0; o < nw * p->row_bytes; o += 64)
                     __builtin_prefetch(wrow + EM_PREFETCH_BYTES + o);
             for (int64_t g = 0; g < M; g += EM_XROWS) {
                 const int mc = M - g < EM_XROWS ? (int)(M - g) : EM_XROWS;
