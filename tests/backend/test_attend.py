@@ -58,6 +58,26 @@ def test_equals_float64_attention(isa, dtype, shape, masked, monkeypatch):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_hidden_cells_are_skipped_so_a_sequence_gets_the_bits_of_its_cells_alone(
+    isa, dtype, monkeypatch
+):
+    # eight sequences' decode cells interleave in one range; the mask shows a row its own. Its
+    # result has the bits of attending over its cells alone, as if stored contiguously.
+    monkeypatch.setenv("EMBER_CPU_ISA", isa)
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(9, 64, generator=gen)
+    keys = torch.randn(3, 8 * 70, 64, generator=gen).to(dtype)
+    values = torch.randn(3, 8 * 70, 64, generator=gen).to(dtype)
+    mine = torch.arange(8 * 70) % 8 == 5
+    mask = torch.where(mine, 0.0, -math.inf)[None]
+    together = attend.attend_one(q, keys, values, mask, 0.125)
+    alone = attend.attend_one(q, keys[:, mine], values[:, mine], None, 0.125)
+    assert together is not None and alone is not None
+    assert torch.equal(together, alone)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_a_head_that_sees_no_cell_gets_zeros_and_large_scores_stay_finite(isa, monkeypatch):
     monkeypatch.setenv("EMBER_CPU_ISA", isa)
     gen = torch.Generator().manual_seed(3)

@@ -5,8 +5,11 @@
  * em_attend_heads(kv_type, q, nt, D, k, k_cs, v, v_cs, Dv, S, mask, scale, scores, out): nt
  * query heads (q: nt rows of D floats) that share one KV head (k, v: its first cell; k_cs,
  * v_cs: elements between cells); mask (S) added to the scores (-inf hides a cell) or NULL;
- * scores: nt rows of S floats of scratch; out: nt rows of Dv floats. Each key and each value
- * is loaded once for the nt heads. A head whose cells are all hidden gets zeros.
+ * scores: EM_ATTN_SCRATCH(nt, S) floats of scratch; out: nt rows of Dv floats. Each key and
+ * each value is loaded once for the nt heads. A head whose cells are all hidden gets zeros.
+ * With a mask, only the cells it shows are visited (listed first): several sequences' decode
+ * steps share one range of cells whose tokens interleave, and visiting every cell of it had
+ * made eight sequences' attention several times the work of their own cells.
  *
  * Float32 throughout (AVX2/AVX-512 paths: FMA and a polynomial exp within 2 ulp of expf), so
  * results match torch's float32 attention to ~1e-6 relative, not bit for bit. */
@@ -20,6 +23,7 @@
 
 enum { EM_KV_F32 = 0, EM_KV_F16 = 1, EM_KV_BF16 = 2 };
 #define EM_ATTN_TILE 4 /* query heads that share one pass over the keys */
+#define EM_ATTN_SCRATCH(nt, S) (((nt) + 1) * (S)) /* floats: nt rows of scores, the cell list */
 
 #if defined(__GNUC__)
 #define EM_INLINE static inline __attribute__((always_inline))
@@ -85,38 +89,38 @@ EM_INLINE void em_prefetch_row(const void *p, int64_t bytes) {
     for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const uint8_t *)p + o);
 }
 
-/* scores of NT heads against every visible key; NT and kv_type are constants where inlined. Each
- * cell asks for a later cell's key and its own value, which the value pass reads next. */
+/* scores of NT heads against the keys of cells cell(0..n): cell(i) = idx[i], or i without a
+ * list; NT and kv_type are constants where inlined. Each cell asks for a later cell's key and
+ * its own value, which the value pass reads next. */
+EM_INLINE int64_t em_cell(const int32_t *idx, int64_t i) { return idx ? idx[i] : i; }
+
 EM_INLINE void em_attn_scores(int kv_type, const float *q, const int NT, int64_t D, const void *k,
-                              int64_t k_cs, const void *v, int64_t v_cs, int64_t Dv, int64_t S,
-                              const float *mask, float scale, float *scores) {
+                              int64_t k_cs, const void *v, int64_t v_cs, int64_t Dv, int64_t n,
+                              const int32_t *idx, const float *mask, float scale, float *scores) {
     const int64_t width = kv_type == EM_KV_F32 ? 4 : 2;
-    for (int64_t s = 0; s < S; s++) {
-        if (s + EM_ATTN_PREFETCH_CELLS < S)
-            em_prefetch_row(em_kv_row(kv_type, k, (s + EM_ATTN_PREFETCH_CELLS) * k_cs), D * width);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t s = em_cell(idx, i);
+        if (i + EM_ATTN_PREFETCH_CELLS < n)
+            em_prefetch_row(em_kv_row(kv_type, k, em_cell(idx, i + EM_ATTN_PREFETCH_CELLS) * k_cs), D * width);
         em_prefetch_row(em_kv_row(kv_type, v, s * v_cs), Dv * width);
-        if (mask && mask[s] == -INFINITY) {
-            for (int j = 0; j < NT; j++) scores[j * S + s] = -INFINITY;
-            continue;
-        }
         const void *ks = em_kv_row(kv_type, k, s * k_cs);
         float r[EM_ATTN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
-        int64_t i = 0;
+        int64_t d = 0;
 #if defined(EM_X86)
         __m256 acc[EM_ATTN_TILE];
         for (int j = 0; j < NT; j++) acc[j] = _mm256_setzero_ps();
-        for (; i + 8 <= D; i += 8) {
-            const __m256 kx = em_kv_load8(kv_type, ks, i);
-            for (int j = 0; j < NT; j++) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * D + i), kx, acc[j]);
+        for (; d + 8 <= D; d += 8) {
+            const __m256 kx = em_kv_load8(kv_type, ks, d);
+            for (int j = 0; j < NT; j++) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * D + d), kx, acc[j]);
         }
         for (int j = 0; j < NT; j++) r[j] = em_hsum8(acc[j]);
 #endif
-        for (; i < D; i++) {
-            const float kx = em_kv_at(kv_type, ks, i);
-            for (int j = 0; j < NT; j++) r[j] += q[j * D + i] * kx;
+        for (; d < D; d++) {
+            const float kx = em_kv_at(kv_type, ks, d);
+            for (int j = 0; j < NT; j++) r[j] += q[j * D + d] * kx;
         }
         const float m = mask ? mask[s] : 0.0f;
-        for (int j = 0; j < NT; j++) scores[j * S + s] = scale * r[j] + m;
+        for (int j = 0; j < NT; j++) scores[j * n + i] = scale * r[j] + m;
     }
 }
 
@@ -144,24 +148,25 @@ static inline float em_softmax_numerators(float *scores, int64_t S) {
     return sum;
 }
 
-/* out[j] = sum_s p_j[s] v[s] * inv[j] for NT heads (p_j: row j of p, S floats apart): each
- * value row is loaded once for all of them, 16 lanes of every head in registers at a time.
- * Every lane sums in the order of s, with the same fused steps as one head alone. */
+/* out[j] = sum_i p_j[i] v[cell(i)] * inv[j] for NT heads (p_j: row j of p, n floats apart):
+ * each value row is loaded once for all of them, 16 lanes of every head in registers at a time.
+ * Every lane sums in the order of i, with the same fused steps as one head alone. */
 EM_INLINE void em_attn_values(int kv_type, const float *p, const int NT, const float *inv,
-                              const void *v, int64_t v_cs, int64_t Dv, int64_t S, float *out) {
+                              const void *v, int64_t v_cs, int64_t Dv, int64_t n,
+                              const int32_t *idx, float *out) {
     int64_t c = 0;
 #if defined(EM_X86)
     for (; c + 16 <= Dv; c += 16) {
         __m256 o[EM_ATTN_TILE][2];
         for (int j = 0; j < NT; j++) o[j][0] = o[j][1] = _mm256_setzero_ps();
-        for (int64_t s = 0; s < S; s++) {
+        for (int64_t i = 0; i < n; i++) {
             int seen = 0;
-            for (int j = 0; j < NT; j++) seen |= p[j * S + s] != 0.0f;
-            if (!seen) continue; /* a hidden cell */
-            const void *vs = em_kv_row(kv_type, v, s * v_cs + c);
+            for (int j = 0; j < NT; j++) seen |= p[j * n + i] != 0.0f;
+            if (!seen) continue; /* a hidden cell, or one whose weight underflowed */
+            const void *vs = em_kv_row(kv_type, v, em_cell(idx, i) * v_cs + c);
             const __m256 v0 = em_kv_load8(kv_type, vs, 0), v1 = em_kv_load8(kv_type, vs, 8);
             for (int j = 0; j < NT; j++) { /* a zero weight adds zero: no branch */
-                const __m256 w = _mm256_set1_ps(p[j * S + s]);
+                const __m256 w = _mm256_set1_ps(p[j * n + i]);
                 o[j][0] = _mm256_fmadd_ps(w, v0, o[j][0]);
                 o[j][1] = _mm256_fmadd_ps(w, v1, o[j][1]);
             }
@@ -176,31 +181,39 @@ EM_INLINE void em_attn_values(int kv_type, const float *p, const int NT, const f
     if (c == Dv) return;
     for (int j = 0; j < NT; j++) {
         float *o = out + j * Dv;
-        const float *pj = p + j * S;
-        for (int64_t i = c; i < Dv; i++) o[i] = 0.0f;
-        for (int64_t s = 0; s < S; s++) {
-            if (pj[s] == 0.0f) continue;
-            const void *vs = em_kv_row(kv_type, v, s * v_cs);
-            for (int64_t i = c; i < Dv; i++) o[i] += pj[s] * em_kv_at(kv_type, vs, i);
+        const float *pj = p + j * n;
+        for (int64_t d = c; d < Dv; d++) o[d] = 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            if (pj[i] == 0.0f) continue;
+            const void *vs = em_kv_row(kv_type, v, em_cell(idx, i) * v_cs);
+            for (int64_t d = c; d < Dv; d++) o[d] += pj[i] * em_kv_at(kv_type, vs, d);
         }
-        for (int64_t i = c; i < Dv; i++) o[i] *= inv[j];
+        for (int64_t d = c; d < Dv; d++) o[d] *= inv[j];
     }
 }
 
-/* NT heads (a constant where inlined): scores, softmax numerators, then the values */
+/* NT heads (a constant where inlined): the cells the mask shows, their scores, softmax
+ * numerators, then the values. scores: EM_ATTN_SCRATCH(NT, S) floats. */
 EM_INLINE void em_attend_tile(int kv_type, const float *q, const int NT, int64_t D, const void *k,
                               int64_t k_cs, const void *v, int64_t v_cs, int64_t Dv, int64_t S,
                               const float *mask, float scale, float *scores, float *out) {
-    em_attn_scores(kv_type, q, NT, D, k, k_cs, v, v_cs, Dv, S, mask, scale, scores);
+    int32_t *idx = 0;
+    int64_t n = S;
+    if (mask) { /* the cell list after the NT rows of scores */
+        idx = (int32_t *)(scores + NT * S), n = 0;
+        for (int64_t s = 0; s < S; s++)
+            if (mask[s] != -INFINITY) idx[n++] = (int32_t)s;
+    }
+    em_attn_scores(kv_type, q, NT, D, k, k_cs, v, v_cs, Dv, n, idx, mask, scale, scores);
     float inv[EM_ATTN_TILE];
     for (int j = 0; j < NT; j++) {
-        float *p = scores + j * S;
-        const float total = em_softmax_numerators(p, S);
+        float *p = scores + j * n;
+        const float total = em_softmax_numerators(p, n);
         inv[j] = total == 0.0f ? 0.0f : 1.0f / total;
-        if (total == 0.0f) /* every cell hidden: zeros */
-            for (int64_t s = 0; s < S; s++) p[s] = 0.0f;
+        if (total == 0.0f) /* every score -inf: zeros */
+            for (int64_t i = 0; i < n; i++) p[i] = 0.0f;
     }
-    em_attn_values(kv_type, scores, NT, inv, v, v_cs, Dv, S, out);
+    em_attn_values(kv_type, scores, NT, inv, v, v_cs, Dv, n, idx, out);
 }
 
 EM_INLINE void em_attend_typed(int kv_type, const float *q, int nt, int64_t D, const void *k,

@@ -320,8 +320,6 @@ int EM_EXPORT(ember_attend)(int kv_type, const float *q, int64_t H, int64_t D, c
                             float *out) {
     if (kv_type < EM_KV_F32 || kv_type > EM_KV_BF16) return -1;
     if (H <= 0 || Hkv <= 0 || H % Hkv || S < 0 || D <= 0 || Dv <= 0) return -2;
-    float *scores = (float *)malloc((size_t)(H * (S > 0 ? S : 1)) * sizeof(float));
-    if (!scores) return -3;
     const int64_t group = H / Hkv;
     /* threads only where the work outweighs waking them */
     const int nth = em_team(S * (D + Dv) * H, 1 << 17);
@@ -331,12 +329,15 @@ int EM_EXPORT(ember_attend)(int kv_type, const float *q, int64_t H, int64_t D, c
     tile = tile < EM_ATTN_TILE ? tile : EM_ATTN_TILE;
     tile = tile < group ? tile : group;
     const int64_t tiles = (group + tile - 1) / tile, units = Hkv * tiles;
+    const int64_t scratch = EM_ATTN_SCRATCH(tile, S > 0 ? S : 1); /* floats a unit */
+    float *scores = (float *)malloc((size_t)(units * scratch) * sizeof(float));
+    if (!scores) return -3;
     #pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1 && units > 1)
     for (int64_t u = 0; u < units; u++) {
         const int64_t g = u / tiles, h0 = g * group + (u % tiles) * tile;
         const int64_t nt = group - (h0 - g * group) < tile ? group - (h0 - g * group) : tile;
         em_attend_heads(kv_type, q + h0 * D, (int)nt, D, em_kv_row(kv_type, k, g * k_hs), k_cs,
-                        em_kv_row(kv_type, v, g * v_hs), v_cs, Dv, S, mask, scale, scores + h0 * S,
+                        em_kv_row(kv_type, v, g * v_hs), v_cs, Dv, S, mask, scale, scores + u * scratch,
                         out + h0 * Dv);
     }
     free(scores);

@@ -156,14 +156,14 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
     prep = (prep + 63) & ~(int64_t)63;
     const int nth = threads > 0 ? threads : omp_get_max_threads();
     /* float scratch: h (M, max(C, F)), qkv (M, nqkv), att (M, H Dv), gu (M, 2F), y (M, C),
-     * scores (threads, tile, S); then the prepared activations */
+     * scores (threads, EM_ATTN_SCRATCH(tile, S)); then the prepared activations */
     const int64_t wide = C > F ? C : F;
-    const int64_t floats = M * (wide + nqkv + H * Dv + 2 * F + C) + (int64_t)nth * EM_ATTN_TILE * S;
+    const int64_t floats = M * (wide + nqkv + H * Dv + 2 * F + C) + (int64_t)nth * EM_ATTN_SCRATCH(EM_ATTN_TILE, S);
     float *h = (float *)malloc((size_t)(floats * 4 + EM_MAX_PARTS * prep + 64));
     if (!h) return -3;
     float *qkv = h + M * wide, *att = qkv + M * nqkv, *gu = att + M * H * Dv, *y = gu + M * 2 * F;
     float *scores = y + M * C;
-    uint8_t *pbuf = (uint8_t *)(((uintptr_t)(scores + (int64_t)nth * EM_ATTN_TILE * S) + 63) & ~(uintptr_t)63);
+    uint8_t *pbuf = (uint8_t *)(((uintptr_t)(scores + (int64_t)nth * EM_ATTN_SCRATCH(EM_ATTN_TILE, S)) + 63) & ~(uintptr_t)63);
     em_prep p[EM_MAX_PARTS];
     /* units of attention: (token, KV head, tile of its query heads); tiles small enough that
      * every thread gets one (Gemma 3's one KV head of four query heads: two tiles of two) */
@@ -208,7 +208,7 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
                             em_kv_row(L->kv_type, L->kc, g * L->k_hs + L->lo * L->k_cs), L->k_cs,
                             em_kv_row(L->kv_type, L->vc, g * L->v_hs + L->lo * L->v_cs), L->v_cs,
                             Dv, S, L->mask ? L->mask + m * S : 0, L->scale,
-                            scores + (int64_t)omp_get_thread_num() * EM_ATTN_TILE * S,
+                            scores + (int64_t)omp_get_thread_num() * EM_ATTN_SCRATCH(EM_ATTN_TILE, S),
                             att + m * H * Dv + h0 * Dv);
         }
         #pragma omp single
