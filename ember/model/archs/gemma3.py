@@ -116,9 +116,11 @@ class Block:
         )  # normalised, rotated, q scaled
         v = qkv[:, qk_size:].view(t, o.num_kv_heads, o.head_dim)
         h = attention(qk[:, : o.num_heads], qk[:, o.num_heads :], v, cache, scale=1.0)
+        del qkv, qk, v  # dead from here: not held through the MLP (as llama.Block)
         if outputs is not None:
             h, x = h[outputs], x[outputs]
         x = x + rms_norm(self.attn_output(h), self.post_attention_norm, o.eps)
+        del h
         normed = rms_norm(x, self.ffn_norm, o.eps)
         mlp = gated_mlp(normed, self.ffn_gate_up, self.ffn_down, "gelu_tanh")
         return x + rms_norm(mlp, self.post_ffw_norm, o.eps)
