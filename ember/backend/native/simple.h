@@ -404,10 +404,10 @@ EM_DOT_SYM(iq4_nl, 18)
  * With 512-bit registers a block is two vectors of 16 values, and float32 activations cost fewer
  * instructions a row than int16 codes: each weight block is widened to its float32 values once
  * (d * q, or d * q + m rounded once for the affine types), then every activation row takes two
- * fused multiply-adds, one into each of its
- * two accumulators (the block's first and last 16 values). No activation is quantized, so the results are closer to float32 than the int16
- * path's, but not its bits: this ISA's 32-element products differ from avx2's and generic's in the
- * last places. A row's steps do not depend on the rows beside it. */
+ * fused multiply-adds, one into each of its two accumulators (the block's first and last 16
+ * values). No activation is quantized, so the results are closer to float32 than the int16
+ * path's, but not its bits: this ISA's 32-element products differ from avx2's and generic's in
+ * the last places. A row's steps do not depend on the rows beside it. */
 #if defined(EM_X86) && defined(__AVX512F__) && defined(__AVX512BW__)
 #define EM_FLOAT_X 1
 #define EM_XROWS 4 /* rows of x a pass */
