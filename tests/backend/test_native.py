@@ -163,10 +163,11 @@ def test_float_matmul(isa: str, qtype: QT, rows: int) -> None:
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q8_0, QT.F16, QT.Q4_K], ids=lambda t: t.name)
-def test_a_row_does_not_depend_on_its_batch(isa: str, qtype: QT) -> None:
-    raw, _ = weight(qtype, (300, 256))  # big enough for the parallel loop
-    lin = NativeLinear(raw, qtype, 300, 256, kernels=native.kernels(isa))
-    x = torch.randn(9, 256)
+@pytest.mark.parametrize("k", [256, 2048])  # rows past 1,024 values: avx512 pairs weight rows
+def test_a_row_does_not_depend_on_its_batch(isa: str, qtype: QT, k: int) -> None:
+    raw, _ = weight(qtype, (301, k))  # big enough for the parallel loop; an odd row count
+    lin = NativeLinear(raw, qtype, 301, k, kernels=native.kernels(isa))
+    x = torch.randn(9, k)
     alone = torch.cat([lin(x[i : i + 1]) for i in range(9)])
     assert torch.equal(lin(x), alone)
 
