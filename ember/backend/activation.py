@@ -46,7 +46,11 @@ def gated_mlp(x: torch.Tensor, gate_up: AnyLinear, down: AnyLinear, act: str) ->
     was 32 of the ~125 MB a 3B model's layer takes over a 512-token batch. Where the projection
     takes the float32 path (prefill), that product is never whole (_act_by_blocks)."""
     ffn = gate_up.out_features // 2
-    if isinstance(gate_up, NativeLinear) and x.dim() == 2 and gate_up.takes_dense(x.shape[0]):
+    if (
+        isinstance(gate_up, NativeLinear)
+        and x.dim() == 2
+        and (gate_up.takes_dense(x.shape[0]) or gate_up.takes_int8(x.shape[0]))
+    ):
         return down(_act_by_blocks(x, gate_up, ffn, act))
     return down(act_mul(gate_up(x), ffn, act))
 
@@ -59,11 +63,21 @@ def _act_by_blocks(x: torch.Tensor, gate_up: NativeLinear, ffn: int, act: str) -
     x = x.float().contiguous()
     block = min(gate_up.chunk_rows, ffn)
     product = x.new_empty(x.shape[0], 2 * block)
-    chunk = torch.empty(block, gate_up.in_features)  # the weight rows, expanded
     out = x.new_empty(x.shape[0], ffn)
+    if gate_up.takes_int8(x.shape[0]):
+        xq = gate_up.quantize_rows(x)  # once for every block
+
+        def rows_into(start: int, stop: int, dst: torch.Tensor) -> None:
+            gate_up.int8_into(xq, start, stop, dst)
+    else:
+        chunk = torch.empty(block, gate_up.in_features)  # the weight rows, expanded
+
+        def rows_into(start: int, stop: int, dst: torch.Tensor) -> None:
+            gate_up.dense_into(x, start, stop, dst, chunk)
+
     for first in range(0, ffn, block):
         n = min(block, ffn - first)
-        gate_up.dense_into(x, first, first + n, product[:, :n], chunk)
-        gate_up.dense_into(x, ffn + first, ffn + first + n, product[:, n : 2 * n], chunk)
+        rows_into(first, first + n, product[:, :n])
+        rows_into(ffn + first, ffn + first + n, product[:, n : 2 * n])
         act_mul(product[:, : 2 * n], n, act, out=out[:, first : first + n])
     return out

@@ -8,9 +8,11 @@ chosen at load (activations quantized per block for the quantized types: int8 fo
 int16 for the 32-element ones except on the avx512 path, where those read float32; float32 for
 F16/BF16); more rows (prefill) expand the weight to float32 in chunks of at most CHUNK_FLOATS
 values for a float32 matmul (ember/backend/gemm.py), so prefill keeps a BLAS's speed and the
-memory stays bounded, except a K type taking one q8_K pass: its int8 kernel outruns that. F32
-weights stay a dense float32 tensor. Without the library (or for a type it lacks), every call
-takes the chunked dequantize-then-matmul path (ember/backend/quant.py, bit-equal to gguf-py).
+memory stays bounded, except a K type taking one q8_K pass: its int8 kernel outruns that, and
+on the avx512 path the MLP's gate and up, whose prefill takes gemm8 (x in int8 per 32 values,
+VNNI products: twice oneDNN's float32). F32 weights stay a dense float32 tensor. Without the
+library (or for a type it lacks), every call takes the chunked dequantize-then-matmul path
+(ember/backend/quant.py, bit-equal to gguf-py).
 """
 
 import numpy as np
@@ -44,6 +46,22 @@ def float_activations(isa: str | None) -> bool:
     """Whether the 32-element types' kernels take x as float32 on this ISA path (avx512: two
     fused multiply-adds a block and row, fewer instructions than int16 codes; simple.h's
     EM_FLOAT_X) instead of int16 codes per 32 values (every other path, all with the same bits)."""
+    return isa == "avx512"
+
+
+# Types whose prefill takes gemm8 (native/gemm8.h: x in int8 per 32 values, the weight unpacked
+# 16 rows at a time into codes for AVX512-VNNI) on the avx512 path, for the weights that take one
+# activation pass: 850-900 GFLOPS against oneDNN's float32 440-460 on 512 rows of the bundled
+# models' and the 3B file's projections (Q6_K's 16-value scales: 590). Elsewhere gemm8 is the
+# portable C alone, slower than the float32 matmul.
+_GEMM8 = frozenset(
+    {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.IQ4_NL}
+    | {GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
+)
+
+
+def gemm8_prefill(isa: str | None) -> bool:
+    """Whether one-pass weights of the _GEMM8 types take gemm8 for prefill on this ISA path."""
     return isa == "avx512"
 
 
@@ -87,6 +105,7 @@ class NativeLinear:
     """A weight (out, in) kept as its GGUF blocks: `w(x)` maps (..., in) float32 to (..., out)."""
 
     __slots__ = (
+        "_gemm8",
         "_int8_any_rows",
         "_kernels",
         "_row_bytes",
@@ -95,6 +114,7 @@ class NativeLinear:
         "in_features",
         "kind",
         "out_features",
+        "prefill_int8",
         "raw",
     )
 
@@ -107,6 +127,7 @@ class NativeLinear:
         *,
         kernels: "native.Kernels | bool | None" = True,
         activation_passes: int = 2,
+        prefill_int8: bool = False,
     ) -> None:
         """raw: the tensor's bytes (shared, not copied); kernels: True for the chosen ISA's,
         a native.Kernels for that ISA's, False/None for the torch path; activation_passes: the
@@ -130,6 +151,8 @@ class NativeLinear:
         self._int8_any_rows = (
             activation_passes == 1 and self.ggml_type in _INT8_PREFILL and int8_prefill(self.isa)
         )
+        self.prefill_int8 = prefill_int8
+        self._gemm8 = prefill_int8 and self.ggml_type in _GEMM8 and gemm8_prefill(self.isa)
 
     @property
     def isa(self) -> str | None:
@@ -143,6 +166,9 @@ class NativeLinear:
         rows = flat.shape[0]
         if rows == 0:
             y = flat.new_empty(0, self.out_features)
+        elif self.takes_int8(rows):
+            y = flat.new_empty(rows, self.out_features)
+            self.int8_into(self.quantize_rows(flat.contiguous()), 0, self.out_features, y)
         elif not self.takes_dense(rows):
             y = self._native(flat.contiguous())
         else:
@@ -152,7 +178,43 @@ class NativeLinear:
 
     def takes_dense(self, rows: int) -> bool:
         """Whether `rows` rows of x take the float32 path (dense_into), not the native kernel."""
-        return self._kernels is None or (rows > NATIVE_ROWS and not self._int8_any_rows)
+        return self._kernels is None or (
+            rows > NATIVE_ROWS and not self._int8_any_rows and not self.takes_int8(rows)
+        )
+
+    def takes_int8(self, rows: int) -> bool:
+        """Whether `rows` rows of x take gemm8 (quantize_rows, then int8_into)."""
+        return self._gemm8 and rows > NATIVE_ROWS
+
+    def quantize_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Contiguous float32 x (M, in) quantized for int8_into: (M, q8_row_bytes) bytes."""
+        kern = self._kernels
+        assert kern is not None
+        native.set_threads(torch.get_num_threads())
+        xq = torch.empty(x.shape[0], native.q8_row_bytes(self.in_features), dtype=torch.uint8)
+        rc = kern.q8_rows(x.data_ptr(), x.shape[0], self.in_features, xq.data_ptr())
+        if rc:
+            raise native.NativeError(_failure(rc, self.ggml_type, kern.isa))
+        return xq
+
+    def int8_into(self, xq: torch.Tensor, start: int, stop: int, out: torch.Tensor) -> None:
+        """out = x @ W[start:stop]^T by gemm8, x as quantize_rows made it; out (M, stop - start)
+        with unit column stride may be a column slice of a wider tensor."""
+        kern = self._kernels
+        assert kern is not None and out.stride(1) == 1
+        native.set_threads(torch.get_num_threads())
+        rc = kern.gemm8(
+            self.ggml_type,
+            self.raw.data_ptr() + start * self._row_bytes,
+            xq.data_ptr(),
+            xq.shape[0],
+            stop - start,
+            self.in_features,
+            out.data_ptr(),
+            out.stride(0),
+        )
+        if rc:
+            raise native.NativeError(_failure(rc, self.ggml_type, kern.isa))
 
     def _native(self, x: torch.Tensor) -> torch.Tensor:
         kern = self._kernels
@@ -242,6 +304,7 @@ class NativeLinear:
             parts[0].in_features,
             kernels=parts[0]._kernels,
             activation_passes=max(p.activation_passes for p in parts),
+            prefill_int8=all(p.prefill_int8 for p in parts),
         )
 
     def __repr__(self) -> str:
@@ -299,24 +362,52 @@ _ONE_PASS = frozenset(
 
 def activation_passes(name: str) -> int:
     """The q8_K passes (NativeLinear's activation_passes) for the GGUF tensor `name`."""
-    stem = name.removesuffix(".weight").rsplit(".", 1)[-1]
-    return 1 if stem in _ONE_PASS else 2
+    return 1 if _stem(name) in _ONE_PASS else 2
+
+
+# The GGUF weights whose prefill may take gemm8 (x in int8 per 32 values): the MLP's gate and
+# up. The attention projections' input is as normalized, but int8 q, k and v moved Gemma 3's
+# first logits of an 836-token prompt by 2% of the largest (a near-tie then flipped), gate and
+# up by 0.75%; the float32 path is within 2e-5.
+_GEMM8_INPUT = frozenset({"ffn_gate", "ffn_up", "ffn_gate_exps", "ffn_up_exps"})
+_GEMM8_INPUT |= {"ffn_gate_shexp", "ffn_up_shexp"}
+
+
+def gemm8_input(name: str) -> bool:
+    """Whether the GGUF tensor `name` may take gemm8 for prefill (NativeLinear's prefill_int8)."""
+    return _stem(name) in _GEMM8_INPUT
+
+
+def _stem(name: str) -> str:
+    return name.removesuffix(".weight").rsplit(".", 1)[-1]
 
 
 def linear_from_gguf(
-    raw: torch.Tensor | np.ndarray, ggml_type: int, shape: tuple[int, ...], *, passes: int = 2
+    raw: torch.Tensor | np.ndarray,
+    ggml_type: int,
+    shape: tuple[int, ...],
+    *,
+    passes: int = 2,
+    prefill_int8: bool = False,
 ) -> AnyLinear:
     """A projection from a GGUF tensor's bytes, `shape` (out, in): F32 as a dense tensor, every
-    other type kept as its blocks (passes: NativeLinear's activation_passes)."""
+    other type kept as its blocks (passes, prefill_int8: NativeLinear's)."""
     if len(shape) != 2:
         raise QuantError(f"a linear weight is 2-D (out, in), got shape {shape}")
     if int(ggml_type) == GGMLType.F32:
         return LinearWeight.from_dense(dequantize(raw, ggml_type, shape))
-    return NativeLinear(raw, ggml_type, shape[0], shape[1], activation_passes=passes)
+    return NativeLinear(
+        raw, ggml_type, shape[0], shape[1], activation_passes=passes, prefill_int8=prefill_int8
+    )
 
 
 def expert_linears(
-    raw: torch.Tensor | np.ndarray, ggml_type: int, shape: tuple[int, ...], *, passes: int = 2
+    raw: torch.Tensor | np.ndarray,
+    ggml_type: int,
+    shape: tuple[int, ...],
+    *,
+    passes: int = 2,
+    prefill_int8: bool = False,
 ) -> list[AnyLinear]:
     """One projection per expert of a stacked GGUF tensor, `shape` (experts, out, in): each a
     view of its expert's blocks (no copy), so running an expert reads only its own bytes."""
@@ -331,7 +422,11 @@ def expert_linears(
         )
     return [
         linear_from_gguf(
-            data[e * step : (e + 1) * step], ggml_type, (out_features, in_features), passes=passes
+            data[e * step : (e + 1) * step],
+            ggml_type,
+            (out_features, in_features),
+            passes=passes,
+            prefill_int8=prefill_int8,
         )
         for e in range(num_experts)
     ]

@@ -11,6 +11,7 @@ from ember.backend.weights import (
     activation_passes,
     concat_linear,
     expert_linears,
+    gemm8_input,
     linear_from_gguf,
 )
 from ember.gguf import GGUFFile, TensorInfo
@@ -78,7 +79,11 @@ class Weights:
         tensors as dense float32."""
         info = self._info(name, (out_features, in_features))
         return linear_from_gguf(
-            self.gguf.raw(name), info.ggml_type, info.shape, passes=activation_passes(name)
+            self.gguf.raw(name),
+            info.ggml_type,
+            info.shape,
+            passes=activation_passes(name),
+            prefill_int8=gemm8_input(name),
         )
 
     def fused(self, names: list[str], outs: list[int], in_features: int) -> AnyLinear:
@@ -98,7 +103,11 @@ class Weights:
         kept as its slice of the file's blocks."""
         info = self._info(name, (num_experts, out_features, in_features))
         return expert_linears(
-            self.gguf.raw(name), info.ggml_type, info.shape, passes=activation_passes(name)
+            self.gguf.raw(name),
+            info.ggml_type,
+            info.shape,
+            passes=activation_passes(name),
+            prefill_int8=gemm8_input(name),
         )
 
     def output_head(self, vocab_size: int, hidden: int) -> AnyLinear:

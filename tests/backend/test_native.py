@@ -20,6 +20,8 @@ from ember.backend.weights import (
     NativeLinear,
     concat_linear,
     float_activations,
+    gemm8_input,
+    gemm8_prefill,
     int8_prefill,
     linear_from_gguf,
 )
@@ -135,6 +137,76 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     if rows > 1:  # a row does not depend on its batch, nor on its tile
         assert torch.equal(y[1:2], lin(x[1:2]))
         assert torch.equal(y[-1:], lin(x[-1:]))
+
+
+GEMM8 = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.IQ4_NL, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+
+
+def q8_0(x: torch.Tensor) -> torch.Tensor:
+    """x as gemm8 sees it: per 32 values d = max|x| / 127, codes round(x * (1 / d)), half to
+    even (llama.cpp's q8_0)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    codes = torch.round(blocks * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
+    return (codes.double() * d.double()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", GEMM8, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [17, 42])
+def test_gemm8_is_the_product_of_x_rounded_to_int8(isa: str, qtype: QT, rows: int) -> None:
+    # 77 weight rows: four whole panels of 16 and a part; x's rows: whole tiles of 8 and a part
+    shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
+    raw, w = weight(qtype, shape, seed=rows)
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
+    lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), prefill_int8=True)
+    xq = lin.quantize_rows(x)
+    wide = torch.full((rows, shape[0] + 5), float("nan"))
+    lin.int8_into(xq, 0, shape[0], wide[:, 2 : 2 + shape[0]])
+    y = wide[:, 2 : 2 + shape[0]]
+    assert wide[:, :2].isnan().all() and wide[:, 2 + shape[0] :].isnan().all()
+    rounded = q8_0(x)
+    want = rounded @ w.double().t()
+    scale = rounded.abs() @ w.double().abs().t()
+    assert ((y.double() - want).abs() <= 2e-6 * scale + 1e-30).all()
+    exact = x.double() @ w.double().t()
+    error = float((y.double() - exact).abs().max() / exact.abs().max())
+    assert error < 3e-2
+    # rows of W from the middle: the same bits (each output's sums do not depend on its panel)
+    part = torch.empty(rows, 30)
+    lin.int8_into(xq, 20, 50, part)
+    assert torch.equal(part, y[:, 20:50])
+    # and every path gives the same bits (the portable C does the vector code's float steps)
+    generic = NativeLinear(raw, qtype, *shape, kernels=native.kernels("generic"), prefill_int8=True)
+    again = torch.empty(rows, shape[0])
+    generic.int8_into(generic.quantize_rows(x), 0, shape[0], again)
+    assert torch.equal(again, y)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("int8", [True, False], ids=["int8", "float32"])
+def test_prefill_takes_gemm8_where_the_weight_and_the_isa_path_allow(isa: str, int8: bool) -> None:
+    raw, _ = weight(QT.Q5_0, (40, 64))
+    x = torch.randn(NATIVE_ROWS + 1, 64, generator=torch.Generator().manual_seed(3))
+    lin = NativeLinear(raw, QT.Q5_0, 40, 64, kernels=native.kernels(isa), prefill_int8=int8)
+    assert not lin.takes_int8(NATIVE_ROWS)
+    assert lin.takes_int8(NATIVE_ROWS + 1) == (int8 and gemm8_prefill(isa))
+    assert lin.takes_dense(NATIVE_ROWS + 1) != lin.takes_int8(NATIVE_ROWS + 1)
+    y = lin(x)
+    if lin.takes_int8(x.shape[0]):
+        want = torch.empty_like(y)
+        lin.int8_into(lin.quantize_rows(x), 0, 40, want)
+        assert torch.equal(y, want)
+    tol = (3e-2 if lin.takes_int8(x.shape[0]) else 1e-4) * float(y.abs().max())
+    assert torch.allclose(y, x @ lin.dequantize().t(), rtol=0, atol=tol)
+
+
+def test_gemm8_inputs_are_the_mlps_gate_and_up() -> None:
+    assert gemm8_input("blk.3.ffn_gate.weight") and gemm8_input("blk.0.ffn_up.weight")
+    assert gemm8_input("blk.1.ffn_up_exps.weight")
+    for name in ("blk.0.attn_q.weight", "blk.0.attn_output.weight", "blk.0.ffn_down.weight"):
+        assert not gemm8_input(name)
+    assert not gemm8_input("output.weight") and not gemm8_input("token_embd.weight")
 
 
 def test_down_projections_keep_two_activation_passes() -> None:

@@ -44,6 +44,10 @@ class Kernels:
     qk_rope(x, M, H, D, ldx, Hq, norm, qn, kn, eps, cos, sin, rope_dim, neox, q_scale, out) -> 0
         | -2 shape: out (M, H, D) = the H heads of x's rows normalised (norm; times qn for the
         first Hq, kn for the rest, each D floats or NULL), RoPE-rotated, the first Hq scaled
+    q8_rows(x, M, K, xq) -> 0 | -2 shape: x (M, K) float32 quantized per 32 values into xq (M
+        rows of q8_row_bytes(K) bytes) for gemm8
+    gemm8(type, W, xq, M, N, K, y, ldy) -> 0 | -1 | -2 | -3: y (M, N; rows ldy floats apart) =
+        x @ W^T in int8, x as q8_rows made it (gemm8.h; fast on avx512 alone)
     """
 
     isa: str
@@ -55,6 +59,8 @@ class Kernels:
     act_mul: ctypes._CFuncPtr  # type: ignore[name-defined]
     rms_norm: ctypes._CFuncPtr  # type: ignore[name-defined]
     qk_rope: ctypes._CFuncPtr  # type: ignore[name-defined]
+    q8_rows: ctypes._CFuncPtr  # type: ignore[name-defined]
+    gemm8: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def supports(self, ggml_type: int) -> bool:
         return self.block_elems(int(ggml_type)) > 0
@@ -160,7 +166,20 @@ def _kernels_of(isa: str) -> Kernels:
     qk_rope = getattr(lib, f"ember_qk_rope_{isa}")
     qk_rope.argtypes = [_ptr, *[_i64] * 5, _int, _ptr, _ptr, ctypes.c_float, _ptr, _ptr, _i64]
     qk_rope.argtypes += [_int, ctypes.c_float, _ptr]
-    return Kernels(isa, matmul, dequant, block_elems, attend, layer, act_mul, rms_norm, qk_rope)
+    q8_rows = getattr(lib, f"ember_q8_rows_{isa}")
+    q8_rows.argtypes = [_ptr, _i64, _i64, _ptr]
+    gemm8 = getattr(lib, f"ember_gemm8_{isa}")
+    gemm8.argtypes = [_int, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64]
+    return Kernels(
+        isa,
+        *(matmul, dequant, block_elems, attend, layer, act_mul, rms_norm, qk_rope),
+        *(q8_rows, gemm8),
+    )
+
+
+def q8_row_bytes(k: int) -> int:
+    """Bytes of one row of x quantized for gemm8 (gemm8.h's em_g8_row_bytes)."""
+    return k + k // 32 * 8 + k // 16 * 4
 
 
 def kernels(isa: str | None = None) -> Kernels | None:

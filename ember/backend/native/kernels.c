@@ -23,6 +23,7 @@
 #include <stdlib.h>
 
 #include "attend.h"
+#include "gemm8.h"
 #include "kquants.h"
 #include "simple.h"
 
@@ -279,6 +280,57 @@ int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, i
     }
     free(buf);
     return 0;
+}
+
+/* xq (M rows of em_g8_row_bytes(K)) = x (M, K) quantized per 32 values for ember_gemm8. */
+int EM_EXPORT(ember_q8_rows)(const float *x, int64_t M, int64_t K, uint8_t *xq) {
+    if (M < 0 || K <= 0 || K % 32) return -2;
+    const int64_t xrb = em_g8_row_bytes(K);
+    const int nth = em_team(M * K, 1 << 15);
+    #pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1)
+    for (int64_t m = 0; m < M; m++) em_g8_quantize_row(x + m * K, xq + m * xrb, K);
+    return 0;
+}
+
+/* y (M, N; rows ldy floats apart) = x @ W^T in int8 (gemm8.h), x given as ember_q8_rows made
+ * it; -1 for a type this path lacks, -2 for a bad shape, -3 when out of memory. The threads
+ * share W's panels; each unpacks a panel into its own scratch, then meets every row of x. */
+int EM_EXPORT(ember_gemm8)(int type, const void *w, const uint8_t *xq, int64_t M, int64_t N,
+                           int64_t K, float *y, int64_t ldy) {
+    const int U = em_g8_unit(type);
+    int elems, bytes;
+    em_block_size(type, &elems, &bytes);
+    if (!U || !elems) return -1;
+    if (M < 0 || N < 0 || K <= 0 || K % elems || ldy < N) return -2;
+    if (M == 0 || N == 0) return 0;
+    const int64_t row_bytes = K / elems * bytes, xrb = em_g8_row_bytes(K), units = K / U;
+    const int64_t panels = (N + EM_G8_NR - 1) / EM_G8_NR;
+    /* codes, scales, offsets (64-byte aligned), then one row's codes, scales and offsets */
+    const size_t scratch = (size_t)(K * EM_G8_NR + 2 * units * EM_G8_NR * 4 + K + 2 * (K / 16) * 4 + 64);
+    const size_t rounded = (scratch + 63) / 64 * 64;
+    const int nth = em_team(M * N * K, 1 << 18);
+    int failed = 0;
+    #pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        uint8_t *buf = (uint8_t *)aligned_alloc(64, rounded);
+        if (!buf) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        float *ps = (float *)(buf + K * EM_G8_NR), *po = ps + units * EM_G8_NR;
+        uint8_t *row = (uint8_t *)(po + units * EM_G8_NR);
+        float *rs = (float *)(row + K), *ro = rs + K / 16;
+        #pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
+            if (!buf) continue;
+            const int64_t n0 = p * EM_G8_NR;
+            const int nr = N - n0 < EM_G8_NR ? (int)(N - n0) : EM_G8_NR;
+            em_g8_pack(type, (const uint8_t *)w + n0 * row_bytes, row_bytes, nr, K, buf, ps, po, row, rs, ro);
+            em_g8_panel(buf, ps, po, U, K, xq, xrb, M, y + n0, ldy, nr);
+        }
+        free(buf);
+    }
+    return failed ? -3 : 0;
 }
 
 int EM_EXPORT(ember_dequant)(int type, const void *w, float *out, int64_t rows, int64_t K) {

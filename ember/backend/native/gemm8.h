@@ -1,0 +1,243 @@
+/* gemm8.h: a prompt's product with a weight kept as its GGUF blocks, in int8 (prefill).
+ *
+ * y (M, N) = x (M, K) @ W^T for many rows of x (M > 16), where the float32 path expands W and
+ * multiplies in float32 (gemm.py). Here x is quantized per 32 values to int8 (llama.cpp's q8_0:
+ * d = max|x| / 127, q = round(x / d)), and W, 16 rows at a time (a panel), is unpacked into
+ * unsigned codes with a float scale s and offset o per unit of U values (U = 32, or 16 for
+ * Q6_K's sub-blocks): w = s * code + o. Every type takes this one form:
+ *   Q4_0, Q5_0, Q8_0, IQ4_NL  code = q + c (c = 8, 16, 128, 128), s = d, o = -c * d
+ *   Q4_1, Q5_1                code = q, s = d, o = m
+ *   Q4_K, Q5_K                code = q, s = d * scale, o = -dmin * min (32-value sub-blocks)
+ *   Q6_K                      code = q, s = d * scale, o = -32 * s (16-value sub-blocks)
+ * A panel's codes are interleaved four at a time: group g (values 4g..4g+3) of all 16 rows is
+ * one 64-byte line, lane r holding row r's four codes, so one vpdpbusd (AVX512-VNNI) multiplies
+ * four codes of 16 rows by four broadcast int8 of a row of x and adds them to 16 int32 sums.
+ * Per unit and row of x: sum (exact in int32), then acc = fma(sum * dx, s, acc) and
+ * acc = fma(o, dx * sum(q of the unit), acc). Eight rows of x share each line of codes.
+ *
+ * The portable C (em_g8_panel_generic) does the same float operations in the same order, so
+ * every path gives the same bits; only the AVX512-VNNI one is fast. The int8 rounding of x is
+ * llama.cpp's precision: weights.py gives this path only the weights whose input is a normalized
+ * hidden state (activation_passes 1), as it does for the K types' one q8_K pass.
+ */
+#ifndef EMBER_GEMM8_H
+#define EMBER_GEMM8_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include "kquants.h"
+#include "simple.h"
+
+#define EM_G8_NR 16 /* weight rows a panel: one 512-bit register of lanes */
+#define EM_G8_MR 8  /* rows of x a pass over a panel's codes */
+
+/* the unit of a type (values a scale covers), 0 for a type this path lacks */
+static inline int em_g8_unit(int type) {
+    switch (type) {
+    case 2: case 3: case 6: case 7: case 8: case 20: /* Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL */
+    case KQ_TYPE_Q4_K: case KQ_TYPE_Q5_K: return 32;
+    case KQ_TYPE_Q6_K: return 16;
+    default: return 0;
+    }
+}
+
+/* A row of x quantized: K int8 codes, then K/32 floats d, K/32 floats d * sum(q of 32 values),
+ * K/16 floats d * sum(q of 16 values). */
+static inline int64_t em_g8_row_bytes(int64_t K) { return K + K / 32 * 8 + K / 16 * 4; }
+
+static void em_g8_quantize_row(const float *x, uint8_t *row, int64_t K) {
+    int8_t *q = (int8_t *)row;
+    float *d = (float *)(row + K), *s32 = d + K / 32, *s16 = s32 + K / 32;
+    for (int64_t b = 0; b < K / 32; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            const float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        int sum[2] = {0, 0};
+        for (int j = 0; j < 32; j++) {
+            const float f = rintf(xb[j] * id); /* half to even, as llama.cpp's vector path */
+            const int v = f >= -127.0f && f <= 127.0f ? (int)f : 0; /* NaN/inf in x: 0 */
+            q[32 * b + j] = (int8_t)v;
+            sum[j / 16] += v;
+        }
+        d[b] = db;
+        s32[b] = db * (float)(sum[0] + sum[1]);
+        s16[2 * b] = db * (float)sum[0];
+        s16[2 * b + 1] = db * (float)sum[1];
+    }
+}
+
+/* One weight row (K values) as unsigned codes and, per unit, s and o (see the top). */
+static void em_g8_unpack_row(int type, const uint8_t *w, int64_t K, uint8_t *code, float *s,
+                             float *o) {
+    if (type == KQ_TYPE_Q4_K || type == KQ_TYPE_Q5_K) {
+        const int bytes = type == KQ_TYPE_Q4_K ? 144 : 176, five = type == KQ_TYPE_Q5_K;
+        for (int64_t i = 0; i < K / KQ_QK; i++, w += bytes, code += KQ_QK) {
+            const float d = kq_f16_at(w), dmin = kq_f16_at(w + 2);
+            uint8_t sm[16];
+            kq_scales_k4(w + 4, sm);
+            const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
+            for (int j = 0; j < 8; j++) {
+                *s++ = d * (float)sm[j];
+                *o++ = -(dmin * (float)sm[8 + j]);
+                const uint8_t *q = qs + (j / 2) * 32;
+                const int sh = 4 * (j % 2);
+                for (int l = 0; l < 32; l++)
+                    code[j * 32 + l] =
+                        (uint8_t)(((q[l] >> sh) & 0xf) | (five ? ((qh[l] >> j) & 1) << 4 : 0));
+            }
+        }
+        return;
+    }
+    if (type == KQ_TYPE_Q6_K) {
+        for (int64_t i = 0; i < K / KQ_QK; i++, w += 210, code += KQ_QK) {
+            const float d = kq_f16_at(w + 208);
+            const int8_t *sc = (const int8_t *)(w + 192);
+            for (int n = 0; n < 2; n++)
+                for (int sub = 0; sub < 4; sub++)
+                    for (int h = 0; h < 2; h++) {
+                        const int u = n * 8 + sub * 2 + h; /* the unit of 16 values */
+                        s[u] = d * (float)sc[u];
+                        o[u] = -32.0f * s[u];
+                        const uint8_t *ql = w + n * 64 + (sub & 1) * 32 + h * 16;
+                        const uint8_t *qh = w + 128 + n * 32 + h * 16;
+                        uint8_t *c = code + n * 128 + sub * 32 + h * 16;
+                        for (int l = 0; l < 16; l++)
+                            c[l] = (uint8_t)(((ql[l] >> (4 * (sub >> 1))) & 0xf) |
+                                             (((qh[l] >> (2 * sub)) & 3) << 4));
+                    }
+            s += 16, o += 16;
+        }
+        return;
+    }
+    int bytes, offset = 0, affine = 0;
+    switch (type) {
+    case 2: bytes = 18, offset = 8; break;
+    case 3: bytes = 20, affine = 1; break;
+    case 6: bytes = 22, offset = 16; break;
+    case 7: bytes = 24, affine = 1; break;
+    case 8: bytes = 34, offset = 128; break;
+    default: bytes = 18, offset = 128; break; /* IQ4_NL */
+    }
+    int8_t q[EM_QK];
+    for (int64_t b = 0; b < K / EM_QK; b++, w += bytes, code += EM_QK) {
+        switch (type) {
+        case 2: em_codes_q4_0(w, q); break;
+        case 3: em_codes_q4_1(w, q); break;
+        case 6: em_codes_q5_0(w, q); break;
+        case 7: em_codes_q5_1(w, q); break;
+        case 8: em_codes_q8_0(w, q); break;
+        default: em_codes_iq4_nl(w, q); break;
+        }
+        for (int j = 0; j < EM_QK; j++) code[j] = (uint8_t)(q[j] + offset);
+        const float d = em_f16(w);
+        s[b] = d;
+        o[b] = affine ? em_f16(w + 2) : -(float)offset * d;
+    }
+}
+
+/* A panel: nr <= 16 weight rows (row_bytes apart) unpacked into `codes` (K / 4 lines of 64
+ * bytes) and per unit 16 scales `ps` and 16 offsets `po`; the lanes past nr are zero. `row`
+ * is scratch of K bytes, `rs`/`ro` of K / 16 floats. */
+static void em_g8_pack(int type, const uint8_t *W, int64_t row_bytes, int nr, int64_t K,
+                       uint8_t *codes, float *ps, float *po, uint8_t *row, float *rs, float *ro) {
+    const int64_t units = K / em_g8_unit(type);
+    if (nr < EM_G8_NR) {
+        memset(codes, 0, (size_t)K * EM_G8_NR);
+        memset(ps, 0, (size_t)units * EM_G8_NR * sizeof(float));
+        memset(po, 0, (size_t)units * EM_G8_NR * sizeof(float));
+    }
+    for (int r = 0; r < nr; r++) {
+        em_g8_unpack_row(type, W + r * row_bytes, K, row, rs, ro);
+        for (int64_t g = 0; g < K / 4; g++) memcpy(codes + g * 64 + 4 * r, row + 4 * g, 4);
+        for (int64_t u = 0; u < units; u++) ps[u * EM_G8_NR + r] = rs[u], po[u * EM_G8_NR + r] = ro[u];
+    }
+}
+
+/* y[m * ldy + r] for r < nr, m < M: the panel against M rows of quantized x (xrb bytes apart). */
+__attribute__((unused)) static void em_g8_panel_generic(const uint8_t *codes, const float *ps, const float *po, int U,
+                                int64_t K, const uint8_t *xq, int64_t xrb, int64_t M, float *y,
+                                int64_t ldy, int nr) {
+    const int64_t units = K / U;
+    for (int64_t m = 0; m < M; m++) {
+        const uint8_t *xr = xq + m * xrb;
+        const int8_t *xc = (const int8_t *)xr;
+        const float *dx = (const float *)(xr + K), *xs = dx + K / 32 + (U == 16 ? K / 32 : 0);
+        float acc[EM_G8_NR] = {0};
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t k0 = u * U;
+            for (int r = 0; r < EM_G8_NR; r++) {
+                int32_t sum = 0;
+                for (int j = 0; j < U; j++) {
+                    const int64_t k = k0 + j;
+                    sum += (int32_t)codes[(k / 4) * 64 + 4 * r + k % 4] * xc[k];
+                }
+                const float t = (float)sum * dx[k0 / 32];
+                acc[r] = fmaf(t, ps[u * EM_G8_NR + r], acc[r]);
+                acc[r] = fmaf(po[u * EM_G8_NR + r], xs[u], acc[r]);
+            }
+        }
+        for (int r = 0; r < nr; r++) y[m * ldy + r] = acc[r];
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#define EM_G8_FAST 1
+/* mr (<= EM_G8_MR) rows of x against the panel; inlined with a constant mr */
+static inline __attribute__((always_inline)) void em_g8_tile(
+    const uint8_t *codes, const float *ps, const float *po, int U, int64_t K, const uint8_t *xq,
+    int64_t xrb, float *y, int64_t ldy, __mmask16 keep, const int mr) {
+    const int64_t units = K / U;
+    const int G = U / 4;
+    const int8_t *xc[EM_G8_MR];
+    const float *dx[EM_G8_MR], *xs[EM_G8_MR];
+    for (int i = 0; i < mr; i++) {
+        xc[i] = (const int8_t *)(xq + i * xrb);
+        dx[i] = (const float *)(xq + i * xrb + K);
+        xs[i] = dx[i] + K / 32 + (U == 16 ? K / 32 : 0);
+    }
+    __m512 acc[EM_G8_MR];
+    for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t k0 = u * U;
+        const uint8_t *cw = codes + k0 * EM_G8_NR;
+        __m512i sum[EM_G8_MR];
+        for (int i = 0; i < mr; i++) sum[i] = _mm512_setzero_si512();
+        for (int g = 0; g < G; g++) {
+            const __m512i w = _mm512_load_si512((const void *)(cw + g * 64));
+            for (int i = 0; i < mr; i++) {
+                int32_t four;
+                memcpy(&four, xc[i] + k0 + 4 * g, 4);
+                sum[i] = _mm512_dpbusd_epi32(sum[i], w, _mm512_set1_epi32(four));
+            }
+        }
+        const __m512 s = _mm512_load_ps(ps + u * EM_G8_NR), o = _mm512_load_ps(po + u * EM_G8_NR);
+        for (int i = 0; i < mr; i++) {
+            const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[i]), _mm512_set1_ps(dx[i][k0 / 32]));
+            acc[i] = _mm512_fmadd_ps(t, s, acc[i]);
+            acc[i] = _mm512_fmadd_ps(o, _mm512_set1_ps(xs[i][u]), acc[i]);
+        }
+    }
+    for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
+}
+
+static void em_g8_panel(const uint8_t *codes, const float *ps, const float *po, int U, int64_t K,
+                        const uint8_t *xq, int64_t xrb, int64_t M, float *y, int64_t ldy, int nr) {
+    const __mmask16 keep = (__mmask16)(nr >= EM_G8_NR ? 0xffff : (1u << nr) - 1);
+    int64_t m = 0;
+    for (; m + EM_G8_MR <= M; m += EM_G8_MR)
+        em_g8_tile(codes, ps, po, U, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, EM_G8_MR);
+    for (; m < M; m++) em_g8_tile(codes, ps, po, U, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, 1);
+}
+#else
+#define em_g8_panel em_g8_panel_generic
+#endif
+
+
+#endif
