@@ -9,8 +9,8 @@ int16 for the 32-element ones except on the avx512 path, where those read float3
 F16/BF16); more rows (prefill) expand the weight to float32 in chunks of at most CHUNK_FLOATS
 values for a float32 matmul (ember/backend/gemm.py), so prefill keeps a BLAS's speed and the
 memory stays bounded, except a K type taking one q8_K pass: its int8 kernel outruns that, and
-on the avx512 path the MLP's gate and up, whose prefill takes gemm8 (x in int8 per 32 values,
-VNNI products: twice oneDNN's float32). F32 weights stay a dense float32 tensor. Without the
+the MLP's gate and up on the avx512 and avx2 paths, whose prefill takes gemm8 (x in int8 per 32
+values: 1.3-2x the float32 matmul). F32 weights stay a dense float32 tensor. Without the
 library (or for a type it lacks), every call takes the chunked dequantize-then-matmul path
 (ember/backend/quant.py, bit-equal to gguf-py).
 """
@@ -50,19 +50,25 @@ def float_activations(isa: str | None) -> bool:
 
 
 # Types whose prefill takes gemm8 (native/gemm8.h: x in int8 per 32 values, the weight unpacked
-# 16 rows at a time into codes for AVX512-VNNI) on the avx512 path, for the weights that take one
-# activation pass: 850-900 GFLOPS against oneDNN's float32 440-460 on 512 rows of the bundled
-# models' and the 3B file's projections (Q6_K's 16-value scales: 590). Elsewhere gemm8 is the
-# portable C alone, slower than the float32 matmul.
-_GEMM8 = frozenset(
-    {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.IQ4_NL}
-    | {GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
+# 16 rows at a time into codes), by ISA path, where it outruns the float32 matmul on 512 rows of
+# the bundled models' and the 3B file's projections (GFLOPS, 2 threads, a Zen 5 EPYC:
+# `benchmarks/bench_gemm8.py`, several runs). avx512 (VNNI): 640-860 against oneDNN's 360-450
+# (Q6_K's 16-value units 540-590). avx2 (vpmaddubsw): 280-370 against oneDNN's AVX2 code's
+# 210-240; its Q6_K (two int16 sums a unit) 220-226, and its 8-bit codes would saturate: those
+# keep float32.
+_GEMM8_AVX2 = frozenset(
+    {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K}
 )
+_GEMM8 = {
+    "avx512": _GEMM8_AVX2 | {GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q6_K},
+    "avx2": _GEMM8_AVX2,
+}
 
 
-def gemm8_prefill(isa: str | None) -> bool:
-    """Whether one-pass weights of the _GEMM8 types take gemm8 for prefill on this ISA path."""
-    return isa == "avx512"
+def gemm8_prefill(isa: str | None, ggml_type: int = GGMLType.Q4_0) -> bool:
+    """Whether a weight of `ggml_type` whose input may be int8 (prefill_int8) takes gemm8 for
+    prefill on this ISA path."""
+    return isa is not None and ggml_type in _GEMM8.get(isa, ())
 
 
 def int8_prefill(isa: str | None) -> bool:
@@ -152,7 +158,7 @@ class NativeLinear:
             activation_passes == 1 and self.ggml_type in _INT8_PREFILL and int8_prefill(self.isa)
         )
         self.prefill_int8 = prefill_int8
-        self._gemm8 = prefill_int8 and self.ggml_type in _GEMM8 and gemm8_prefill(self.isa)
+        self._gemm8 = prefill_int8 and gemm8_prefill(self.isa, self.ggml_type)
 
     @property
     def isa(self) -> str | None:

@@ -98,7 +98,7 @@ def test_a_prompts_gated_mlp_goes_by_blocks_of_the_gate(monkeypatch, kernels, in
     gate_up = NativeLinear(raw, QT.Q8_0, 2 * ffn, dim, kernels=kernels, prefill_int8=int8)
     down = LinearWeight.from_dense(torch.randn(dim, ffn, generator=g))
     x = torch.randn(rows, dim, generator=g)
-    assert gate_up.takes_int8(rows) == (int8 and gemm8_prefill(gate_up.isa))
+    assert gate_up.takes_int8(rows) == (int8 and gemm8_prefill(gate_up.isa, QT.Q8_0))
     assert gate_up.takes_dense(rows) != gate_up.takes_int8(rows)
     want = down(act_mul(gate_up(x), ffn, act))
     made: list[tuple[int, ...]] = []

@@ -190,7 +190,7 @@ def test_prefill_takes_gemm8_where_the_weight_and_the_isa_path_allow(isa: str, i
     x = torch.randn(NATIVE_ROWS + 1, 64, generator=torch.Generator().manual_seed(3))
     lin = NativeLinear(raw, QT.Q5_0, 40, 64, kernels=native.kernels(isa), prefill_int8=int8)
     assert not lin.takes_int8(NATIVE_ROWS)
-    assert lin.takes_int8(NATIVE_ROWS + 1) == (int8 and gemm8_prefill(isa))
+    assert lin.takes_int8(NATIVE_ROWS + 1) == (int8 and gemm8_prefill(isa, QT.Q5_0))
     assert lin.takes_dense(NATIVE_ROWS + 1) != lin.takes_int8(NATIVE_ROWS + 1)
     y = lin(x)
     if lin.takes_int8(x.shape[0]):

@@ -8,8 +8,11 @@ apply to every projection instead of falling back.
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as QT
 from tinymodels import hf_logits, write_tiny_gguf
 
+from ember.backend import native
+from ember.backend.weights import gemm8_prefill
 from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.model import forward, load_model
@@ -58,8 +61,10 @@ def test_logits_match_transformers_on_the_same_weights(models, arch, ggml_type):
     model, hf = models[arch, ggml_type]
     ours = run(model, len(PROMPT), all_logits=True)
     theirs = hf_logits(hf, PROMPT)
-    # The kernels may quantize activations to int8 per block (as llama.cpp): a few per mille.
-    assert (ours - theirs).abs().max() <= 2e-2 * theirs.abs().max()
+    # The kernels may quantize activations to int8 per block (as llama.cpp): a few per mille,
+    # up to 2% on qwen2's Q4_K on the avx2 path (one q8_K pass for q/k/v and the prompt's gate
+    # and up in int8 too: 1.8% without the latter).
+    assert (ours - theirs).abs().max() <= 3e-2 * theirs.abs().max()
 
 
 @pytest.mark.parametrize("ggml_type", TYPES)
@@ -72,7 +77,8 @@ def test_chunks_without_outputs_give_the_last_logits_of_one_batch(models, arch, 
     assert chunked.shape == whole.shape == (1, whole.shape[1])
     # chunks of up to 16 rows take the kernels, the whole prompt float32 matmuls: the K types'
     # single int8 pass over most inputs (llama.cpp's precision) is 1-2% off on these random
-    # 256-wide models (one q8_K block a row), held to the real models' reference bar; the
-    # others ~1e-5
-    tolerance = 5e-2 if ggml_type.endswith("_K") else 1e-3
+    # 256-wide models (one q8_K block a row), held to the real models' reference bar, and so is
+    # the prompt's int8 gate and up where the ISA path has gemm8; the others ~1e-5
+    int8 = ggml_type.endswith("_K") or gemm8_prefill(native.chosen_isa(), QT[ggml_type])
+    tolerance = 5e-2 if int8 else 1e-3
     assert (chunked - whole).abs().max() <= tolerance * whole.abs().max()

@@ -235,8 +235,97 @@ static void em_g8_panel(const uint8_t *codes, const float *ps, const float *po, 
         em_g8_tile(codes, ps, po, U, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, EM_G8_MR);
     for (; m < M; m++) em_g8_tile(codes, ps, po, U, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, 1);
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define EM_G8_FAST 1
+/* AVX2 has no vpdpbusd: vpmaddubsw multiplies pairs of codes and x into int16 sums, several of
+ * which add up in int16 before vpmaddwd widens them (exact while 2 * per * max code * 127 fits
+ * int16: `per` groups of four values at a time), half a panel (8 rows) a ymm register. The
+ * pair sums saturate for 8-bit codes (Q8_0, IQ4_NL): those take the portable C. */
+static inline int em_g8_code_bits(int type) {
+    switch (type) {
+    case 2: case 3: case KQ_TYPE_Q4_K: return 4;
+    case 6: case 7: case KQ_TYPE_Q5_K: return 5;
+    case KQ_TYPE_Q6_K: return 6;
+    default: return 8;
+    }
+}
+
+#define EM_G8_MR2 6 /* rows of x a pass over half a panel */
+static inline __attribute__((always_inline)) void em_g8_tile2(
+    const uint8_t *codes, const float *ps, const float *po, int U, int per, int64_t K,
+    const uint8_t *xq, int64_t xrb, float *y, int64_t ldy, __m256i keep, const int mr) {
+    const int64_t units = K / U;
+    const int G = U / 4;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t *xc[EM_G8_MR2];
+    const float *dx[EM_G8_MR2], *xs[EM_G8_MR2];
+    for (int i = 0; i < mr; i++) {
+        xc[i] = (const int8_t *)(xq + i * xrb);
+        dx[i] = (const float *)(xq + i * xrb + K);
+        xs[i] = dx[i] + K / 32 + (U == 16 ? K / 32 : 0);
+    }
+    __m256 acc[EM_G8_MR2];
+    for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t k0 = u * U;
+        const uint8_t *cw = codes + k0 * EM_G8_NR;
+        __m256i sum[EM_G8_MR2];
+        for (int i = 0; i < mr; i++) sum[i] = _mm256_setzero_si256();
+        for (int g0 = 0; g0 < G; g0 += per) {
+            __m256i part[EM_G8_MR2];
+            for (int i = 0; i < mr; i++) part[i] = _mm256_setzero_si256();
+            for (int g = g0; g < g0 + per && g < G; g++) {
+                const __m256i w = _mm256_load_si256((const __m256i *)(cw + g * 64));
+                for (int i = 0; i < mr; i++) {
+                    int32_t four;
+                    memcpy(&four, xc[i] + k0 + 4 * g, 4);
+                    part[i] = _mm256_add_epi16(part[i], _mm256_maddubs_epi16(w, _mm256_set1_epi32(four)));
+                }
+            }
+            for (int i = 0; i < mr; i++) sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(part[i], ones));
+        }
+        const __m256 s = _mm256_load_ps(ps + u * EM_G8_NR), o = _mm256_load_ps(po + u * EM_G8_NR);
+        for (int i = 0; i < mr; i++) {
+            const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum[i]), _mm256_set1_ps(dx[i][k0 / 32]));
+            acc[i] = _mm256_fmadd_ps(t, s, acc[i]);
+            acc[i] = _mm256_fmadd_ps(o, _mm256_set1_ps(xs[i][u]), acc[i]);
+        }
+    }
+    for (int i = 0; i < mr; i++) _mm256_maskstore_ps(y + i * ldy, keep, acc[i]);
+}
+
+static void em_g8_panel_avx2(const uint8_t *codes, const float *ps, const float *po, int U, int per,
+                             int64_t K, const uint8_t *xq, int64_t xrb, int64_t M, float *y,
+                             int64_t ldy, int nr) {
+    for (int h = 0; h < 2 && 8 * h < nr; h++) { /* the panel's halves: rows 0-7, 8-15 */
+        const int n = nr - 8 * h < 8 ? nr - 8 * h : 8;
+        const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const uint8_t *c = codes + 32 * h;
+        const float *s = ps + 8 * h, *o = po + 8 * h;
+        int64_t m = 0;
+        for (; m + EM_G8_MR2 <= M; m += EM_G8_MR2)
+            em_g8_tile2(c, s, o, U, per, K, xq + m * xrb, xrb, y + m * ldy + 8 * h, ldy, keep, EM_G8_MR2);
+        for (; m < M; m++) em_g8_tile2(c, s, o, U, per, K, xq + m * xrb, xrb, y + m * ldy + 8 * h, ldy, keep, 1);
+    }
+}
+
+static void em_g8_panel_of(int type, const uint8_t *codes, const float *ps, const float *po, int U,
+                           int64_t K, const uint8_t *xq, int64_t xrb, int64_t M, float *y,
+                           int64_t ldy, int nr) {
+    const int bits = em_g8_code_bits(type);
+    if (bits > 6) {
+        em_g8_panel_generic(codes, ps, po, U, K, xq, xrb, M, y, ldy, nr);
+        return;
+    }
+    const int per = 16383 / (127 * ((1 << bits) - 1)); /* groups a sum of int16 holds exactly */
+    em_g8_panel_avx2(codes, ps, po, U, per, K, xq, xrb, M, y, ldy, nr);
+}
+#define EM_G8_PANEL_OF 1
 #else
 #define em_g8_panel em_g8_panel_generic
+#endif
+#if !defined(EM_G8_PANEL_OF)
+#define em_g8_panel_of(type, ...) em_g8_panel(__VA_ARGS__)
 #endif
 
 

@@ -326,7 +326,7 @@ int EM_EXPORT(ember_gemm8)(int type, const void *w, const uint8_t *xq, int64_t M
             const int64_t n0 = p * EM_G8_NR;
             const int nr = N - n0 < EM_G8_NR ? (int)(N - n0) : EM_G8_NR;
             em_g8_pack(type, (const uint8_t *)w + n0 * row_bytes, row_bytes, nr, K, buf, ps, po, row, rs, ro);
-            em_g8_panel(buf, ps, po, U, K, xq, xrb, M, y + n0, ldy, nr);
+            em_g8_panel_of(type, buf, ps, po, U, K, xq, xrb, M, y + n0, ldy, nr);
         }
         free(buf);
     }
