@@ -37,3 +37,11 @@ bench: setup .venv/.llama-cpp
 .venv/.llama-cpp: .venv/.done
 	CMAKE_ARGS="-DGGML_NATIVE=on" $(PY) -m pip install -q --no-binary llama-cpp-python llama-cpp-python==0.3.36
 	touch $@
+
+# llama.cpp built for AVX2 alone (no AVX-512, no AVX-VNNI), as an AVX2-only CPU builds it, to set
+# beside Ember's avx2 path on an AVX-512 machine:
+#   PYTHONPATH=.venv/llama-cpp-avx2 .venv/bin/python benchmarks/bench_generate.py --isa avx2 ...
+.venv/llama-cpp-avx2: .venv/.done
+	CMAKE_ARGS="-DGGML_NATIVE=off -DGGML_AVX=on -DGGML_AVX2=on -DGGML_FMA=on -DGGML_F16C=on \
+	-DGGML_BMI2=on -DGGML_AVX512=off -DGGML_AVX_VNNI=off" $(PY) -m pip install -q --no-cache-dir \
+	--no-deps --no-binary llama-cpp-python --target $@ llama-cpp-python==0.3.36
