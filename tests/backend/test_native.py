@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
+from gguf import quants
 from native_isas import ISAS
-from quant_data import gguf_reference, quantized, random_blocks
+from quant_data import F16_FIELDS, gguf_reference, quantized, random_blocks
 
 from ember.backend import native
 from ember.backend.quant import UnsupportedTypeError
@@ -181,6 +182,28 @@ def test_gemm8_is_the_product_of_x_rounded_to_int8(isa: str, qtype: QT, rows: in
     again = torch.empty(rows, shape[0])
     generic.int8_into(generic.quantize_rows(x), 0, shape[0], again)
     assert torch.equal(again, y)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", GEMM8, ids=lambda t: t.name)
+def test_gemm8_sums_hold_the_largest_codes_exactly(isa: str, qtype: QT) -> None:
+    # every code at its largest and every x at +-127 after rounding: the AVX2 path adds
+    # several vpmaddubsw results in int16 before widening them, which must not wrap
+    shape = (32, 256 if qtype in K_TYPES else 64)
+    blocks = random_blocks(qtype, shape).reshape(-1, quants.GGML_QUANT_SIZES[qtype][1])
+    full = blocks.copy()
+    full[:] = 0xFF
+    for offset in F16_FIELDS[qtype]:  # keep the sane scales
+        full[:, offset : offset + 2] = blocks[:, offset : offset + 2]
+    raw = torch.from_numpy(full.reshape(-1).copy())
+    w = gguf_reference(full.reshape(-1), qtype, shape)
+    x = torch.ones(18, shape[1])
+    x[1::2] = -1.0
+    lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), prefill_int8=True)
+    y = torch.empty(18, shape[0])
+    lin.int8_into(lin.quantize_rows(x), 0, shape[0], y)
+    want = q8_0(x) @ w.double().t()
+    assert ((y.double() - want).abs() <= 2e-6 * (q8_0(x).abs() @ w.double().abs().t())).all()
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -82,3 +82,14 @@ def test_chunks_without_outputs_give_the_last_logits_of_one_batch(models, arch, 
     int8 = ggml_type.endswith("_K") or gemm8_prefill(native.chosen_isa(), QT[ggml_type])
     tolerance = 5e-2 if int8 else 1e-3
     assert (chunked - whole).abs().max() <= tolerance * whole.abs().max()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_only_the_mlps_gate_and_up_may_take_int8_prompts(models, arch):
+    """The loader marks the gate/up projection prefill_int8 (gemm8 where the ISA path has it),
+    never the attention's or the down projection, whose inputs int8 would round too coarsely."""
+    model, _ = models[arch, "Q4_0"]
+    layer = model.blocks[0]
+    assert layer.ffn_gate_up.prefill_int8
+    assert not layer.attn_qkv.prefill_int8
+    assert not layer.attn_output.prefill_int8 and not layer.ffn_down.prefill_int8
