@@ -74,6 +74,15 @@ def q8_k_twice(x: torch.Tensor) -> torch.Tensor:
     return blocks.reshape(x.shape)
 
 
+def q8_0(x: torch.Tensor) -> torch.Tensor:
+    """x as gemm8 sees it: per 32 values d = max|x| / 127, codes round(x * (1 / d)), half to
+    even (llama.cpp's q8_0)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    codes = torch.round(blocks * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
+    return (codes.double() * d.double()).reshape(x.shape)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", SIMPLE + K_TYPES + FLOAT, ids=lambda t: t.name)
 def test_dequant_is_bit_exact(isa: str, qtype: QT) -> None:
@@ -127,6 +136,8 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
         return
     codes, d = q8_k(x)
     xq = (codes.double() * d.double()).reshape(x.shape)
+    if lin.takes_int8(rows):  # gemm8 takes the prompt where it has fast code for the type
+        xq = q8_0(x)
     want = xq @ w.double().t()
     scale = xq.abs() @ w.double().abs().t()
     assert ((y.double() - want).abs() <= 2e-6 * scale + 1e-30).all()
@@ -135,21 +146,15 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     two = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa))(x).double()
     error = float((y.double() - exact).abs().max() / exact.abs().max())
     assert float((two - exact).abs().max() / exact.abs().max()) < error < 3e-2
-    if rows > 1:  # a row does not depend on its batch, nor on its tile
+    if lin.takes_int8(rows):  # nor with gemm8, for any batch it takes (above NATIVE_ROWS)
+        assert torch.equal(y[1 : NATIVE_ROWS + 2], lin(x[1 : NATIVE_ROWS + 2]))
+        assert torch.equal(y[-NATIVE_ROWS - 1 :], lin(x[-NATIVE_ROWS - 1 :]))
+    elif rows > 1:  # a row does not depend on its batch, nor on its tile
         assert torch.equal(y[1:2], lin(x[1:2]))
         assert torch.equal(y[-1:], lin(x[-1:]))
 
 
 GEMM8 = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.IQ4_NL, QT.Q4_K, QT.Q5_K, QT.Q6_K]
-
-
-def q8_0(x: torch.Tensor) -> torch.Tensor:
-    """x as gemm8 sees it: per 32 values d = max|x| / 127, codes round(x * (1 / d)), half to
-    even (llama.cpp's q8_0)."""
-    blocks = x.reshape(x.shape[0], -1, 32)
-    d = blocks.abs().amax(-1, keepdim=True) / 127
-    codes = torch.round(blocks * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
-    return (codes.double() * d.double()).reshape(x.shape)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -292,8 +297,8 @@ def test_many_rows_take_the_float32_path_in_chunks(monkeypatch: pytest.MonkeyPat
     torch.testing.assert_close(got, x @ w.t(), rtol=1e-5, atol=1e-5)
     batched = NativeLinear(raw, QT.Q4_1, 77, 64)(x.view(4, 10, 64))  # any leading dims
     assert batched.shape == (4, 10, 77)
-    # a K type whose x takes two q8_K passes too; with one pass it keeps its int8 kernel (but
-    # on the avx512 path)
+    # a K type whose x takes two q8_K passes too; with one pass it keeps its int8 kernel, or
+    # gemm8 where that has fast code for the type (but on the avx512 path)
     raw, w = weight(QT.Q4_K, (77, 256))
     x = torch.randn(40, 256)
     got, want = NativeLinear(raw, QT.Q4_K, 77, 256, activation_passes=2)(x), x @ w.t()
@@ -301,6 +306,8 @@ def test_many_rows_take_the_float32_path_in_chunks(monkeypatch: pytest.MonkeyPat
     one = NativeLinear(raw, QT.Q4_K, 77, 256, activation_passes=1)
     if not int8_prefill(one.isa):  # there oneDNN's float32 matmul is faster
         assert float((one(x) - want).abs().max() / want.abs().max()) < 1e-6
+    elif one.takes_int8(x.shape[0]):  # gemm8 (x in int8 per 32 values) where it is fast
+        assert float((one(x) - want).abs().max() / want.abs().max()) < 3e-2
     else:
         assert torch.equal(one(x)[-1:], one(x[-1:]))
 
