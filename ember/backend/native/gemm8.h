@@ -15,10 +15,11 @@
  * Per unit and row of x: sum (exact in int32), then acc = fma(sum * dx, s, acc) and
  * acc = fma(o, dx * sum(q of the unit), acc). Eight rows of x share each line of codes.
  *
- * The portable C (em_g8_panel_generic) does the same float operations in the same order, so
- * every path gives the same bits; only the AVX512-VNNI one is fast. The int8 rounding of x is
- * llama.cpp's precision: weights.py gives this path only the weights whose input is a normalized
- * hidden state (activation_passes 1), as it does for the K types' one q8_K pass.
+ * The AVX2 code (em_g8_panel_avx2, below) reads the same lines as two halves of 8 rows. The
+ * portable C (em_g8_panel_generic) does the same float operations in the same order, so every
+ * path gives the same bits; the AVX512-VNNI and AVX2 ones are fast. The int8 rounding of x is
+ * llama.cpp's precision: weights.py gives this path the MLP's gate and up (whose input is a
+ * normalized hidden state) and, on the avx2 path, the K types' prompts that took one q8_K pass.
  */
 #ifndef EMBER_GEMM8_H
 #define EMBER_GEMM8_H
