@@ -18,7 +18,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from ember.backend import native
-from ember.backend.weights import NativeLinear, gemm8_prefill
+from ember.backend.precision import gemm8_prefill
+from ember.backend.weights import NativeLinear
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "backend"))
 from quant_data import quantized, random_blocks

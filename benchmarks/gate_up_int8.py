@@ -3,7 +3,7 @@ file: the weights as stored, float32 everywhere else.
 
     .venv/bin/python benchmarks/gate_up_int8.py --model gemma3:270m
 
-A K-type gate/up takes one q8_K pass over its input (ember/backend/weights.py's
+A K-type gate/up takes one q8_K pass over its input (ember/backend/precision.py's
 activation_passes), in decode and prefill. The bundled models' gate/up are no K types (their
 hidden sizes are no multiple of 256), so activation_passes.py cannot measure them; this
 simulates the pass (the input quantized per 256 values and expanded back, zero-padded to whole

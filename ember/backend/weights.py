@@ -19,19 +19,11 @@ import numpy as np
 import torch
 
 from ember.backend import gemm, native
+from ember.backend.precision import INT8_PREFILL, gemm8_prefill, int8_prefill
 from ember.backend.quant import QuantError, as_byte_tensor, dequantize, dequantize_rows, row_nbytes
 from ember.gguf import GGMLType
 
 NATIVE_ROWS = 16  # rows of x up to which the native kernel runs (it quantizes them once)
-# Types whose native kernel runs at any row count where x takes one q8_K pass: 83-120 GFLOPS
-# against torch's 66-103 on dequantized float32 (512 rows of a 3B model's projections, AVX2,
-# 2 threads: benchmarks/bench_prefill_kernels.py). Two passes cost twice, and the int16 path of
-# the 32-element types half torch's speed: those keep the float32 matmul for prefill. Not on
-# the avx512 path where oneDNN runs the float32 one (gemm.py): there it is the faster, 405-476
-# GFLOPS against the int8 kernel's 303-328 (the same command, a Zen 5 EPYC), and exact.
-_INT8_PREFILL = frozenset(
-    {GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS}
-)
 # values expanded at a time on the float32 path, at most (32 MiB: a 3B model's down projection
 # was 100 MiB at once, 5% of its peak memory; smaller chunks are still large matmuls)
 CHUNK_FLOATS = 8 << 20
@@ -40,41 +32,6 @@ CHUNK_FLOATS = 8 << 20
 # (9728 x 896) as one 33 MB chunk and a small one; 512 rows lifted its 512-token prefill from
 # 97-113 to 137-171 tok/s (AVX2, 2 threads, benchmarks/bench_generate.py's Ember worker).
 CHUNK_ROWS = 512
-
-
-def float_activations(isa: str | None) -> bool:
-    """Whether the 32-element types' kernels take x as float32 on this ISA path (avx512: two
-    fused multiply-adds a block and row, fewer instructions than int16 codes; simple.h's
-    EM_FLOAT_X) instead of int16 codes per 32 values (every other path, all with the same bits)."""
-    return isa == "avx512"
-
-
-# Types whose prefill takes gemm8 (native/gemm8.h: x in int8 per 32 values, the weight unpacked
-# 16 rows at a time into codes), by ISA path, where it outruns the float32 matmul on 512 rows of
-# the bundled models' and the 3B file's projections (GFLOPS, 2 threads, a Zen 5 EPYC:
-# `benchmarks/bench_gemm8.py`, several runs). avx512 (VNNI): 640-860 against oneDNN's 360-450
-# (Q6_K's 16-value units 540-590). avx2 (vpmaddubsw): 280-370 against oneDNN's AVX2 code's
-# 210-240; its Q6_K (two int16 sums a unit) 220-226, and its 8-bit codes would saturate: those
-# keep float32.
-_GEMM8_AVX2 = frozenset(
-    {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K}
-)
-_GEMM8 = {
-    "avx512": _GEMM8_AVX2 | {GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q6_K},
-    "avx2": _GEMM8_AVX2,
-}
-
-
-def gemm8_prefill(isa: str | None, ggml_type: int = GGMLType.Q4_0) -> bool:
-    """Whether a weight of `ggml_type` whose input may be int8 (prefill_int8) takes gemm8 for
-    prefill on this ISA path."""
-    return isa is not None and ggml_type in _GEMM8.get(isa, ())
-
-
-def int8_prefill(isa: str | None) -> bool:
-    """Whether a one-pass K type's prefill takes its int8 kernel on this ISA path (not where
-    oneDNN runs the float32 matmul at AVX-512 speed: see _INT8_PREFILL)."""
-    return not (isa == "avx512" and gemm.available())
 
 
 class LinearWeight:
@@ -155,7 +112,7 @@ class NativeLinear:
         self._kernels = kern if kern is not None and kern.supports(self.ggml_type) else None
         self.kind = GGMLType(self.ggml_type).name.lower()
         self._int8_any_rows = (
-            activation_passes == 1 and self.ggml_type in _INT8_PREFILL and int8_prefill(self.isa)
+            activation_passes == 1 and self.ggml_type in INT8_PREFILL and int8_prefill(self.isa)
         )
         self.prefill_int8 = prefill_int8
         # gemm8 also takes over the one-pass K types' int8 prefill (q8_K: int8 per 256 values)
@@ -357,40 +314,6 @@ class FusedLinear:
 
 
 AnyLinear = LinearWeight | NativeLinear | FusedLinear
-
-
-# The GGUF weights whose input is a normalized hidden state, without outliers: one q8_K pass
-# over it is enough for a K type, as llama.cpp takes everywhere. Every other weight keeps two:
-# a down projection's input (an activation times a projection) is heavy-tailed, and an attention
-# output's rounding depends on the batch (its sums run over other sequences' masked cells), which
-# one int8 pass turns into code flips: Gemma 3's eight parallel sequences then parted from each
-# run alone at a near-tie.
-_ONE_PASS = frozenset(
-    {"attn_q", "attn_k", "attn_v", "attn_qkv", "ffn_gate", "ffn_up", "output", "token_embd"}
-    | {"ffn_gate_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_up_shexp"}
-)
-
-
-def activation_passes(name: str) -> int:
-    """The q8_K passes (NativeLinear's activation_passes) for the GGUF tensor `name`."""
-    return 1 if _stem(name) in _ONE_PASS else 2
-
-
-# The GGUF weights whose prefill may take gemm8 (x in int8 per 32 values): the MLP's gate and
-# up. The attention projections' input is as normalized, but int8 q, k and v moved Gemma 3's
-# first logits of an 836-token prompt by 2% of the largest (a near-tie then flipped), gate and
-# up by 0.75%; the float32 path is within 2e-5.
-_GEMM8_INPUT = frozenset({"ffn_gate", "ffn_up", "ffn_gate_exps", "ffn_up_exps"})
-_GEMM8_INPUT |= {"ffn_gate_shexp", "ffn_up_shexp"}
-
-
-def gemm8_input(name: str) -> bool:
-    """Whether the GGUF tensor `name` may take gemm8 for prefill (NativeLinear's prefill_int8)."""
-    return _stem(name) in _GEMM8_INPUT
-
-
-def _stem(name: str) -> str:
-    return name.removesuffix(".weight").rsplit(".", 1)[-1]
 
 
 def linear_from_gguf(

@@ -3,15 +3,14 @@ loudly."""
 
 import torch
 
+from ember.backend.precision import activation_passes, gemm8_input
 from ember.backend.quant import dequantize
 from ember.backend.weights import (
     AnyLinear,
     Embedding,
     FusedLinear,
-    activation_passes,
     concat_linear,
     expert_linears,
-    gemm8_input,
     linear_from_gguf,
 )
 from ember.gguf import GGUFFile, TensorInfo

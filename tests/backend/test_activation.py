@@ -13,7 +13,8 @@ from quant_data import quantized
 
 from ember.backend import native
 from ember.backend.activation import act_mul, gated_mlp
-from ember.backend.weights import LinearWeight, NativeLinear, gemm8_prefill
+from ember.backend.precision import gemm8_prefill
+from ember.backend.weights import LinearWeight, NativeLinear
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native library was not built")
 

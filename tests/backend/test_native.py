@@ -14,16 +14,13 @@ from native_isas import ISAS
 from quant_data import F16_FIELDS, gguf_reference, quantized, random_blocks
 
 from ember.backend import native
+from ember.backend.precision import float_activations, gemm8_input, gemm8_prefill, int8_prefill
 from ember.backend.quant import UnsupportedTypeError
 from ember.backend.weights import (
     NATIVE_ROWS,
     FusedLinear,
     NativeLinear,
     concat_linear,
-    float_activations,
-    gemm8_input,
-    gemm8_prefill,
-    int8_prefill,
     linear_from_gguf,
 )
 from ember.errors import OptionsError
@@ -238,7 +235,7 @@ def test_gemm8_inputs_are_the_mlps_gate_and_up() -> None:
 
 
 def test_down_projections_keep_two_activation_passes() -> None:
-    from ember.backend.weights import activation_passes
+    from ember.backend.precision import activation_passes
 
     assert activation_passes("blk.3.ffn_down.weight") == 2
     assert activation_passes("blk.3.ffn_down_exps.weight") == 2

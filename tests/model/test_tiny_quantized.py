@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as QT
 from tinymodels import hf_logits, write_tiny_gguf
 
 from ember.backend import native
-from ember.backend.weights import gemm8_prefill
+from ember.backend.precision import gemm8_prefill
 from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.model import forward, load_model

@@ -49,6 +49,17 @@ static inline int em_g8_unit(int type) {
  * K/16 floats d * sum(q of 16 values). */
 static inline int64_t em_g8_row_bytes(int64_t K) { return K + K / 32 * 8 + K / 16 * 4; }
 
+/* Row i of quantized x: its codes, its d per 32 values, its d * sum(q) per unit of U values. */
+typedef struct {
+    const int8_t *q;
+    const float *d, *sums;
+} em_g8_xrow;
+
+static inline em_g8_xrow em_g8_row(const uint8_t *row, int64_t K, int U) {
+    const float *d = (const float *)(row + K);
+    return (em_g8_xrow){(const int8_t *)row, d, d + K / 32 + (U == 16 ? K / 32 : 0)};
+}
+
 static void em_g8_quantize_row(const float *x, uint8_t *row, int64_t K) {
     int8_t *q = (int8_t *)row;
     float *d = (float *)(row + K), *s32 = d + K / 32, *s16 = s32 + K / 32;
@@ -128,14 +139,7 @@ static void em_g8_unpack_row(int type, const uint8_t *w, int64_t K, uint8_t *cod
     }
     int8_t q[EM_QK];
     for (int64_t b = 0; b < K / EM_QK; b++, w += bytes, code += EM_QK) {
-        switch (type) {
-        case 2: em_codes_q4_0(w, q); break;
-        case 3: em_codes_q4_1(w, q); break;
-        case 6: em_codes_q5_0(w, q); break;
-        case 7: em_codes_q5_1(w, q); break;
-        case 8: em_codes_q8_0(w, q); break;
-        default: em_codes_iq4_nl(w, q); break;
-        }
+        em_codes(type, w, q);
         for (int j = 0; j < EM_QK; j++) code[j] = (uint8_t)(q[j] + offset);
         const float d = em_f16(w);
         s[b] = d;
@@ -167,9 +171,7 @@ __attribute__((unused)) static void em_g8_panel_generic(const uint8_t *codes, co
                                 int64_t ldy, int nr) {
     const int64_t units = K / U;
     for (int64_t m = 0; m < M; m++) {
-        const uint8_t *xr = xq + m * xrb;
-        const int8_t *xc = (const int8_t *)xr;
-        const float *dx = (const float *)(xr + K), *xs = dx + K / 32 + (U == 16 ? K / 32 : 0);
+        const em_g8_xrow x = em_g8_row(xq + m * xrb, K, U);
         float acc[EM_G8_NR] = {0};
         for (int64_t u = 0; u < units; u++) {
             const int64_t k0 = u * U;
@@ -177,11 +179,11 @@ __attribute__((unused)) static void em_g8_panel_generic(const uint8_t *codes, co
                 int32_t sum = 0;
                 for (int j = 0; j < U; j++) {
                     const int64_t k = k0 + j;
-                    sum += (int32_t)codes[(k / 4) * 64 + 4 * r + k % 4] * xc[k];
+                    sum += (int32_t)codes[(k / 4) * 64 + 4 * r + k % 4] * x.q[k];
                 }
-                const float t = (float)sum * dx[k0 / 32];
+                const float t = (float)sum * x.d[k0 / 32];
                 acc[r] = fmaf(t, ps[u * EM_G8_NR + r], acc[r]);
-                acc[r] = fmaf(po[u * EM_G8_NR + r], xs[u], acc[r]);
+                acc[r] = fmaf(po[u * EM_G8_NR + r], x.sums[u], acc[r]);
             }
         }
         for (int r = 0; r < nr; r++) y[m * ldy + r] = acc[r];
@@ -196,13 +198,8 @@ static inline __attribute__((always_inline)) void em_g8_tile(
     int64_t xrb, float *y, int64_t ldy, __mmask16 keep, const int mr) {
     const int64_t units = K / U;
     const int G = U / 4;
-    const int8_t *xc[EM_G8_MR];
-    const float *dx[EM_G8_MR], *xs[EM_G8_MR];
-    for (int i = 0; i < mr; i++) {
-        xc[i] = (const int8_t *)(xq + i * xrb);
-        dx[i] = (const float *)(xq + i * xrb + K);
-        xs[i] = dx[i] + K / 32 + (U == 16 ? K / 32 : 0);
-    }
+    em_g8_xrow x[EM_G8_MR];
+    for (int i = 0; i < mr; i++) x[i] = em_g8_row(xq + i * xrb, K, U);
     __m512 acc[EM_G8_MR];
     for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t u = 0; u < units; u++) {
@@ -214,15 +211,15 @@ static inline __attribute__((always_inline)) void em_g8_tile(
             const __m512i w = _mm512_load_si512((const void *)(cw + g * 64));
             for (int i = 0; i < mr; i++) {
                 int32_t four;
-                memcpy(&four, xc[i] + k0 + 4 * g, 4);
+                memcpy(&four, x[i].q + k0 + 4 * g, 4);
                 sum[i] = _mm512_dpbusd_epi32(sum[i], w, _mm512_set1_epi32(four));
             }
         }
         const __m512 s = _mm512_load_ps(ps + u * EM_G8_NR), o = _mm512_load_ps(po + u * EM_G8_NR);
         for (int i = 0; i < mr; i++) {
-            const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[i]), _mm512_set1_ps(dx[i][k0 / 32]));
+            const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[i]), _mm512_set1_ps(x[i].d[k0 / 32]));
             acc[i] = _mm512_fmadd_ps(t, s, acc[i]);
-            acc[i] = _mm512_fmadd_ps(o, _mm512_set1_ps(xs[i][u]), acc[i]);
+            acc[i] = _mm512_fmadd_ps(o, _mm512_set1_ps(x[i].sums[u]), acc[i]);
         }
     }
     for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
@@ -258,13 +255,8 @@ static inline __attribute__((always_inline)) void em_g8_tile2(
     const int64_t units = K / U;
     const int G = U / 4;
     const __m256i ones = _mm256_set1_epi16(1);
-    const int8_t *xc[EM_G8_MR2];
-    const float *dx[EM_G8_MR2], *xs[EM_G8_MR2];
-    for (int i = 0; i < mr; i++) {
-        xc[i] = (const int8_t *)(xq + i * xrb);
-        dx[i] = (const float *)(xq + i * xrb + K);
-        xs[i] = dx[i] + K / 32 + (U == 16 ? K / 32 : 0);
-    }
+    em_g8_xrow x[EM_G8_MR2];
+    for (int i = 0; i < mr; i++) x[i] = em_g8_row(xq + i * xrb, K, U);
     __m256 acc[EM_G8_MR2];
     for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t u = 0; u < units; u++) {
@@ -279,7 +271,7 @@ static inline __attribute__((always_inline)) void em_g8_tile2(
                 const __m256i w = _mm256_load_si256((const __m256i *)(cw + g * 64));
                 for (int i = 0; i < mr; i++) {
                     int32_t four;
-                    memcpy(&four, xc[i] + k0 + 4 * g, 4);
+                    memcpy(&four, x[i].q + k0 + 4 * g, 4);
                     part[i] = _mm256_add_epi16(part[i], _mm256_maddubs_epi16(w, _mm256_set1_epi32(four)));
                 }
             }
@@ -287,9 +279,9 @@ static inline __attribute__((always_inline)) void em_g8_tile2(
         }
         const __m256 s = _mm256_load_ps(ps + u * EM_G8_NR), o = _mm256_load_ps(po + u * EM_G8_NR);
         for (int i = 0; i < mr; i++) {
-            const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum[i]), _mm256_set1_ps(dx[i][k0 / 32]));
+            const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum[i]), _mm256_set1_ps(x[i].d[k0 / 32]));
             acc[i] = _mm256_fmadd_ps(t, s, acc[i]);
-            acc[i] = _mm256_fmadd_ps(o, _mm256_set1_ps(xs[i][u]), acc[i]);
+            acc[i] = _mm256_fmadd_ps(o, _mm256_set1_ps(x[i].sums[u]), acc[i]);
         }
     }
     for (int i = 0; i < mr; i++) _mm256_maskstore_ps(y + i * ldy, keep, acc[i]);

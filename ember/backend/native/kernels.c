@@ -122,7 +122,7 @@ static int em_team(int64_t work, int64_t least) {
  * precision and costs ~2/3 of two; it is enough for a normalized hidden state, not for a down
  * projection's input (one pass put Gemma 3's ffn_down outputs 5% of their largest value off and
  * its logits outside the reference's tolerance; two passes are as close as int16). Which weight
- * takes which: ember/backend/weights.py's activation_passes. F16/BF16 read x as it is. */
+ * takes which: ember/backend/precision.py's activation_passes. F16/BF16 read x as it is. */
 typedef struct {
     int type, passes;
     int64_t K, nb, row_bytes;

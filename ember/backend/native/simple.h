@@ -182,6 +182,18 @@ static inline void em_codes_iq4_nl(const uint8_t *b, int8_t *q) {
     for (int j = 0; j < 16; j++)
         q[j] = em_kvalues_iq4nl[b[2 + j] & 15], q[j + 16] = em_kvalues_iq4nl[b[2 + j] >> 4];
 }
+/* the signed codes of one block of a 32-element type (2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0,
+ * else IQ4_NL) */
+static inline void em_codes(int type, const uint8_t *b, int8_t *q) {
+    switch (type) {
+    case 2: em_codes_q4_0(b, q); break;
+    case 3: em_codes_q4_1(b, q); break;
+    case 6: em_codes_q5_0(b, q); break;
+    case 7: em_codes_q5_1(b, q); break;
+    case 8: em_codes_q8_0(b, q); break;
+    default: em_codes_iq4_nl(b, q); break;
+    }
+}
 
 /* ---- x86: one block's codes as a vector of 32 int8 (signed, or unsigned for affine types) ---- */
 #if defined(EM_X86)
@@ -593,14 +605,7 @@ static void em_dequant_block(int type, const uint8_t *b, float *out) {
     em_dequant16(w.hi, dv, mv, affine, out + 16);
 #else
     int8_t q[EM_QK];
-    switch (type) {
-    case 2: em_codes_q4_0(b, q); break;
-    case 3: em_codes_q4_1(b, q); break;
-    case 6: em_codes_q5_0(b, q); break;
-    case 7: em_codes_q5_1(b, q); break;
-    case 8: em_codes_q8_0(b, q); break;
-    default: em_codes_iq4_nl(b, q); break;
-    }
+    em_codes(type, b, q);
     if (type == 3 || type == 7) {
         const float m = em_f16(b + 2);
         /* two roundings, as numpy: the build passes -ffp-contract=off, so never one fma */

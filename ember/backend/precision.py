@@ -1,0 +1,85 @@
+"""How each weight rounds its activations: by ISA path (which kernel a prompt or a token takes)
+and by the GGUF tensor's role (how much rounding its input bears). NativeLinear
+(ember/backend/weights.py) asks these once, at load."""
+
+from ember.backend import gemm
+from ember.gguf import GGMLType
+
+# Types whose native kernel runs at any row count where x takes one q8_K pass: 83-120 GFLOPS
+# against torch's 66-103 on dequantized float32 (512 rows of a 3B model's projections, AVX2,
+# 2 threads: benchmarks/bench_prefill_kernels.py). Two passes cost twice, and the int16 path of
+# the 32-element types half torch's speed: those keep the float32 matmul for prefill. Not on
+# the avx512 path where oneDNN runs the float32 one (gemm.py): there it is the faster, 405-476
+# GFLOPS against the int8 kernel's 303-328 (the same command, a Zen 5 EPYC), and exact.
+INT8_PREFILL = frozenset(
+    {GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS}
+)
+
+
+def float_activations(isa: str | None) -> bool:
+    """Whether the 32-element types' kernels take x as float32 on this ISA path (avx512: two
+    fused multiply-adds a block and row, fewer instructions than int16 codes; simple.h's
+    EM_FLOAT_X) instead of int16 codes per 32 values (every other path, all with the same bits)."""
+    return isa == "avx512"
+
+
+# Types whose prefill takes gemm8 (native/gemm8.h: x in int8 per 32 values, the weight unpacked
+# 16 rows at a time into codes), by ISA path, where it outruns the float32 matmul on 512 rows of
+# the bundled models' and the 3B file's projections (GFLOPS, 2 threads, a Zen 5 EPYC:
+# `benchmarks/bench_gemm8.py`, several runs). avx512 (VNNI): 640-860 against oneDNN's 360-450
+# (Q6_K's 16-value units 540-590). avx2 (vpmaddubsw): 280-370 against oneDNN's AVX2 code's
+# 210-240; its Q6_K (two int16 sums a unit) 220-226, and its 8-bit codes would saturate: those
+# keep float32.
+_GEMM8_AVX2 = frozenset(
+    {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K}
+)
+_GEMM8 = {
+    "avx512": _GEMM8_AVX2 | {GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q6_K},
+    "avx2": _GEMM8_AVX2,
+}
+
+
+def gemm8_prefill(isa: str | None, ggml_type: int) -> bool:
+    """Whether a weight of `ggml_type` whose input may be int8 (prefill_int8) takes gemm8 for
+    prefill on this ISA path."""
+    return isa is not None and ggml_type in _GEMM8.get(isa, ())
+
+
+def int8_prefill(isa: str | None) -> bool:
+    """Whether a one-pass K type's prefill takes its int8 kernel on this ISA path (not where
+    oneDNN runs the float32 matmul at AVX-512 speed: see INT8_PREFILL)."""
+    return not (isa == "avx512" and gemm.available())
+
+
+# The GGUF weights whose input is a normalized hidden state, without outliers: one q8_K pass
+# over it is enough for a K type, as llama.cpp takes everywhere. Every other weight keeps two:
+# a down projection's input (an activation times a projection) is heavy-tailed, and an attention
+# output's rounding depends on the batch (its sums run over other sequences' masked cells), which
+# one int8 pass turns into code flips: Gemma 3's eight parallel sequences then parted from each
+# run alone at a near-tie.
+_ONE_PASS = frozenset(
+    {"attn_q", "attn_k", "attn_v", "attn_qkv", "ffn_gate", "ffn_up", "output", "token_embd"}
+    | {"ffn_gate_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_up_shexp"}
+)
+
+
+def activation_passes(name: str) -> int:
+    """The q8_K passes (NativeLinear's activation_passes) for the GGUF tensor `name`."""
+    return 1 if _stem(name) in _ONE_PASS else 2
+
+
+# The GGUF weights whose prefill may take gemm8 (x in int8 per 32 values): the MLP's gate and
+# up. The attention projections' input is as normalized, but int8 q, k and v moved Gemma 3's
+# first logits of an 836-token prompt by 2% of the largest (a near-tie then flipped), gate and
+# up by 0.75%; the float32 path is within 2e-5.
+_GEMM8_INPUT = frozenset({"ffn_gate", "ffn_up", "ffn_gate_exps", "ffn_up_exps"})
+_GEMM8_INPUT |= {"ffn_gate_shexp", "ffn_up_shexp"}
+
+
+def gemm8_input(name: str) -> bool:
+    """Whether the GGUF tensor `name` may take gemm8 for prefill (NativeLinear's prefill_int8)."""
+    return _stem(name) in _GEMM8_INPUT
+
+
+def _stem(name: str) -> str:
+    return name.removesuffix(".weight").rsplit(".", 1)[-1]
