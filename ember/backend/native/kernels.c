@@ -42,9 +42,9 @@ extern int ember_num_threads; /* dispatch.c: 0 = OpenMP's default */
 enum { EM_F16 = 1, EM_Q4_0 = 2, EM_Q4_1 = 3, EM_Q5_0 = 6, EM_Q5_1 = 7, EM_Q8_0 = 8,
        EM_IQ4_NL = 20, EM_BF16 = 30 };
 
-typedef void (*em_dots_q16)(const uint8_t *, const em_block_q16 *, int64_t, int, float *);
+typedef void (*em_dots_q16)(const uint8_t *, const em_block_q16 *, int64_t, int, int, float *);
 typedef float (*em_dot_f32)(const uint8_t *, const float *, int64_t);
-typedef void (*em_dotsf)(const uint8_t *, int64_t, const float *, int64_t, int, int, float *);
+typedef void (*em_dotsf)(const uint8_t *, int64_t, const float *, int64_t, int, int, int, float *);
 typedef void (*em_dequant_row)(const void *, float *, int64_t);
 
 /* type -> (block elements, block bytes); 0 elements: not a type this library reads */
@@ -176,6 +176,22 @@ static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t 
     for (int64_t m = 0; m < M; m++) em_quantize_row_q16(x + m * K, p->q16 + m * nb, nb);
 }
 
+/* One row of x (decode): reading W is the step, and the hardware prefetcher alone left Q8_0
+ * rows at ~7-8 GB/s on one thread; asking for the lines 4 KiB ahead reads them faster
+ * (benchmarks/bench_simple_types.py; more rows are compute-bound). Asked a row at a time, before
+ * its products, that held rows longer than ~1-4 KiB back: the K types' x86 kernels ask as they
+ * go, a block at a time (kquants.h's KQ_PREFETCH), and so do the 32-element types' avx512 ones
+ * for rows of 1.5 KiB and more. Whether this call's kernels ask themselves: */
+#define EM_PF_ROW_MIN 1536
+static int em_kernel_prefetches(const em_prep *p, int64_t M) {
+    if (M != 1) return 0;
+    if (p->q8k) return 1; /* the portable K-type code is compute-bound: asking would not help */
+#if defined(EM_X86)
+    if (p->type != EM_F16 && p->type != EM_BF16) return p->row_bytes >= EM_PF_ROW_MIN;
+#endif
+    return 0;
+}
+
 /* y[m * ldy + n] = W[n] . x[m] for the W rows n0..n1 and the rows m0..m1 of the prepared x. */
 #define EM_PREFETCH_BYTES 4096
 #define EM_GROUP_ROWS 16 /* activation rows (passes) a K-type call takes */
@@ -186,12 +202,10 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
     const kq_block_q8_K *q8k = p->q8k ? p->q8k + p->passes * m0 * nb : 0;
     const em_block_q16 *q16 = p->q16 ? p->q16 + m0 * nb : 0;
     y += m0 * ldy;
+    const int self_pf = em_kernel_prefetches(p, M);
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wrow = W + n * p->row_bytes;
-        /* one row of x (decode): reading W is the step, and the hardware prefetcher alone left
-         * Q8_0 rows at ~7-8 GB/s on one thread; asking for the lines 4 KiB ahead reads them
-         * faster (benchmarks/bench_simple_types.py). More rows are compute-bound. */
-        if (M == 1)
+        if (M == 1 && !self_pf)
             for (int64_t o = 0; o < p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PREFETCH_BYTES + o);
         if (p->type == EM_F16 || p->type == EM_BF16) {
             const em_dot_f32 dot = p->type == EM_F16 ? em_dot_f16 : em_dot_bf16;
@@ -225,12 +239,12 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
              * rows read a Q8_0 head from memory at half the speed, and so did 8 rows of x (two
              * passes of 4 a weight row) at 0.7x; with 2-4 rows, one weight row a pass, the
              * hardware's prefetch is enough (asking cost 5%). */
-            if (nw == 2 || M > EM_XROWS)
+            if ((nw == 2 || M > EM_XROWS) && !self_pf)
                 for (int64_t o = M == 1 ? p->row_bytes : 0; o < nw * p->row_bytes; o += 64)
                     __builtin_prefetch(wrow + EM_PREFETCH_BYTES + o);
             for (int64_t g = 0; g < M; g += EM_XROWS) {
                 const int mc = M - g < EM_XROWS ? (int)(M - g) : EM_XROWS;
-                dots(wrow, p->row_bytes, xf + g * K, K, nw, mc, part);
+                dots(wrow, p->row_bytes, xf + g * K, K, nw, mc, self_pf, part);
                 for (int i = 0; i < nw; i++)
                     for (int m = 0; m < mc; m++) y[(g + m) * ldy + n + i] = part[i * mc + m];
             }
@@ -241,7 +255,7 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
             float part[EM_DOTS];
             for (int64_t g = 0; g < M; g += EM_DOTS) {
                 const int mc = M - g < EM_DOTS ? (int)(M - g) : EM_DOTS;
-                dots(wrow, q16 + g * nb, nb, mc, part);
+                dots(wrow, q16 + g * nb, nb, mc, self_pf, part);
                 for (int m = 0; m < mc; m++) y[(g + m) * ldy + n] = part[m];
             }
         }

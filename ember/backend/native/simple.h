@@ -282,14 +282,21 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
     return _mm_mul_ps(wf, _mm_castpd_ps(_mm_load_sd((const double *)&x->d)));
 }
 
+/* how far ahead a decode step's kernels ask for a weight row's bytes (kernels.c's
+ * em_kernel_prefetches says when) */
+#define EM_PF_AHEAD 4096
+
 /* Two blocks a step into two accumulators (even and odd blocks), so the adds overlap; the
  * offsets' sums build in lane 1 of two more, in block order as the portable code's. */
 #define EM_DOT_X86(T, BYTES, AFFINE)                                                          \
-    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {           \
+    static inline __attribute__((always_inline)) float em_dot_pf_##T(                         \
+        const uint8_t *w, const em_block_q16 *x, int64_t nb, const int PF) {                  \
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                        \
         __m128 off0 = _mm_setzero_ps(), off1 = _mm_setzero_ps();                              \
         int64_t b = 0;                                                                        \
         for (; b + 1 < nb; b += 2, w += 2 * BYTES) {                                          \
+            if (PF) __builtin_prefetch(w + EM_PF_AHEAD);                                      \
+            if (PF && 2 * BYTES > 64) __builtin_prefetch(w + EM_PF_AHEAD + 64);               \
             const __m128 s0 = em_scales(w, x + b), s1 = em_scales(w + BYTES, x + b + 1);      \
             acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_broadcastss_ps(s0), em_dot_w16(em_w_##T(w), x[b].qs))); \
             acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_broadcastss_ps(s1), em_dot_w16(em_w_##T(w + BYTES), x[b + 1].qs))); \
@@ -303,6 +310,9 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
         const float sum = em_hsum8(_mm256_add_ps(acc0, acc1));                                \
         if (!AFFINE) return sum;                                                              \
         return sum + (_mm_cvtss_f32(_mm_movehdup_ps(off0)) + _mm_cvtss_f32(_mm_movehdup_ps(off1))); \
+    }                                                                                         \
+    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {            \
+        return em_dot_pf_##T(w, x, nb, 0);                                                    \
     }
 
 /* The dot products of one weight row with NX rows of activations (NX <= EM_DOTS, a constant
@@ -337,12 +347,13 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
                             : sum;                                                            \
         }                                                                                     \
     }                                                                                         \
-    static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb, int nx, float *out) { \
+    static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb, int nx, int pf, \
+                            float *out) {                                                     \
         switch (nx) {                                                                         \
         case 4: em_dots_n_##T(w, x, nb, 4, out); break;                                       \
         case 3: em_dots_n_##T(w, x, nb, 3, out); break;                                       \
         case 2: em_dots_n_##T(w, x, nb, 2, out); break;                                       \
-        default: out[0] = em_dot_##T(w, x, nb);                                               \
+        default: out[0] = pf ? em_dot_pf_##T(w, x, nb, 1) : em_dot_##T(w, x, nb);             \
         }                                                                                     \
     }
 #define EM_DOT_SYM(T, BYTES) EM_DOT_X86(T, BYTES, 0) EM_DOTS_X86(T, BYTES, 0)
@@ -384,7 +395,7 @@ static inline float em_hsum8s(const float *a) {
 
 /* the x86 steps: even blocks into acc0, odd ones into acc1, offsets likewise */
 #define EM_DOT_PORTABLE(T, BYTES, AFFINE)                                                     \
-    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {           \
+    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {            \
         float acc[2][8] = {{0}}, lane[8], off[2] = {0.0f, 0.0f}, s[8];                        \
         int8_t q[EM_QK];                                                                      \
         for (int64_t b = 0; b < nb; b++, w += BYTES) {                                        \
@@ -398,7 +409,9 @@ static inline float em_hsum8s(const float *a) {
         return AFFINE ? sum + (off[0] + off[1]) : sum;                                        \
     }
 #define EM_DOTS_PORTABLE(T)                                                                   \
-    static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb, int nx, float *out) { \
+    static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb, int nx, int pf, \
+                            float *out) {                                                     \
+        (void)pf; /* the portable code is compute-bound */                                    \
         for (int m = 0; m < nx; m++) out[m] = em_dot_##T(w, x + m * nb, nb);                  \
     }
 #define EM_DOT_SYM(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 0) EM_DOTS_PORTABLE(T)
@@ -489,15 +502,18 @@ static inline em_wf em_wf_iq4_nl(const uint8_t *b) {
 
 /* NW weight rows (w, w + row_bytes) against NX rows of x (row m at x + m * K), NW <= 2 and
  * NX <= EM_XROWS, constants where inlined; out[i * NX + m] = W[i] . x[m]. Each dot product
- * takes the same steps whatever NW and NX are. */
+ * takes the same steps whatever NW and NX are. PF (taken for one row of x, pf): ask for each
+ * row's bytes EM_PF_AHEAD ahead as the blocks go, about once a 64-byte line (decode: the rows
+ * come from memory). */
 #define EM_DOTF(T, BYTES)                                                                     \
     static inline __attribute__((always_inline)) void em_dotsf_n_##T(                         \
         const uint8_t *w, int64_t row_bytes, const float *x, int64_t K, const int NW,         \
-        const int NX, float *out) {                                                           \
+        const int NX, const int PF, float *out) {                                             \
         __m512 lo[2 * EM_XROWS], hi[2 * EM_XROWS];                                            \
         for (int i = 0; i < NW * NX; i++) lo[i] = hi[i] = _mm512_setzero_ps();                \
         for (int64_t b = 0; b < K / EM_QK; b++, w += BYTES) {                                 \
             for (int i = 0; i < NW; i++) {                                                    \
+                if (PF && b % (64 / BYTES) == 0) __builtin_prefetch(w + i * row_bytes + EM_PF_AHEAD); \
                 const em_wf wf = em_wf_##T(w + i * row_bytes);                                \
                 for (int m = 0; m < NX; m++) {                                                \
                     const float *xb = x + m * K + b * EM_QK;                                  \
@@ -509,16 +525,18 @@ static inline em_wf em_wf_iq4_nl(const uint8_t *b) {
         for (int i = 0; i < NW * NX; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(lo[i], hi[i])); \
     }                                                                                         \
     static void em_dotsf_##T(const uint8_t *w, int64_t row_bytes, const float *x, int64_t K, int nw, \
-                             int nx, float *out) {                                            \
-        switch (nw * 8 + nx) {                                                                \
-        case 20: em_dotsf_n_##T(w, row_bytes, x, K, 2, 4, out); break;                        \
-        case 19: em_dotsf_n_##T(w, row_bytes, x, K, 2, 3, out); break;                        \
-        case 18: em_dotsf_n_##T(w, row_bytes, x, K, 2, 2, out); break;                        \
-        case 17: em_dotsf_n_##T(w, row_bytes, x, K, 2, 1, out); break;                        \
-        case 12: em_dotsf_n_##T(w, row_bytes, x, K, 1, 4, out); break;                        \
-        case 11: em_dotsf_n_##T(w, row_bytes, x, K, 1, 3, out); break;                        \
-        case 10: em_dotsf_n_##T(w, row_bytes, x, K, 1, 2, out); break;                        \
-        default: em_dotsf_n_##T(w, row_bytes, x, K, 1, 1, out);                               \
+                             int nx, int pf, float *out) {                                    \
+        switch (pf && nx == 1 ? 100 + nw : nw * 8 + nx) {                                     \
+        case 102: em_dotsf_n_##T(w, row_bytes, x, K, 2, 1, 1, out); break;                    \
+        case 101: em_dotsf_n_##T(w, row_bytes, x, K, 1, 1, 1, out); break;                    \
+        case 20: em_dotsf_n_##T(w, row_bytes, x, K, 2, 4, 0, out); break;                     \
+        case 19: em_dotsf_n_##T(w, row_bytes, x, K, 2, 3, 0, out); break;                     \
+        case 18: em_dotsf_n_##T(w, row_bytes, x, K, 2, 2, 0, out); break;                     \
+        case 17: em_dotsf_n_##T(w, row_bytes, x, K, 2, 1, 0, out); break;                     \
+        case 12: em_dotsf_n_##T(w, row_bytes, x, K, 1, 4, 0, out); break;                     \
+        case 11: em_dotsf_n_##T(w, row_bytes, x, K, 1, 3, 0, out); break;                     \
+        case 10: em_dotsf_n_##T(w, row_bytes, x, K, 1, 2, 0, out); break;                     \
+        default: em_dotsf_n_##T(w, row_bytes, x, K, 1, 1, 0, out);                            \
         }                                                                                     \
     }
 EM_DOTF(q4_0, 18)
