@@ -230,11 +230,14 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
         } else if (!q16) {
             const em_dotsf dots = em_f32x_dots_of(p->type);
             float part[2 * EM_XROWS];
-            /* One row of x (decode) meets two weight rows a pass, for independent chains; so
-             * do rows of x longer than 1,024 values (each load of x then serves both). Shorter
-             * ones meet one weight row a pass. (Measured from memory with 1, 2, 4 and 8 rows:
-             * benchmarks/bench_simple_types.py --rows.) */
-            const int nw = n + 1 < n1 && (M == 1 || K > 1024) ? 2 : 1;
+            /* One row of x (decode) meets two weight rows a pass where the rows are short, for
+             * independent chains; rows of 1.5 KiB and more (self_pf) one at a time: two streams
+             * of them a thread, and x's float32 values, read 17-20 GB/s at 8,192 values a row
+             * (Q4_0-Q5_1), one 31-36 (Q8_0 at 3,072: 36 against 51). Rows of x longer than
+             * 1,024 values meet two weight rows (each load of x then serves both), shorter
+             * ones one. A row's bits do not depend on the choice. (Measured from memory with
+             * 1, 2, 4 and 8 rows: benchmarks/bench_simple_types.py --k K --rows.) */
+            const int nw = n + 1 < n1 && (M == 1 ? !self_pf : K > 1024) ? 2 : 1;
             /* the weight rows ahead (M == 1 asked for the first above). Without it, pairs of
              * rows read a Q8_0 head from memory at half the speed, and so did 8 rows of x (two
              * passes of 4 a weight row) at 0.7x; with 2-4 rows, one weight row a pass, the

@@ -502,7 +502,7 @@ static inline em_wf em_wf_iq4_nl(const uint8_t *b) {
 
 /* NW weight rows (w, w + row_bytes) against NX rows of x (row m at x + m * K), NW <= 2 and
  * NX <= EM_XROWS, constants where inlined; out[i * NX + m] = W[i] . x[m]. Each dot product
- * takes the same steps whatever NW and NX are. PF (taken for one row of x, pf): ask for each
+ * takes the same steps whatever NW and NX are. PF (taken for one row of each, pf): ask for the
  * row's bytes EM_PF_AHEAD ahead as the blocks go, about once a 64-byte line (decode: the rows
  * come from memory). */
 #define EM_DOTF(T, BYTES)                                                                     \
@@ -526,9 +526,8 @@ static inline em_wf em_wf_iq4_nl(const uint8_t *b) {
     }                                                                                         \
     static void em_dotsf_##T(const uint8_t *w, int64_t row_bytes, const float *x, int64_t K, int nw, \
                              int nx, int pf, float *out) {                                    \
-        switch (pf && nx == 1 ? 100 + nw : nw * 8 + nx) {                                     \
-        case 102: em_dotsf_n_##T(w, row_bytes, x, K, 2, 1, 1, out); break;                    \
-        case 101: em_dotsf_n_##T(w, row_bytes, x, K, 1, 1, 1, out); break;                    \
+        switch (pf && nw * nx == 1 ? 0 : nw * 8 + nx) {                                       \
+        case 0: em_dotsf_n_##T(w, row_bytes, x, K, 1, 1, 1, out); break;                      \
         case 20: em_dotsf_n_##T(w, row_bytes, x, K, 2, 4, 0, out); break;                     \
         case 19: em_dotsf_n_##T(w, row_bytes, x, K, 2, 3, 0, out); break;                     \
         case 18: em_dotsf_n_##T(w, row_bytes, x, K, 2, 2, 0, out); break;                     \
