@@ -180,14 +180,15 @@ static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t 
  * rows at ~7-8 GB/s on one thread; asking for the lines 4 KiB ahead reads them faster
  * (benchmarks/bench_simple_types.py; more rows are compute-bound). Asked a row at a time, before
  * its products, that held rows longer than ~1-4 KiB back: the K types' x86 kernels ask as they
- * go, a block at a time (kquants.h's KQ_PREFETCH), and so do the 32-element types' avx512 ones
- * for rows of 1.5 KiB and more. Whether this call's kernels ask themselves: */
+ * go, a block at a time (kquants.h's KQ_PREFETCH), and so do the other types' x86 ones for rows
+ * of 1.5 KiB and more, about once a line (F16 rows of 8,192 values: 34-38 GB/s asked a row at
+ * a time, 51-56 as they go, 2 threads). Whether this call's kernels ask themselves: */
 #define EM_PF_ROW_MIN 1536
 static int em_kernel_prefetches(const em_prep *p, int64_t M) {
     if (M != 1) return 0;
     if (p->q8k) return 1; /* the portable K-type code is compute-bound: asking would not help */
 #if defined(EM_X86)
-    if (p->type != EM_F16 && p->type != EM_BF16) return p->row_bytes >= EM_PF_ROW_MIN;
+    return p->row_bytes >= EM_PF_ROW_MIN;
 #endif
     return 0;
 }
@@ -208,7 +209,8 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
         if (M == 1 && !self_pf)
             for (int64_t o = 0; o < p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PREFETCH_BYTES + o);
         if (p->type == EM_F16 || p->type == EM_BF16) {
-            const em_dot_f32 dot = p->type == EM_F16 ? em_dot_f16 : em_dot_bf16;
+            const em_dot_f32 dot = p->type == EM_F16 ? (self_pf ? em_dot_f16_pf : em_dot_f16)
+                                                     : (self_pf ? em_dot_bf16_pf : em_dot_bf16);
             for (int64_t m = 0; m < M; m++) y[m * ldy + n] = dot(wrow, xf + m * K, K);
         } else if (q8k) { /* the weight block unpacked once for all rows (both passes) */
             const kq_dot_rows_fn rows_dot = kq_dot_rows_for_type(p->type);

@@ -552,17 +552,21 @@ EM_DOTF(iq4_nl, 18)
 
 #if defined(EM_X86)
 #define EM_FLOAT_DOT(NAME, LOAD8, ONE)                                                        \
-    static float NAME(const uint8_t *w, const float *x, int64_t k) {                          \
+    static inline __attribute__((always_inline)) float NAME##_n(const uint8_t *w, const float *x, \
+                                                                int64_t k, const int PF) {    \
         int64_t i = 0;                                                                        \
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                           \
         for (; i + 16 <= k; i += 16) {                                                        \
+            if (PF && !(i & 16)) __builtin_prefetch(w + 2 * i + EM_PF_AHEAD);                 \
             a0 = _mm256_add_ps(a0, _mm256_mul_ps(LOAD8(w + 2 * i), _mm256_loadu_ps(x + i)));  \
             a1 = _mm256_add_ps(a1, _mm256_mul_ps(LOAD8(w + 2 * i + 16), _mm256_loadu_ps(x + i + 8))); \
         }                                                                                     \
         float acc = em_hsum8(_mm256_add_ps(a0, a1));                                          \
         for (; i < k; i++) acc += ONE(w + 2 * i) * x[i];                                      \
         return acc;                                                                           \
-    }
+    }                                                                                         \
+    static float NAME(const uint8_t *w, const float *x, int64_t k) { return NAME##_n(w, x, k, 0); } \
+    static float NAME##_pf(const uint8_t *w, const float *x, int64_t k) { return NAME##_n(w, x, k, 1); }
 static inline __m256 em_load8_f16(const uint8_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
@@ -587,7 +591,8 @@ EM_FLOAT_DOT(em_dot_bf16, em_load8_bf16, em_bf16)
         float acc = em_hsum8s(s);                                                             \
         for (; i < k; i++) acc += ONE(w + 2 * i) * x[i];                                      \
         return acc;                                                                           \
-    }
+    }                                                                                         \
+    static float NAME##_pf(const uint8_t *w, const float *x, int64_t k) { return NAME(w, x, k); }
 EM_FLOAT_DOT(em_dot_f16, em_f16)
 EM_FLOAT_DOT(em_dot_bf16, em_bf16)
 #endif
