@@ -1,6 +1,8 @@
-"""Writes a Llama-3.2-3B-shaped model with random weights, quantized to Q4_K_M by Ember itself.
+"""Writes a Llama-3.2-3B-shaped model with random weights, quantized to Q4_K_M by Ember itself
+(or to another type `ember create --quantize` makes: --type Q8_0, Q4_K_S).
 
     .venv/bin/python benchmarks/make_scale_model.py /tmp/llama3b-q4_k_m.gguf
+    .venv/bin/python benchmarks/make_scale_model.py /tmp/llama3b-q8_0.gguf --type Q8_0
     .venv/bin/python benchmarks/bench_generate.py --model /tmp/llama3b-q4_k_m.gguf --runs 3
 
 The shape is meta-llama/Llama-3.2-3B's config.json: hidden 3072, 28 layers, 24 heads and 8 KV
@@ -181,7 +183,8 @@ class FileSink:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, help="the Q4_K_M file to write (keep it out of the repo)")
+    parser.add_argument("out", type=Path, help="the file to write (keep it out of the repo)")
+    parser.add_argument("--type", default="Q4_K_M", choices=["Q4_K_M", "Q4_K_S", "Q8_0"])
     parser.add_argument("--f16", type=Path, help="the intermediate F16 file (OUT.f16.gguf)")
     parser.add_argument("--keep-f16", action="store_true")
     parser.add_argument("--layers", type=int, default=LLAMA_3B.layers, help="fewer: a quick check")
@@ -207,14 +210,16 @@ def main() -> None:
     sink = FileSink(args.out)
     try:
         last = 0.0
-        for done, total in quantize(f16, cast(Any, sink), "Q4_K_M"):
+        for done, total in quantize(f16, cast(Any, sink), args.type):
             if time.perf_counter() - last > 30 or done == total:
                 last = time.perf_counter()
                 print(f"quantizing: {done / total:.0%} after {last - t0:.0f} s", flush=True)
     finally:
         sink.close()
     size = args.out.stat().st_size
-    print(f"wrote {args.out} ({size / 1e9:.2f} GB, Q4_K_M) in {time.perf_counter() - t0:.0f} s")
+    print(
+        f"wrote {args.out} ({size / 1e9:.2f} GB, {args.type}) in {time.perf_counter() - t0:.0f} s"
+    )
     if not args.keep_f16:
         f16.unlink()
 

@@ -234,7 +234,7 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
             float part[2 * EM_XROWS];
             /* One row of x (decode) meets two weight rows a pass where the rows are short, for
              * independent chains; rows of 1.5 KiB and more (self_pf) one at a time: two streams
-             * of them a thread, and x's float32 values, read 17-20 GB/s at 8,192 values a row
+             * of them a thread, and x's float32 values, read 16-21 GB/s at 8,192 values a row
              * (Q4_0-Q5_1), one 31-36 (Q8_0 at 3,072: 36 against 51). Rows of x longer than
              * 1,024 values meet two weight rows (each load of x then serves both), shorter
              * ones one. A row's bits do not depend on the choice. (Measured from memory with
