@@ -186,7 +186,7 @@ static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t 
 #define EM_PF_ROW_MIN 1536
 static int em_kernel_prefetches(const em_prep *p, int64_t M) {
     if (M != 1) return 0;
-    if (p->q8k) return 1; /* the portable K-type code is compute-bound: asking would not help */
+    if (p->q8k) return 1; /* kquants.h: its x86 kernels ask; its portable code is compute-bound */
 #if defined(EM_X86)
     return p->row_bytes >= EM_PF_ROW_MIN;
 #endif
