@@ -1,11 +1,11 @@
 """Builds Ember's native kernels at install (`pip install .`, `pip install -e .`); the package's
 metadata is in pyproject.toml.
 
-ember/backend/native/kernels.c is compiled once per ISA with that ISA's flags (generic, avx2 and
-avx512 on x86-64, neon on AArch64), each copy's exported names ending in its ISA, and linked with
-dispatch.c into one shared library, ember/backend/native/_ember_kernels*.so, that Python loads
-with ctypes (it has no PyInit). A copy the compiler cannot build is left out; when nothing
-builds, the install still succeeds and Ember runs on its pure-PyTorch path.
+ember/backend/native/kernels.c is compiled once per ISA with that ISA's flags (generic, avx2,
+avxvnni and avx512 on x86-64, neon on AArch64), each copy's exported names ending in its ISA,
+and linked with dispatch.c into one shared library, ember/backend/native/_ember_kernels*.so,
+that Python loads with ctypes (it has no PyInit). A copy the compiler cannot build is left out;
+when nothing builds, the install still succeeds and Ember runs on its pure-PyTorch path.
 """
 
 import platform
@@ -20,6 +20,7 @@ COMMON = ["-O3", "-fopenmp", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off"
 X86_ISAS = {
     "generic": [],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avxvnni": ["-mavx2", "-mfma", "-mf16c", "-mavxvnni"],
     "avx512": [
         "-mavx512f",
         "-mavx512bw",

@@ -29,6 +29,11 @@ from ember.envconfig import CPU_ISAS
 
 # what holds torch's kernels to a lower ISA than the CPU's (Ember's own take EMBER_CPU_ISA)
 TORCH_ISA_ENV = {
+    "avxvnni": {  # oneDNN has an AVX2 + AVX-VNNI level; ATen and MKL stop at AVX2
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    },
     "avx2": {
         "ATEN_CPU_CAPABILITY": "avx2",
         "ONEDNN_MAX_CPU_ISA": "AVX2",

@@ -83,12 +83,14 @@ def num_threads() -> int:
     return _int("EMBER_NUM_THREADS", 0, minimum=0)
 
 
-CPU_ISAS = ("generic", "avx2", "avx512", "neon")  # the native kernels' paths, slowest first
+# the native kernels' paths, slowest first (avxvnni: AVX2 with AVX-VNNI's 256-bit int8/int16 dot
+# products, as Intel's cores since Alder Lake have without AVX-512)
+CPU_ISAS = ("generic", "avx2", "avxvnni", "avx512", "neon")
 
 
 def cpu_isa() -> str:
-    """The native kernels' path (EMBER_CPU_ISA: generic, avx2, avx512, neon); "" = the best the
-    CPU runs. Forcing one the CPU lacks is an error where the kernels are loaded."""
+    """The native kernels' path (EMBER_CPU_ISA: one of CPU_ISAS); "" = the best the CPU runs.
+    Forcing one the CPU lacks is an error where the kernels are loaded."""
     text = _get("EMBER_CPU_ISA").lower()
     if text and text not in CPU_ISAS:
         raise OptionsError(f"EMBER_CPU_ISA must be one of {', '.join(CPU_ISAS)}, got {text!r}")

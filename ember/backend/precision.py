@@ -29,14 +29,13 @@ def float_activations(isa: str | None) -> bool:
 # `benchmarks/bench_gemm8.py`, several runs). avx512 (VNNI): 640-860 against oneDNN's 360-450
 # (Q6_K's 16-value units 540-590). avx2 (vpmaddubsw): 280-370 against oneDNN's AVX2 code's
 # 210-240; its Q6_K (two int16 sums a unit) 220-226, and its 8-bit codes would saturate: those
-# keep float32.
+# keep float32. avxvnni (AVX-VNNI's 256-bit vpdpbusd, exact for every code width; everything
+# else held to AVX2): 360-420 against 207-221, Q6_K 291, Q8_0 358.
 _GEMM8_AVX2 = frozenset(
     {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K}
 )
-_GEMM8 = {
-    "avx512": _GEMM8_AVX2 | {GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q6_K},
-    "avx2": _GEMM8_AVX2,
-}
+_GEMM8_VNNI = _GEMM8_AVX2 | {GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q6_K}
+_GEMM8 = {"avx512": _GEMM8_VNNI, "avxvnni": _GEMM8_VNNI, "avx2": _GEMM8_AVX2}
 
 
 def gemm8_prefill(isa: str | None, ggml_type: int) -> bool:

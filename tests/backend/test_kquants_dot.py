@@ -50,6 +50,7 @@ ISAS = {
         ],
         {"avx2", "fma", "f16c"},
     ),
+    "avxvnni": (["-mavx2", "-mfma", "-mf16c", "-mavxvnni"], {"avx2", "fma", "f16c", "avx_vnni"}),
     "avx512": (
         ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"],
         {"avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"},
@@ -63,6 +64,7 @@ IMPL_NAMES = {
     "avx2-relaxed": "x86-avx2",
     "generic": "generic",
     "avx2": "x86-avx2",
+    "avxvnni": "x86-avx2-vnni",
     "avx512": "x86-avx512",
     "avx512vnni": "x86-avx512-vnni",
 }

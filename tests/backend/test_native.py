@@ -284,6 +284,33 @@ def test_every_isa_gives_the_same_bits(qtype: QT) -> None:
         assert torch.equal(y, ys[0]), isa
 
 
+@pytest.mark.skipif(
+    not {"avx2", "avxvnni"} <= set(native.runnable_isas()), reason="needs avx2 and avxvnni"
+)
+@pytest.mark.parametrize("qtype", SIMPLE + K_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("passes", [1, 2])
+def test_avxvnni_gives_the_avx2_bits(qtype: QT, passes: int) -> None:
+    # AVX-VNNI's vpdpwssd/vpdpbusd make the same exact int32 sums as vpmaddwd/vpmaddubsw and
+    # their adds: every kernel (one row, several, a prompt's where both paths take the same
+    # one, and gemm8 where avx2 has it; avxvnni gives gemm8 Q8_0, IQ4_NL and Q6_K besides)
+    shape = (40, 256 * 3 if qtype in K_TYPES else 32 * 11)
+    raw, _ = weight(qtype, shape)
+    x = torch.randn(NATIVE_ROWS + 3, shape[1], generator=torch.Generator().manual_seed(5))
+    avx2, vnni = (
+        NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), activation_passes=passes)
+        for isa in ("avx2", "avxvnni")
+    )
+    for rows in (x[:1], x[:7], x[:NATIVE_ROWS]):
+        assert torch.equal(vnni(rows), avx2(rows))
+    if vnni.takes_int8(len(x)) == avx2.takes_int8(len(x)):
+        assert torch.equal(vnni(x), avx2(x))
+    if gemm8_prefill("avx2", qtype):
+        want, got = torch.empty(len(x), shape[0]), torch.empty(len(x), shape[0])
+        avx2.int8_into(avx2.quantize_rows(x), 0, shape[0], want)
+        vnni.int8_into(vnni.quantize_rows(x), 0, shape[0], got)
+        assert torch.equal(got, want)
+
+
 def test_many_rows_take_the_float32_path_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     from ember.backend import weights
 

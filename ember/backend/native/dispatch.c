@@ -1,8 +1,9 @@
 /* Which of the ISA copies of kernels.c this CPU can run, and a default entry point.
  *
- * ISAs by number: 0 generic, 1 avx2, 2 avx512, 3 neon. setup.py defines EMBER_HAS_<ISA> for
- * each copy it compiled; a copy is usable where it was compiled and the CPU has its features
- * (avx2: AVX2 + FMA + F16C; avx512: AVX-512 F/BW/VL/VNNI as well). */
+ * ISAs by number, slowest first: 0 generic, 1 avx2, 2 avxvnni, 3 avx512, 4 neon. setup.py
+ * defines EMBER_HAS_<ISA> for each copy it compiled; a copy is usable where it was compiled and
+ * the CPU has its features (avx2: AVX2 + FMA + F16C; avxvnni: AVX-VNNI as well, the 256-bit
+ * vpdpbusd/vpdpwssd of Intel's cores since Alder Lake; avx512: AVX-512 F/BW/VL/VNNI). */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -24,6 +25,9 @@ EM_DECLARE(generic)
 #ifdef EMBER_HAS_AVX2
 EM_DECLARE(avx2)
 #endif
+#ifdef EMBER_HAS_AVXVNNI
+EM_DECLARE(avxvnni)
+#endif
 #ifdef EMBER_HAS_AVX512
 EM_DECLARE(avx512)
 #endif
@@ -37,11 +41,14 @@ EM_API int ember_isa_compiled(int isa) {
 #ifdef EMBER_HAS_AVX2
     case 1: return 1;
 #endif
-#ifdef EMBER_HAS_AVX512
+#ifdef EMBER_HAS_AVXVNNI
     case 2: return 1;
 #endif
-#ifdef EMBER_HAS_NEON
+#ifdef EMBER_HAS_AVX512
     case 3: return 1;
+#endif
+#ifdef EMBER_HAS_NEON
+    case 4: return 1;
 #endif
     default: return 0;
     }
@@ -54,11 +61,14 @@ EM_API int ember_cpu_supports(int isa) {
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                      __builtin_cpu_supports("f16c");
     if (isa == 1) return avx2;
-    if (isa == 2)
+#ifdef EMBER_HAS_AVXVNNI /* a compiler that built it knows the feature's name */
+    if (isa == 2) return avx2 && __builtin_cpu_supports("avxvnni");
+#endif
+    if (isa == 3)
         return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 #elif defined(__aarch64__)
-    if (isa == 3) return 1; /* Advanced SIMD is part of every AArch64 CPU */
+    if (isa == 4) return 1; /* Advanced SIMD is part of every AArch64 CPU */
 #endif
     return 0;
 }
@@ -68,11 +78,16 @@ EM_API const char *ember_cpu_features(void) {
     static char text[160];
     text[0] = 0;
 #if defined(__x86_64__) || defined(__i386__)
-    static const char *names[] = {"avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
-                                  "avx512vl", "avx512vnni"};
+    static const char *names[] = {"avx", "avx2", "fma", "f16c", "avxvnni", "avx512f",
+                                  "avx512bw", "avx512vl", "avx512vnni"};
     __builtin_cpu_init();
     const int has[] = {__builtin_cpu_supports("avx"), __builtin_cpu_supports("avx2"),
                        __builtin_cpu_supports("fma"), __builtin_cpu_supports("f16c"),
+#ifdef EMBER_HAS_AVXVNNI
+                       __builtin_cpu_supports("avxvnni"),
+#else
+                       0,
+#endif
                        __builtin_cpu_supports("avx512f"), __builtin_cpu_supports("avx512bw"),
                        __builtin_cpu_supports("avx512vl"), __builtin_cpu_supports("avx512vnni")};
     for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
@@ -88,7 +103,7 @@ EM_API const char *ember_cpu_features(void) {
 
 /* The best ISA compiled in that this CPU runs. */
 EM_API int ember_best_isa(void) {
-    for (int isa = 3; isa > 0; isa--)
+    for (int isa = 4; isa > 0; isa--)
         if (ember_isa_compiled(isa) && ember_cpu_supports(isa)) return isa;
     return 0;
 }
@@ -98,11 +113,14 @@ static em_matmul_fn em_matmul_of(int isa) {
 #ifdef EMBER_HAS_AVX2
     case 1: return ember_matmul_avx2;
 #endif
+#ifdef EMBER_HAS_AVXVNNI
+    case 2: return ember_matmul_avxvnni;
+#endif
 #ifdef EMBER_HAS_AVX512
-    case 2: return ember_matmul_avx512;
+    case 3: return ember_matmul_avx512;
 #endif
 #ifdef EMBER_HAS_NEON
-    case 3: return ember_matmul_neon;
+    case 4: return ember_matmul_neon;
 #endif
     default: return ember_matmul_generic;
     }
@@ -113,11 +131,14 @@ static em_dequant_fn em_dequant_of(int isa) {
 #ifdef EMBER_HAS_AVX2
     case 1: return ember_dequant_avx2;
 #endif
+#ifdef EMBER_HAS_AVXVNNI
+    case 2: return ember_dequant_avxvnni;
+#endif
 #ifdef EMBER_HAS_AVX512
-    case 2: return ember_dequant_avx512;
+    case 3: return ember_dequant_avx512;
 #endif
 #ifdef EMBER_HAS_NEON
-    case 3: return ember_dequant_neon;
+    case 4: return ember_dequant_neon;
 #endif
     default: return ember_dequant_generic;
     }

@@ -238,7 +238,9 @@ static void em_g8_panel(const uint8_t *codes, const float *ps, const float *po, 
 /* AVX2 has no vpdpbusd: vpmaddubsw multiplies pairs of codes and x into int16 sums, several of
  * which add up in int16 before vpmaddwd widens them (exact while 2 * per * max code * 127 fits
  * int16: `per` groups of four values at a time), half a panel (8 rows) a ymm register. The
- * pair sums saturate for 8-bit codes (Q8_0, IQ4_NL): those take the portable C. */
+ * pair sums saturate for 8-bit codes (Q8_0, IQ4_NL): those take the portable C. AVX-VNNI (the
+ * avxvnni copy) has the 256-bit vpdpbusd: one instruction for the three, exact for every code
+ * width, the same int32 sums and so the same bits. */
 static inline int em_g8_code_bits(int type) {
     switch (type) {
     case 2: case 3: case KQ_TYPE_Q4_K: return 4;
@@ -267,6 +269,18 @@ static inline __attribute__((always_inline)) void em_g8_tile2(
         for (int g0 = 0; g0 < G; g0 += per) {
             __m256i part[EM_G8_MR2];
             for (int i = 0; i < mr; i++) part[i] = _mm256_setzero_si256();
+#if defined(__AVXVNNI__) /* exact in int32 for every code width: no int16 sums */
+            (void)part;
+            (void)ones;
+            for (int g = g0; g < g0 + per && g < G; g++) {
+                const __m256i w = _mm256_load_si256((const __m256i *)(cw + g * 64));
+                for (int i = 0; i < mr; i++) {
+                    int32_t four;
+                    memcpy(&four, x[i].q + k0 + 4 * g, 4);
+                    sum[i] = _mm256_dpbusd_avx_epi32(sum[i], w, _mm256_set1_epi32(four));
+                }
+            }
+#else
             for (int g = g0; g < g0 + per && g < G; g++) {
                 const __m256i w = _mm256_load_si256((const __m256i *)(cw + g * 64));
                 for (int i = 0; i < mr; i++) {
@@ -276,6 +290,7 @@ static inline __attribute__((always_inline)) void em_g8_tile2(
                 }
             }
             for (int i = 0; i < mr; i++) sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(part[i], ones));
+#endif
         }
         const __m256 s = _mm256_load_ps(ps + u * EM_G8_NR), o = _mm256_load_ps(po + u * EM_G8_NR);
         for (int i = 0; i < mr; i++) {
@@ -305,6 +320,10 @@ static void em_g8_panel_avx2(const uint8_t *codes, const float *ps, const float 
 static void em_g8_panel_of(int type, const uint8_t *codes, const float *ps, const float *po, int U,
                            int64_t K, const uint8_t *xq, int64_t xrb, int64_t M, float *y,
                            int64_t ldy, int nr) {
+#if defined(__AVXVNNI__)
+    (void)type;
+    em_g8_panel_avx2(codes, ps, po, U, U / 4, K, xq, xrb, M, y, ldy, nr);
+#else
     const int bits = em_g8_code_bits(type);
     if (bits > 6) {
         em_g8_panel_generic(codes, ps, po, U, K, xq, xrb, M, y, ldy, nr);
@@ -312,6 +331,7 @@ static void em_g8_panel_of(int type, const uint8_t *codes, const float *ps, cons
     }
     const int per = 16383 / (127 * ((1 << bits) - 1)); /* groups a sum of int16 holds exactly */
     em_g8_panel_avx2(codes, ps, po, U, per, K, xq, xrb, M, y, ldy, nr);
+#endif
 }
 #define EM_G8_PANEL_OF 1
 #else

@@ -10,13 +10,16 @@
  *   AVX2+FMA        the x86 SIMD code: vpmaddubsw of unsigned codes times int8 activations,
  *                   vpmaddwd by the sub-block scales, exact int32 sums per super-block, one
  *                   float FMA per super-block; offsets (Q3_K's -4, Q6_K's -32, the mins of
- *                   Q2_K/Q4_K/Q5_K) come from q8_K's bsums, not per value.
+ *                   Q2_K/Q4_K/Q5_K) come from q8_K's bsums, not per value. With AVX-VNNI
+ *                   (__AVXVNNI__: the avxvnni copy) vpdpwssd does each vpmaddwd + vpaddd,
+ *                   as AVX512-VNNI's does above: the same sums.
  *   anything else   portable C (kq_dot_*_generic, always compiled: it is the reference), written
  *                   so compilers vectorize it. NEON is not written yet: no aarch64 compiler or
  *                   emulator on the development machine, so ARM builds get this path.
  * Every path computes the same per-block integer sums exactly (they are exact in int32); only
  * the float accumulation order differs, so the paths agree to ~1e-7 relative.
- * KQ_IMPL_NAME names the path compiled ("x86-avx512-vnni", "x86-avx512", "x86-avx2", "generic").
+ * KQ_IMPL_NAME names the path compiled ("x86-avx512-vnni", "x86-avx512", "x86-avx2-vnni",
+ * "x86-avx2", "generic").
  *
  * Block layouts (bytes): exactly ggml's / GGUF's.
  *   Q2_K  84: scales[16] (lo nibble scale, hi nibble min), qs[64], d f16, dmin f16
@@ -492,12 +495,14 @@ static inline float kq_dot_iq4_xs_generic(const void *w, const kq_block_q8_K *x,
     return sumf;
 }
 
-/* ============================================================ x86: AVX2 (+ AVX-512 VNNI) */
+/* ==================================================== x86: AVX2 (+ AVX-512 VNNI or AVX-VNNI) */
 #if defined(KQ_X86)
 
 /* acc + pairwise int16 products summed into int32 lanes */
 #if defined(KQ_VNNI)
 #define KQ_MADD_ACC(acc, a, b) _mm256_dpwssd_epi32((acc), (a), (b))
+#elif defined(__AVXVNNI__)
+#define KQ_MADD_ACC(acc, a, b) _mm256_dpwssd_avx_epi32((acc), (a), (b))
 #else
 #define KQ_MADD_ACC(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
 #endif
@@ -1003,6 +1008,8 @@ KQ_ROWS_X86(q6_K)
 #define KQ_IMPL_NAME "x86-avx512-vnni"
 #elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define KQ_IMPL_NAME "x86-avx512"
+#elif defined(__AVXVNNI__)
+#define KQ_IMPL_NAME "x86-avx2-vnni"
 #else
 #define KQ_IMPL_NAME "x86-avx2"
 #endif

@@ -11,7 +11,8 @@
  * whose top-2 gap was 0.22 logits, beyond the 0.2 the tests allow.
  *
  * This header is compiled once per ISA (kernels.c under each ISA's flags); the path is picked
- * by the predefined macros: AVX-512 VNNI (vpdpwssd), AVX2 (vpmaddwd), NEON, or portable C.
+ * by the predefined macros: AVX-512 VNNI or AVX-VNNI (vpdpwssd), AVX2 (vpmaddwd), NEON, or
+ * portable C.
  * Every path takes the same steps: the same codes (round half to even), int32 lanes of four
  * products each (exact), then the same float operations in the same order with no fused
  * multiply-add, so every ISA gives the same bits. The AVX-512 copy alone takes float32
@@ -246,6 +247,8 @@ static inline __m256 em_dot_w16(em_w16 w, const int16_t *y) {
     const __m256i y1 = _mm256_loadu_si256((const __m256i *)(y + 16));
 #if defined(EM_VNNI)
     const __m256i sum = _mm256_dpwssd_epi32(_mm256_madd_epi16(w.lo, y0), w.hi, y1);
+#elif defined(__AVXVNNI__)
+    const __m256i sum = _mm256_dpwssd_avx_epi32(_mm256_madd_epi16(w.lo, y0), w.hi, y1);
 #else
     const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(w.lo, y0), _mm256_madd_epi16(w.hi, y1));
 #endif
