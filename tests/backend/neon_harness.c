@@ -51,7 +51,7 @@ int main(void) {
         }
         int deq_same = memcmp(d0, d1, N * K * 4) == 0;
         printf("type %2d rc %d %d bit-identical %d maxrel %.2e deq-identical %d vs-float64 %.2e\n", t, r0, r1, same, maxrel, deq_same, maxerr);
-        if (r0 || r1 || !deq_same || maxrel > 1e-5 || maxerr > 1e-4) fails++;
+        if (r0 || r1 || !same || !deq_same || maxerr > 1e-4) fails++; /* the same bits, every type */
     }
     printf("%s\n", fails ? "FAIL" : "OK");
     return fails != 0;

@@ -13,13 +13,14 @@
  *                   Q2_K/Q4_K/Q5_K) come from q8_K's bsums, not per value. With AVX-VNNI
  *                   (__AVXVNNI__: the avxvnni copy) vpdpwssd does each vpmaddwd + vpaddd,
  *                   as AVX512-VNNI's does above: the same sums.
+ *   NEON (AArch64)  Q4_K, Q5_K, Q6_K in Advanced SIMD (kq_dot_*_neon below; the others take the
+ *                   portable C), tested against it under qemu (tests/backend/test_native_neon.py).
  *   anything else   portable C (kq_dot_*_generic, always compiled: it is the reference), written
- *                   so compilers vectorize it. NEON is not written yet: no aarch64 compiler or
- *                   emulator on the development machine, so ARM builds get this path.
+ *                   so compilers vectorize it.
  * Every path computes the same per-block integer sums exactly (they are exact in int32); only
  * the float accumulation order differs, so the paths agree to ~1e-7 relative.
  * KQ_IMPL_NAME names the path compiled ("x86-avx512-vnni", "x86-avx512", "x86-avx2-vnni",
- * "x86-avx2", "generic").
+ * "x86-avx2", "neon", "generic").
  *
  * Block layouts (bytes): exactly ggml's / GGUF's.
  *   Q2_K  84: scales[16] (lo nibble scale, hi nibble min), qs[64], d f16, dmin f16
@@ -91,6 +92,9 @@
 #include <immintrin.h>
 #elif defined(__F16C__)
 #include <immintrin.h>
+#elif defined(__ARM_NEON) && defined(__aarch64__) && !defined(EMBER_PORTABLE)
+#define KQ_NEON 1
+#include <arm_neon.h>
 #endif
 
 #if defined(__F16C__)
@@ -1013,6 +1017,113 @@ KQ_ROWS_X86(q6_K)
 #else
 #define KQ_IMPL_NAME "x86-avx2"
 #endif
+
+#elif defined(KQ_NEON)
+/* ============================================================ AArch64: NEON
+ * Q4_K, Q5_K and Q6_K (the K-quant mixes' types) in Advanced SIMD, the ARMv8.0 baseline: codes
+ * unpacked 16 at a time in registers (no int8 buffer), vmull_s8/vmlal_s8 products of codes
+ * and q8_K into int16 lanes (at most four a lane: |code| <= 31 or 32, |q8| <= 127, so the
+ * lanes stay below 2^15), widened in pairs (vpaddlq_s16) and scaled in int32 (vmlaq_n_s32).
+ * The same exact integer sums as the portable C, then its float step: the same bits. Q2_K,
+ * Q3_K and IQ4_XS take the portable C. */
+
+/* int32x4 of the products of 32 codes (q0: values 0-15, q1: 16-31) and 32 int8 at a */
+static inline int32x4_t kq_neon_dot32(int8x16_t q0, int8x16_t q1, const int8_t *a) {
+    const int8x16_t a0 = vld1q_s8(a), a1 = vld1q_s8(a + 16);
+    int16x8_t p = vmull_s8(vget_low_s8(q0), vget_low_s8(a0));
+    p = vmlal_high_s8(p, q0, a0);
+    p = vmlal_s8(p, vget_low_s8(q1), vget_low_s8(a1));
+    p = vmlal_high_s8(p, q1, a1);
+    return vpaddlq_s16(p);
+}
+
+/* int32x4 of the products of 16 codes and 16 int8 at a */
+static inline int32x4_t kq_neon_dot16(int8x16_t q, const int8_t *a) {
+    const int8x16_t a0 = vld1q_s8(a);
+    return vpaddlq_s16(vmlal_high_s8(vmull_s8(vget_low_s8(q), vget_low_s8(a0)), q, a0));
+}
+
+/* sum of scale * min * (pair of bsums) over the 8 sub-blocks: the mins' term of Q4_K/Q5_K */
+static inline int32_t kq_neon_mins(const uint8_t *sm, const int16_t *bsums) {
+    int32_t summ = 0;
+    for (int j = 0; j < 8; j++) summ += sm[8 + j] * (bsums[2 * j] + bsums[2 * j + 1]);
+    return summ;
+}
+
+/* Q4_K (five = 0) and Q5_K (five = 1: the fifth bits in qh, bit c of value l for chunk c):
+ * scales and mins as kq_scales_k4 gives them, 4 chunks of 32 bytes, sub-block 2c in the low
+ * nibbles, 2c + 1 in the high ones; inlined with a constant five */
+static inline __attribute__((always_inline)) float kq_dot_k45_neon(const void *w, const kq_block_q8_K *x,
+                                                                   int64_t nb, const int five) {
+    const uint8_t *b = (const uint8_t *)w;
+    const int64_t bytes = five ? 176 : 144, qs = five ? 48 : 16;
+    const uint8x16_t m4 = vdupq_n_u8(0xf), b16 = vdupq_n_u8(16);
+    float sumf = 0;
+    for (int64_t i = 0; i < nb; i++, b += bytes) {
+        uint8_t sm[16];
+        kq_scales_k4(b + 4, sm);
+        const int8_t *q8 = x[i].qs;
+        const uint8x16_t h0 = vld1q_u8(b + 16), h1 = vld1q_u8(b + 32); /* Q5_K's qh */
+        int32x4_t acc = vdupq_n_s32(0);
+        for (int c = 0; c < 4; c++) {
+            const uint8x16_t v0 = vld1q_u8(b + qs + 32 * c), v1 = vld1q_u8(b + qs + 16 + 32 * c);
+            uint8x16_t lo0 = vandq_u8(v0, m4), lo1 = vandq_u8(v1, m4);
+            uint8x16_t hi0 = vshrq_n_u8(v0, 4), hi1 = vshrq_n_u8(v1, 4);
+            if (five) { /* bit 2c of qh to 16 for the low nibbles, bit 2c + 1 for the high */
+                const int8x16_t slo = vdupq_n_s8((int8_t)(4 - 2 * c)), shi = vdupq_n_s8((int8_t)(3 - 2 * c));
+                lo0 = vorrq_u8(lo0, vandq_u8(vshlq_u8(h0, slo), b16));
+                lo1 = vorrq_u8(lo1, vandq_u8(vshlq_u8(h1, slo), b16));
+                hi0 = vorrq_u8(hi0, vandq_u8(vshlq_u8(h0, shi), b16));
+                hi1 = vorrq_u8(hi1, vandq_u8(vshlq_u8(h1, shi), b16));
+            }
+            const int32x4_t plo = kq_neon_dot32(vreinterpretq_s8_u8(lo0), vreinterpretq_s8_u8(lo1), q8 + 64 * c);
+            const int32x4_t phi = kq_neon_dot32(vreinterpretq_s8_u8(hi0), vreinterpretq_s8_u8(hi1), q8 + 64 * c + 32);
+            acc = vmlaq_n_s32(vmlaq_n_s32(acc, plo, sm[2 * c]), phi, sm[2 * c + 1]);
+        }
+        const int32_t sumi = vaddvq_s32(acc), summ = kq_neon_mins(sm, x[i].bsums);
+        sumf += x[i].d * kq_f16_at(b) * (float)sumi - x[i].d * kq_f16_at(b + 2) * (float)summ;
+    }
+    return sumf;
+}
+
+static inline float kq_dot_q4_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_k45_neon(w, x, nb, 0); }
+static inline float kq_dot_q5_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_k45_neon(w, x, nb, 1); }
+
+static inline float kq_dot_q6_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    const uint8x16_t m4 = vdupq_n_u8(0xf), m3 = vdupq_n_u8(3);
+    const int8x16_t m32 = vdupq_n_s8(32);
+    float sumf = 0;
+    for (int64_t i = 0; i < nb; i++, b += 210) {
+        const int8_t *q8 = x[i].qs;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        int32x4_t acc = vdupq_n_s32(0);
+        for (int n = 0; n < 2; n++)
+            for (int h = 0; h < 2; h++) { /* 16 values of each of the four groups s */
+                const uint8x16_t l0 = vld1q_u8(b + n * 64 + h * 16), l1 = vld1q_u8(b + n * 64 + 32 + h * 16);
+                const uint8x16_t qh = vld1q_u8(b + 128 + n * 32 + h * 16);
+                const uint8x16_t u[4] = {
+                    vorrq_u8(vandq_u8(l0, m4), vshlq_n_u8(vandq_u8(qh, m3), 4)),
+                    vorrq_u8(vandq_u8(l1, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 2), m3), 4)),
+                    vorrq_u8(vshrq_n_u8(l0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 4), m3), 4)),
+                    vorrq_u8(vshrq_n_u8(l1, 4), vshlq_n_u8(vshrq_n_u8(qh, 6), 4)),
+                };
+                for (int s = 0; s < 4; s++) {
+                    const int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(u[s]), m32);
+                    acc = vmlaq_n_s32(acc, kq_neon_dot16(q, q8 + n * 128 + s * 32 + h * 16), sc[n * 8 + s * 2 + h]);
+                }
+            }
+        sumf += x[i].d * kq_f16_at(b + 208) * (float)vaddvq_s32(acc);
+    }
+    return sumf;
+}
+
+static inline float kq_dot_q2_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_q2_K_generic(w, x, nb); }
+static inline float kq_dot_q3_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_q3_K_generic(w, x, nb); }
+static inline float kq_dot_iq4_xs_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_iq4_xs_generic(w, x, nb); }
+
+#define KQ_IMPL(name) kq_dot_##name##_neon
+#define KQ_IMPL_NAME "neon"
 
 #else /* portable */
 
