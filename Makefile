@@ -38,10 +38,14 @@ bench: setup .venv/.llama-cpp
 	CMAKE_ARGS="-DGGML_NATIVE=on" $(PY) -m pip install -q --no-binary llama-cpp-python llama-cpp-python==0.3.36
 	touch $@
 
-# llama.cpp built for AVX2 alone (no AVX-512, no AVX-VNNI), as an AVX2-only CPU builds it, to set
-# beside Ember's avx2 path on an AVX-512 machine:
+# llama.cpp built for AVX2 alone (no AVX-512, no AVX-VNNI), as an AVX2-only CPU builds it, or
+# with AVX-VNNI (as an Alder Lake builds it), to set beside Ember's avx2 or avxvnni path on an
+# AVX-512 machine:
 #   PYTHONPATH=.venv/llama-cpp-avx2 .venv/bin/python benchmarks/bench_generate.py --isa avx2 ...
-.venv/llama-cpp-avx2: .venv/.done
-	CMAKE_ARGS="-DGGML_NATIVE=off -DGGML_AVX=on -DGGML_AVX2=on -DGGML_FMA=on -DGGML_F16C=on \
-	-DGGML_BMI2=on -DGGML_AVX512=off -DGGML_AVX_VNNI=off" $(PY) -m pip install -q --no-cache-dir \
-	--no-deps --no-binary llama-cpp-python --target $@ llama-cpp-python==0.3.36
+#   PYTHONPATH=.venv/llama-cpp-avxvnni .venv/bin/python benchmarks/bench_generate.py --isa avxvnni ...
+LLAMA_AVX2 = -DGGML_NATIVE=off -DGGML_AVX=on -DGGML_AVX2=on -DGGML_FMA=on -DGGML_F16C=on \
+	-DGGML_BMI2=on -DGGML_AVX512=off
+.venv/llama-cpp-avx2 .venv/llama-cpp-avxvnni: .venv/.done
+	CMAKE_ARGS="$(LLAMA_AVX2) -DGGML_AVX_VNNI=$(if $(findstring vnni,$@),on,off)" $(PY) -m pip \
+	install -q --no-cache-dir --no-deps --no-binary llama-cpp-python --target $@ \
+	llama-cpp-python==0.3.36
