@@ -7,6 +7,16 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* AVX-VNNI: CPUID leaf 7, subleaf 1, EAX bit 4 (asked directly: older compilers' cpu-feature
+ * builtins do not know its name) */
+static int em_has_avxvnni(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
+}
+#endif
 
 #define EM_API __attribute__((visibility("default")))
 
@@ -61,9 +71,7 @@ EM_API int ember_cpu_supports(int isa) {
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                      __builtin_cpu_supports("f16c");
     if (isa == 1) return avx2;
-#ifdef EMBER_HAS_AVXVNNI /* a compiler that built it knows the feature's name */
-    if (isa == 2) return avx2 && __builtin_cpu_supports("avxvnni");
-#endif
+    if (isa == 2) return avx2 && em_has_avxvnni();
     if (isa == 3)
         return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -83,11 +91,7 @@ EM_API const char *ember_cpu_features(void) {
     __builtin_cpu_init();
     const int has[] = {__builtin_cpu_supports("avx"), __builtin_cpu_supports("avx2"),
                        __builtin_cpu_supports("fma"), __builtin_cpu_supports("f16c"),
-#ifdef EMBER_HAS_AVXVNNI
-                       __builtin_cpu_supports("avxvnni"),
-#else
-                       0,
-#endif
+                       em_has_avxvnni(),
                        __builtin_cpu_supports("avx512f"), __builtin_cpu_supports("avx512bw"),
                        __builtin_cpu_supports("avx512vl"), __builtin_cpu_supports("avx512vnni")};
     for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
