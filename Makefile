@@ -43,9 +43,9 @@ bench: setup .venv/.llama-cpp
 # AVX-512 machine:
 #   PYTHONPATH=.venv/llama-cpp-avx2 .venv/bin/python benchmarks/bench_generate.py --isa avx2 ...
 #   PYTHONPATH=.venv/llama-cpp-avxvnni .venv/bin/python benchmarks/bench_generate.py --isa avxvnni ...
-LLAMA_AVX2 = -DGGML_NATIVE=off -DGGML_AVX=on -DGGML_AVX2=on -DGGML_FMA=on -DGGML_F16C=on \
-	-DGGML_BMI2=on -DGGML_AVX512=off
+.venv/llama-cpp-avx2: AVX_VNNI = off
+.venv/llama-cpp-avxvnni: AVX_VNNI = on
 .venv/llama-cpp-avx2 .venv/llama-cpp-avxvnni: .venv/.done
-	CMAKE_ARGS="$(LLAMA_AVX2) -DGGML_AVX_VNNI=$(if $(findstring vnni,$@),on,off)" $(PY) -m pip \
-	install -q --no-cache-dir --no-deps --no-binary llama-cpp-python --target $@ \
-	llama-cpp-python==0.3.36
+	CMAKE_ARGS="-DGGML_NATIVE=off -DGGML_AVX=on -DGGML_AVX2=on -DGGML_FMA=on -DGGML_F16C=on \
+	-DGGML_BMI2=on -DGGML_AVX512=off -DGGML_AVX_VNNI=$(AVX_VNNI)" $(PY) -m pip install -q \
+	--no-cache-dir --no-deps --no-binary llama-cpp-python --target $@ llama-cpp-python==0.3.36

@@ -267,28 +267,25 @@ static inline __attribute__((always_inline)) void em_g8_tile2(
         __m256i sum[EM_G8_MR2];
         for (int i = 0; i < mr; i++) sum[i] = _mm256_setzero_si256();
         for (int g0 = 0; g0 < G; g0 += per) {
+#if !defined(__AVXVNNI__)
             __m256i part[EM_G8_MR2];
             for (int i = 0; i < mr; i++) part[i] = _mm256_setzero_si256();
+#endif
+            for (int g = g0; g < g0 + per && g < G; g++) {
+                const __m256i w = _mm256_load_si256((const __m256i *)(cw + g * 64));
+                for (int i = 0; i < mr; i++) {
+                    int32_t four;
+                    memcpy(&four, x[i].q + k0 + 4 * g, 4);
 #if defined(__AVXVNNI__) /* exact in int32 for every code width: no int16 sums */
-            (void)part;
-            (void)ones;
-            for (int g = g0; g < g0 + per && g < G; g++) {
-                const __m256i w = _mm256_load_si256((const __m256i *)(cw + g * 64));
-                for (int i = 0; i < mr; i++) {
-                    int32_t four;
-                    memcpy(&four, x[i].q + k0 + 4 * g, 4);
                     sum[i] = _mm256_dpbusd_avx_epi32(sum[i], w, _mm256_set1_epi32(four));
-                }
-            }
 #else
-            for (int g = g0; g < g0 + per && g < G; g++) {
-                const __m256i w = _mm256_load_si256((const __m256i *)(cw + g * 64));
-                for (int i = 0; i < mr; i++) {
-                    int32_t four;
-                    memcpy(&four, x[i].q + k0 + 4 * g, 4);
                     part[i] = _mm256_add_epi16(part[i], _mm256_maddubs_epi16(w, _mm256_set1_epi32(four)));
+#endif
                 }
             }
+#if defined(__AVXVNNI__)
+            (void)ones;
+#else
             for (int i = 0; i < mr; i++) sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(part[i], ones));
 #endif
         }

@@ -186,7 +186,7 @@ static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t 
 #define EM_PF_ROW_MIN 1536
 static int em_kernel_prefetches(const em_prep *p, int64_t M) {
     if (M != 1) return 0;
-    if (p->q8k) return 1; /* kquants.h: its x86 kernels ask; its portable code is compute-bound */
+    if (p->q8k) return 1; /* kquants.h: its x86 kernels ask; its portable and NEON ones do not */
 #if defined(EM_X86)
     return p->row_bytes >= EM_PF_ROW_MIN;
 #endif
@@ -194,7 +194,6 @@ static int em_kernel_prefetches(const em_prep *p, int64_t M) {
 }
 
 /* y[m * ldy + n] = W[n] . x[m] for the W rows n0..n1 and the rows m0..m1 of the prepared x. */
-#define EM_PREFETCH_BYTES 4096
 #define EM_GROUP_ROWS 16 /* activation rows (passes) a K-type call takes */
 static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m1, int64_t ldy,
                        int64_t n0, int64_t n1, float *y) {
@@ -207,7 +206,7 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wrow = W + n * p->row_bytes;
         if (M == 1 && !self_pf)
-            for (int64_t o = 0; o < p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PREFETCH_BYTES + o);
+            for (int64_t o = 0; o < p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PF_AHEAD + o);
         if (p->type == EM_F16 || p->type == EM_BF16) {
             const em_dot_f32 dot = p->type == EM_F16 ? (self_pf ? em_dot_f16_pf : em_dot_f16)
                                                      : (self_pf ? em_dot_bf16_pf : em_dot_bf16);
@@ -246,7 +245,7 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
              * hardware's prefetch is enough (asking cost 5%). */
             if ((nw == 2 || M > EM_XROWS) && !self_pf)
                 for (int64_t o = M == 1 ? p->row_bytes : 0; o < nw * p->row_bytes; o += 64)
-                    __builtin_prefetch(wrow + EM_PREFETCH_BYTES + o);
+                    __builtin_prefetch(wrow + EM_PF_AHEAD + o);
             for (int64_t g = 0; g < M; g += EM_XROWS) {
                 const int mc = M - g < EM_XROWS ? (int)(M - g) : EM_XROWS;
                 dots(wrow, p->row_bytes, xf + g * K, K, nw, mc, self_pf, part);

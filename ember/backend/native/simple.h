@@ -38,6 +38,9 @@
 #endif
 
 #define EM_QK 32
+/* how far ahead a decode step's kernels ask for a weight row's bytes (kernels.c's
+ * em_kernel_prefetches says when) */
+#define EM_PF_AHEAD 4096
 #define EM_DOTS 4 /* activation rows a weight row meets per pass */
 
 typedef struct {
@@ -284,10 +287,6 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
     const __m128 wf = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
     return _mm_mul_ps(wf, _mm_castpd_ps(_mm_load_sd((const double *)&x->d)));
 }
-
-/* how far ahead a decode step's kernels ask for a weight row's bytes (kernels.c's
- * em_kernel_prefetches says when) */
-#define EM_PF_AHEAD 4096
 
 /* Two blocks a step into two accumulators (even and odd blocks), so the adds overlap; the
  * offsets' sums build in lane 1 of two more, in block order as the portable code's. */
