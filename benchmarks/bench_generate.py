@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -121,6 +122,14 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def peer_failure(err: subprocess.CalledProcessError) -> str:
+    """Why a llama.cpp worker gave no figures: its signal or exit status and last line."""
+    code = err.returncode
+    how = f"died with {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+    last = (err.stderr or "").strip().splitlines()[-1:]
+    return f"(its worker {how}{': ' + last[0] if last else ''})"
+
+
 def cpu_line(isas: list[str] | None) -> str:
     """The CPU's model name and, unless the rows name their ISAs, the one Ember's workers run
     (EMBER_CPU_ISA, else the best this CPU has)."""
@@ -166,6 +175,7 @@ def main() -> None:
     embers = [f"ember/{isa}" for isa in args.isa] if args.isa else ["ember"]
     engines = embers + (["llama.cpp"] if has_llama_cpp() else [])
     results: dict[str, list[dict]] = {e: [] for e in engines}
+    failed: dict[str, str] = {}
     for _ in range(args.runs):
         for label in engines:
             engine, _, isa = label.partition("/")
@@ -186,9 +196,17 @@ def main() -> None:
                 "--kv-type",
                 args.kv_type,
             ]
-            out = subprocess.run(
-                cmd, input=json.dumps(ids), capture_output=True, text=True, check=True, env=env
-            )
+            if label in failed:
+                continue
+            try:
+                out = subprocess.run(
+                    cmd, input=json.dumps(ids), capture_output=True, text=True, check=True, env=env
+                )
+            except subprocess.CalledProcessError as err:
+                if engine != "llama.cpp":
+                    raise
+                failed[label] = peer_failure(err)  # the peer's crash leaves Ember's figures
+                continue
             results[label].append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(
         f"model {args.model} ({path}), {args.threads} threads, prompt {len(ids)} tokens, "
@@ -199,6 +217,9 @@ def main() -> None:
     header = ("engine", "prefill tok/s", "decode tok/s", "load s", "peak RSS MB")
     print("{:<14} {:>14} {:>13} {:>7} {:>12}".format(*header))
     for engine, runs in results.items():
+        if not runs:
+            print(f"{engine:<14} {failed[engine]}")
+            continue
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         print(
             f"{engine:<14} {len(ids) / med['prefill_s']:>14.1f} "

@@ -122,6 +122,16 @@ def llama_cpp_rate(path: str, n: int, args: argparse.Namespace) -> float:
     return float(json.loads(out.stdout.strip().splitlines()[-1])["rate"])
 
 
+def llama_cpp_rate_or_why(path: str, n: int, args: argparse.Namespace) -> float | str:
+    """The rate, or why the worker gave none (a peer's crash leaves Ember's figures)."""
+    from bench_generate import peer_failure
+
+    try:
+        return llama_cpp_rate(path, n, args)
+    except subprocess.CalledProcessError as err:
+        return peer_failure(err)
+
+
 def has_llama_cpp() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
@@ -160,13 +170,18 @@ def main() -> None:
     peers = has_llama_cpp()
     rates: dict[int, list[float]] = {n: [] for n in args.parallel}
     theirs: dict[int, list[float]] = {n: [] for n in args.parallel}
+    why = ""  # why llama.cpp gave no figures, once its worker failed
     for _ in range(args.runs):
         for n in args.parallel:  # interleaved, so machine noise spreads over every n
             rate, tokens = run(engine, tokenizer, n, args.gen_tokens)
             assert tokens == n * args.gen_tokens, "a sequence ended early: pick other prompts"
             rates[n].append(rate)
-            if peers:
-                theirs[n].append(llama_cpp_rate(path, n, args))
+            if peers and not why:
+                rate_or_why = llama_cpp_rate_or_why(path, n, args)
+                if isinstance(rate_or_why, str):
+                    why = rate_or_why
+                else:
+                    theirs[n].append(rate_or_why)
     engine.close()
     single = statistics.median(rates[args.parallel[0]])
     print(f"model {args.model}, {args.threads} threads, {args.gen_tokens} tokens per sequence")
@@ -174,11 +189,13 @@ def main() -> None:
     print("{:>9} {:>12} {:>9} {:>16} {:>6}".format(*header))
     for n in args.parallel:
         median = statistics.median(rates[n])
-        peer = statistics.median(theirs[n]) if peers else float("nan")
+        peer = statistics.median(theirs[n]) if theirs[n] else float("nan")
         ratio = median / peer
         print(f"{n:>9} {median:>12.1f} {median / single:>8.2f}x {peer:>16.1f} {ratio:>5.2f}x")
     if not peers:
         print("(llama-cpp-python is not installed: no llama.cpp figures in this run)")
+    elif why:
+        print(f"llama.cpp: no figures after its failure {why}")
 
 
 if __name__ == "__main__":
