@@ -45,15 +45,11 @@ bench: setup .venv/.llama-cpp
 #   PYTHONPATH=.venv/llama-cpp-avxvnni .venv/bin/python benchmarks/bench_generate.py --isa avxvnni ...
 # And for AVX-512 CPUs other than this one (benchmarks/lent_cpu.sh): AVX-512 with VNNI and BF16,
 # no AMX (that build died with SIGILL on the Xeon lent on 2026-11-27).
-.venv/llama-cpp-avx2: AVX_VNNI = off
-.venv/llama-cpp-avxvnni: AVX_VNNI = on
-.venv/llama-cpp-avx2 .venv/llama-cpp-avxvnni: .venv/.done
+.venv/llama-cpp-avx2: LLAMA_ISA = -DGGML_AVX512=off -DGGML_AVX_VNNI=off
+.venv/llama-cpp-avxvnni: LLAMA_ISA = -DGGML_AVX512=off -DGGML_AVX_VNNI=on
+.venv/llama-cpp-avx512: LLAMA_ISA = -DGGML_AVX512=on -DGGML_AVX512_VBMI=on -DGGML_AVX512_VNNI=on \
+	-DGGML_AVX512_BF16=on -DGGML_AVX_VNNI=on -DGGML_AMX_TILE=off -DGGML_AMX_INT8=off -DGGML_AMX_BF16=off
+.venv/llama-cpp-avx2 .venv/llama-cpp-avxvnni .venv/llama-cpp-avx512: .venv/.done
 	CMAKE_ARGS="-DGGML_NATIVE=off -DGGML_AVX=on -DGGML_AVX2=on -DGGML_FMA=on -DGGML_F16C=on \
-	-DGGML_BMI2=on -DGGML_AVX512=off -DGGML_AVX_VNNI=$(AVX_VNNI)" $(PY) -m pip install -q \
-	--no-cache-dir --no-deps --no-binary llama-cpp-python --target $@ llama-cpp-python==0.3.36
-.venv/llama-cpp-avx512: .venv/.done
-	CMAKE_ARGS="-DGGML_NATIVE=off -DGGML_AVX=on -DGGML_AVX2=on -DGGML_FMA=on -DGGML_F16C=on \
-	-DGGML_BMI2=on -DGGML_AVX512=on -DGGML_AVX512_VBMI=on -DGGML_AVX512_VNNI=on \
-	-DGGML_AVX512_BF16=on -DGGML_AVX_VNNI=on -DGGML_AMX_TILE=off -DGGML_AMX_INT8=off \
-	-DGGML_AMX_BF16=off" $(PY) -m pip install -q --no-cache-dir --no-deps --no-binary \
-	llama-cpp-python --target $@ llama-cpp-python==0.3.36
+	-DGGML_BMI2=on $(LLAMA_ISA)" $(PY) -m pip install -q --no-cache-dir --no-deps \
+	--no-binary llama-cpp-python --target $@ llama-cpp-python==0.3.36

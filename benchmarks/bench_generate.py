@@ -178,6 +178,8 @@ def main() -> None:
     failed: dict[str, str] = {}
     for _ in range(args.runs):
         for label in engines:
+            if label in failed:
+                continue
             engine, _, isa = label.partition("/")
             env = (
                 {**os.environ, "EMBER_CPU_ISA": isa, **TORCH_ISA_ENV.get(isa, {})} if isa else None
@@ -196,8 +198,6 @@ def main() -> None:
                 "--kv-type",
                 args.kv_type,
             ]
-            if label in failed:
-                continue
             try:
                 out = subprocess.run(
                     cmd, input=json.dumps(ids), capture_output=True, text=True, check=True, env=env

@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from bench_generate import peer_failure
+
 _QUIET: object = None  # llama.cpp's log callback, alive as long as the process
 
 PROMPTS = [
@@ -122,16 +124,6 @@ def llama_cpp_rate(path: str, n: int, args: argparse.Namespace) -> float:
     return float(json.loads(out.stdout.strip().splitlines()[-1])["rate"])
 
 
-def llama_cpp_rate_or_why(path: str, n: int, args: argparse.Namespace) -> float | str:
-    """The rate, or why the worker gave none (a peer's crash leaves Ember's figures)."""
-    from bench_generate import peer_failure
-
-    try:
-        return llama_cpp_rate(path, n, args)
-    except subprocess.CalledProcessError as err:
-        return peer_failure(err)
-
-
 def has_llama_cpp() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
@@ -177,11 +169,10 @@ def main() -> None:
             assert tokens == n * args.gen_tokens, "a sequence ended early: pick other prompts"
             rates[n].append(rate)
             if peers and not why:
-                rate_or_why = llama_cpp_rate_or_why(path, n, args)
-                if isinstance(rate_or_why, str):
-                    why = rate_or_why
-                else:
-                    theirs[n].append(rate_or_why)
+                try:
+                    theirs[n].append(llama_cpp_rate(path, n, args))
+                except subprocess.CalledProcessError as err:
+                    why = peer_failure(err)  # the peer's crash leaves Ember's figures
     engine.close()
     single = statistics.median(rates[args.parallel[0]])
     print(f"model {args.model}, {args.threads} threads, {args.gen_tokens} tokens per sequence")
