@@ -5,6 +5,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from ember.backend import heap
 from ember.batch import Batch
 from ember.kvcache import Cache
 
@@ -38,7 +39,11 @@ def forward(model: Model, cache: Cache, batch: Batch) -> torch.Tensor:
     """Runs one forward pass: places the batch in the cache, then computes the model."""
     cache.start_forward(batch)
     with torch.inference_mode():
-        return model.forward(batch, cache)
+        if len(batch) < heap.LARGE_BATCH or not getattr(model, "is_causal", True):
+            return model.forward(batch, cache)  # (an encoder's forward is its hidden states)
+        hidden = model.hidden(batch, cache)
+        heap.give_back_freed(len(batch))  # before the head reads its weights: see heap.py
+        return model.logits(hidden)
 
 
 @runtime_checkable

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ember import envconfig
+from ember.backend import heap
 from ember.batch import Batch
 from ember.errors import EmberError
 from ember.kvcache import KV_TYPES as KV_CACHE_TYPES
@@ -264,7 +265,9 @@ class Engine:
     def _forward(self, batch: Batch) -> torch.Tensor:
         self.cache.start_forward(batch)
         with torch.inference_mode():
-            return self.model.hidden(batch, self.cache)
+            hidden = self.model.hidden(batch, self.cache)
+        heap.give_back_freed(len(batch))  # before the head reads its weights: see heap.py
+        return hidden
 
     def _emit(self, seq: Sequence, row: torch.Tensor, token: int) -> None:
         """Takes seq's sampled token (row: its raw logits) and streams what is final."""

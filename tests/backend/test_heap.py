@@ -1,13 +1,16 @@
 """glibc's malloc keeps what a prompt's temporaries free for the next ones (backend/heap.py),
-set once a model has loaded."""
+set once a model has loaded, and a large batch gives it back before the head runs."""
 
+import os
 import platform
 
 import pytest
+import torch
 
 from ember.backend import heap
+from ember.batch import Batch
 from ember.gguf import GGUFFile
-from ember.model import load_model
+from ember.model import forward, load_model
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
@@ -23,3 +26,35 @@ def test_loading_a_model_sets_it(monkeypatch, tiny_models):
     monkeypatch.setattr(heap, "keep_freed_memory", lambda: calls.append(1) or True)
     load_model(GGUFFile.open(next(iter(tiny_models.values())).path))
     assert calls == [1]
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+@glibc
+def test_a_large_batch_gives_back_what_it_freed():
+    heap.keep_freed_memory()
+    temporaries = [torch.ones(1 << 18) for _ in range(128)]  # 128 MiB from the heap
+    pin = torch.ones(1 << 10)  # above them: the freed pieces are not the heap's top
+    del temporaries
+    before = _rss_mib()
+    heap.give_back_freed(heap.LARGE_BATCH - 1)
+    kept = _rss_mib()
+    heap.give_back_freed(heap.LARGE_BATCH)
+    assert before - kept < 16 and before - _rss_mib() > 96
+    del pin
+
+
+def test_a_prompt_gives_back_before_the_head(monkeypatch, tiny_models):
+    model = load_model(GGUFFile.open(tiny_models["llama"].path))
+    events: list[object] = []
+    monkeypatch.setattr(heap, "give_back_freed", events.append)
+    head = model.logits
+    monkeypatch.setattr(model, "logits", lambda h: events.append("head") or head(h))
+    for n in (heap.LARGE_BATCH - 1, heap.LARGE_BATCH):
+        cache = model.make_cache()
+        cache.init(max_sequences=1, capacity=n, max_batch=n)
+        forward(model, cache, Batch.single([1] * n, 0))
+    assert events == ["head", heap.LARGE_BATCH, "head"]
