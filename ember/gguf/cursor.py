@@ -2,11 +2,13 @@
 before anything is allocated. The file structure (header, tensors) is read in reader.py."""
 
 import struct
+from array import array
 from typing import Any
 
 import numpy as np
 
 from ember.errors import EmberError
+from ember.gguf.packed import PACKED_ITEMS, PackedArray, PackedNumbers, PackedStrings
 from ember.gguf.types import GGUFValueType
 
 MAX_NAME_BYTES = 65535  # GGUF spec: keys are at most 2^16 - 1 bytes
@@ -112,7 +114,7 @@ class Cursor:
             return _as_bool(value, self.pos - 1), (vtype,)
         return value, (vtype,)
 
-    def array(self, depth: int) -> tuple[list[Any], ValueSignature]:
+    def array(self, depth: int) -> tuple[list[Any] | PackedArray, ValueSignature]:
         if depth > MAX_ARRAY_DEPTH:
             raise GGUFError(f"arrays nested deeper than {MAX_ARRAY_DEPTH} at byte {self.pos}")
         item_type = self.value_type(self.u32("array item type"), "array item type")
@@ -134,10 +136,14 @@ class Cursor:
             return items, (GGUFValueType.ARRAY, item_type)
         return self.scalar_array(item_type, count), (GGUFValueType.ARRAY, item_type)
 
-    def string_array(self, count: int) -> list[str]:
+    def string_array(self, count: int) -> list[str] | PackedStrings:
         # The hot loop of a vocabulary (262,144 tokens): locals only, one bound check per item.
         buf, pos, end, unpack = self.buf, self.pos, self.end, _U64.unpack_from
+        first = pos
+        packed = count >= PACKED_ITEMS
         items: list[str] = []
+        starts = array("q")
+        add = starts.append if packed else None
         append = items.append
         for _ in range(count):
             if end - pos < 8:
@@ -149,20 +155,31 @@ class Cursor:
                     f"array string at byte {pos - 8} claims {length} bytes but only "
                     f"{end - pos} remain"
                 )
-            append(str(buf[pos : pos + length], "utf-8", "replace"))
+            if add is not None:
+                add(pos - first)
+            else:
+                append(str(buf[pos : pos + length], "utf-8", "replace"))
             pos += length
         self.pos = pos
-        return items
+        if not packed:
+            return items
+        starts.append(pos - first + 8)
+        return PackedStrings(bytes(buf[first:pos]), np.frombuffer(starts, np.int64))
 
-    def scalar_array(self, item_type: GGUFValueType, count: int) -> list[Any]:
+    def scalar_array(self, item_type: GGUFValueType, count: int) -> list[Any] | PackedNumbers:
         st = _SCALARS[item_type]
         start = self.pos
         self.need(count * st.size, f"array of {count} {item_type.name}")
-        # One expression: no array (and so no export of the buffer) outlives this line.
-        items: list[Any] = np.frombuffer(self.buf, _DTYPES[item_type], count, start).tolist()
+        # copied at once: no view of the buffer (an export that keeps an mmap open) outlives it
+        values = np.frombuffer(self.buf, _DTYPES[item_type], count, start).copy()
         self.pos += count * st.size
         if item_type == GGUFValueType.BOOL:
-            return [_as_bool(v, start) for v in items]
+            if (over := np.flatnonzero(values > 1)).size:
+                raise _bad_bool(int(values[over[0]]), start + int(over[0]))
+            values = values.astype(bool)
+        if count >= PACKED_ITEMS:
+            return PackedNumbers(values)
+        items: list[Any] = values.tolist()
         return items
 
     def value_type(self, raw: int, what: str) -> GGUFValueType:
@@ -174,5 +191,9 @@ class Cursor:
 
 def _as_bool(value: int, pos: int) -> bool:
     if value > 1:
-        raise GGUFError(f"bool at or after byte {pos} has the value {value} (must be 0 or 1)")
+        raise _bad_bool(value, pos)
     return value == 1
+
+
+def _bad_bool(value: int, pos: int) -> GGUFError:
+    return GGUFError(f"bool at or after byte {pos} has the value {value} (must be 0 or 1)")

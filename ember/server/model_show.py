@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ember.gguf import GGUFError, GGUFFile
+from ember.gguf.packed import PackedArray
 from ember.model import POOLING_RANK
 from ember.server.prompt import fill_in_middle
 from ember.server.thinking import can_think
@@ -45,7 +46,7 @@ def model_info(metadata: dict[str, Any], *, verbose: bool) -> dict[str, Any]:
     for key, value in metadata.items():
         if key in _HIDDEN_KEYS:
             continue
-        if isinstance(value, list) and len(value) > MAX_ARRAY_ITEMS and not verbose:
+        if isinstance(value, list | PackedArray) and len(value) > MAX_ARRAY_ITEMS and not verbose:
             info[key] = None
         else:
             info[key] = _shortest(value)
@@ -55,7 +56,7 @@ def model_info(metadata: dict[str, Any], *, verbose: bool) -> dict[str, Any]:
 def _shortest(value: Any) -> Any:
     if isinstance(value, float) and float(np.float32(value)) == value:
         return float(str(np.float32(value)))
-    if isinstance(value, list):
+    if isinstance(value, list | PackedArray):
         return [_shortest(v) for v in value]
     return value
 
