@@ -16,7 +16,9 @@ from collections.abc import Callable
 
 import torch
 
-from ember.sample import Sampler, SamplingParams, sample_rows
+from ember.sample import SamplingParams
+from ember.sample.batched import sample_rows
+from ember.sample.sampler import Sampler
 
 VOCAB_SIZE = 262_144
 CASES = {

@@ -35,7 +35,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.model import load_model
-from ember.sample import Sampler, SamplingParams, sample_rows
+from ember.sample import SamplingParams
+from ember.sample.batched import sample_rows
+from ember.sample.sampler import Sampler
 
 TIMED_WEIGHTS = ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")
 

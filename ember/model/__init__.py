@@ -1,10 +1,6 @@
 """Models: the Model seam, the architecture registry, strict weight binding."""
 
 from ember.model.base import (
-    POOLING_CLS,
-    POOLING_LAST,
-    POOLING_MEAN,
-    POOLING_RANK,
     EmbeddingHead,
     Model,
     PromptRanker,
@@ -13,6 +9,7 @@ from ember.model.base import (
 )
 from ember.model.config import Config, ModelLoadError
 from ember.model.registry import load_model, register
+from ember.pooling import POOLING_CLS, POOLING_LAST, POOLING_MEAN, POOLING_RANK
 
 __all__ = [
     "POOLING_CLS",

@@ -9,12 +9,6 @@ from ember.backend import heap
 from ember.batch import Batch
 from ember.kvcache import Cache
 
-# how an embedding pools its tokens' hidden states (llama.cpp's llama_pooling_type); a model
-# may say which by a `pooling_type` attribute, and the mean is the default. RANK: a cross-encoder
-# (a Ranker) scores its pooled first token instead of returning it; a causal Ranker pools its
-# LAST token
-POOLING_MEAN, POOLING_CLS, POOLING_LAST, POOLING_RANK = 1, 2, 3, 4
-
 
 @runtime_checkable
 class Model(Protocol):

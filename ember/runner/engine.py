@@ -35,7 +35,7 @@ from ember.runner.pooling import Pooler
 from ember.runner.positions import image_shifts
 from ember.runner.scheduler import Part, Scheduler, make_batch
 from ember.runner.sequence import CLOSED, LENGTH, STOP, Piece, Request, Sequence, TokenLogprob
-from ember.sample import sample_rows
+from ember.sample.batched import sample_rows
 from ember.sample.sampler import logprobs
 from ember.tokenizer import Tokenizer
 

@@ -13,8 +13,8 @@ from ember.options import Options
 from ember.runner.draft import Drafter
 from ember.runner.inputcache import Slot, without_cut
 from ember.runner.stop import StopMatcher
-from ember.sample import Sampler
 from ember.sample.grammar import Grammar
+from ember.sample.sampler import Sampler
 from ember.tokenizer import Tokenizer
 
 # done_reason values, as the runner reports them (Ollama's DoneReason 0, 1, 2)

@@ -1,24 +1,7 @@
-"""Sampling: parameters, penalties and a seeded sampler over a row of logits, a batched step over
-rows (sample_rows); logprobs."""
+"""Sampling: parameters (params.py), penalties and a seeded sampler over a row of logits
+(sampler.py), a batched step over rows (batched.py: sample_rows), grammars (grammar.py).
+Only the parameters load with the package: the server checks options without torch."""
 
-from ember.sample.batched import sample_rows
-from ember.sample.sampler import (
-    Sampler,
-    SamplingParams,
-    candidates,
-    logprobs,
-    penalize,
-    truncate,
-    typical,
-)
+from ember.sample.params import SamplingParams
 
-__all__ = [
-    "Sampler",
-    "SamplingParams",
-    "candidates",
-    "logprobs",
-    "penalize",
-    "sample_rows",
-    "truncate",
-    "typical",
-]
+__all__ = ["SamplingParams"]

@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import threading
 import weakref
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import llguidance
 import numpy as np
-import torch
 
 from ember.errors import EmberError
+
+if TYPE_CHECKING:  # torch loads where a mask is made: the server checks formats without it
+    import torch
 
 # Compact separators as json.dumps writes them, no free whitespace: models write this form
 # naturally, and unbounded whitespace would let a model pad the output forever.
@@ -169,6 +171,8 @@ class Grammar:
         self._matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
         # little-endian int32 words: byte k of the buffer holds tokens 8k..8k+7, lowest bit first
         allowed = np.unpackbits(bits.view(np.uint8), bitorder="little", count=self.vocab_size)
+        import torch
+
         return torch.from_numpy(allowed.view(np.bool_))
 
     def accept(self, token: int) -> None:
@@ -191,6 +195,8 @@ def constrain(logits: torch.Tensor, grammar: Grammar) -> torch.Tensor:
     A model whose logits are wider than the tokenizer's vocabulary (padding rows) gets those
     extra tokens disallowed as well.
     """
+    import torch
+
     allowed = grammar.mask()
     out = torch.full_like(logits, float("-inf"))
     n = min(logits.shape[-1], allowed.numel())

@@ -16,7 +16,7 @@ from typing import Any
 from ember import catalog
 from ember.errors import ModelNotFoundError
 from ember.gguf import GGUFError, GGUFFile
-from ember.model import POOLING_RANK
+from ember.pooling import POOLING_RANK
 from ember.server.errors import APIError, not_found
 from ember.server.prompt import ChatTemplate, FillInMiddle, Message, fill_in_middle
 from ember.server.thinking import ThinkingTags, infer_tags

@@ -10,7 +10,7 @@ import numpy as np
 
 from ember.gguf import GGUFError, GGUFFile
 from ember.gguf.packed import PackedArray
-from ember.model import POOLING_RANK
+from ember.pooling import POOLING_RANK
 from ember.server.prompt import fill_in_middle
 from ember.server.thinking import can_think
 from ember.server.tools import can_use_tools

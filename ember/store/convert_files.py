@@ -9,7 +9,6 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from ember.convert import ConvertError, convert_directory, needs_projector_file
 from ember.store import manifest as mt
 from ember.store.errors import CreateError
 from ember.store.ggufinfo import GGUFInfo, read_gguf_info
@@ -31,6 +30,9 @@ def is_hf_directory(files: Mapping[str, str]) -> bool:
 def convert_files(store: Store, files: Mapping[str, str]) -> tuple[list[Layer], GGUFInfo]:
     """The model layer (then any projector layer) of the converted directory and the model's
     info; raises CreateError for a bad one."""
+    # here, not at the top: the converters need torch, which the server loads for nothing else
+    from ember.convert import ConvertError, convert_directory, needs_projector_file
+
     scratch = Path(tempfile.mkdtemp(prefix="convert-", dir=store.tmp_dir))
     try:
         for name, digest in files.items():

@@ -3,7 +3,9 @@ step gives each row the token its own Sampler.sample gives."""
 
 import torch
 
-from ember.sample import Sampler, SamplingParams, sample_rows
+from ember.sample import SamplingParams
+from ember.sample.batched import sample_rows
+from ember.sample.sampler import Sampler
 from ember.sample.sampler import biased
 
 VOCAB = 50

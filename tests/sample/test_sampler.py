@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ember.errors import OptionsError
-from ember.sample import Sampler, SamplingParams, candidates, logprobs, penalize, typical
+from ember.sample import SamplingParams
+from ember.sample.sampler import Sampler, candidates, logprobs, penalize, typical
 
 LOGITS = torch.tensor([1.0, 3.0, 2.0, 0.0, -1.0])
 

@@ -17,10 +17,10 @@ from ember.batch import Batch
 from ember.errors import EmberError
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, NoCache
-from ember.model.base import POOLING_CLS, POOLING_MEAN, POOLING_RANK
 from ember.model.config import Config, ModelLoadError
 from ember.model.registry import register
 from ember.model.weights import Weights
+from ember.pooling import POOLING_CLS, POOLING_MEAN, POOLING_RANK
 
 
 class EmbeddingOnlyError(EmberError):

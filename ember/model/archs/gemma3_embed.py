@@ -11,10 +11,10 @@ from ember.gguf import GGUFFile
 from ember.kvcache import BidirectionalCache, Cache
 from ember.model.archs.bert import EmbeddingOnlyError
 from ember.model.archs.gemma3 import GLOBAL, Gemma3
-from ember.model.base import POOLING_CLS, POOLING_MEAN
 from ember.model.config import Config, ModelLoadError
 from ember.model.registry import register
 from ember.model.weights import Weights
+from ember.pooling import POOLING_CLS, POOLING_MEAN
 
 _DENSE_NAMES = (("dense.0.weight", "dense.1.weight"), ("dense_2.weight", "dense_3.weight"))
 

@@ -19,11 +19,11 @@ from ember.model.archs.bert import (
     output_rows,
     sequence_mask,
 )
-from ember.model.base import POOLING_CLS, POOLING_MEAN
 from ember.model.config import Config, ModelLoadError
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import RoPE, Rotation
+from ember.pooling import POOLING_CLS, POOLING_MEAN
 
 
 @dataclass(frozen=True, slots=True)

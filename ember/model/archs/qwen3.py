@@ -10,11 +10,11 @@ from ember.backend.layer import NativeLayer
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache
 from ember.model.archs.llama import Llama, LlamaOptions, layer_shape
-from ember.model.base import POOLING_LAST, POOLING_RANK
 from ember.model.config import Config, ModelLoadError
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import Rotation, attention, rms_norm
+from ember.pooling import POOLING_LAST, POOLING_RANK
 
 
 class Qwen3Attention:
