@@ -14,8 +14,8 @@ import torch
 from ember.gguf import GGUFFile
 from ember.sample import SamplingParams
 from ember.sample.batched import sample_rows
-from ember.sample.sampler import Sampler
 from ember.sample.grammar import Grammar, constrain
+from ember.sample.sampler import Sampler
 from ember.sample.topk import BLOCK, argmax_rows, block_maxima, sorted_row, top_k_rows
 from ember.tokenizer import Tokenizer
 

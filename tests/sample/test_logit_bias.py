@@ -5,8 +5,7 @@ import torch
 
 from ember.sample import SamplingParams
 from ember.sample.batched import sample_rows
-from ember.sample.sampler import Sampler
-from ember.sample.sampler import biased
+from ember.sample.sampler import Sampler, biased
 
 VOCAB = 50
 
