@@ -137,14 +137,12 @@ class Cursor:
         return self.scalar_array(item_type, count), (GGUFValueType.ARRAY, item_type)
 
     def string_array(self, count: int) -> list[str] | PackedStrings:
-        # The hot loop of a vocabulary (262,144 tokens): locals only, one bound check per item.
+        # The hot loop of a vocabulary (262,144 tokens): locals only, one bound check per item;
+        # each item's start is noted, and the strings are decoded when read (packed.py).
         buf, pos, end, unpack = self.buf, self.pos, self.end, _U64.unpack_from
         first = pos
-        packed = count >= PACKED_ITEMS
-        items: list[str] = []
         starts = array("q")
-        add = starts.append if packed else None
-        append = items.append
+        add = starts.append
         for _ in range(count):
             if end - pos < 8:
                 raise GGUFError(f"array string length at byte {pos} is cut off by the end")
@@ -155,16 +153,12 @@ class Cursor:
                     f"array string at byte {pos - 8} claims {length} bytes but only "
                     f"{end - pos} remain"
                 )
-            if add is not None:
-                add(pos - first)
-            else:
-                append(str(buf[pos : pos + length], "utf-8", "replace"))
+            add(pos - first)
             pos += length
         self.pos = pos
-        if not packed:
-            return items
         starts.append(pos - first + 8)
-        return PackedStrings(bytes(buf[first:pos]), np.frombuffer(starts, np.int64))
+        packed = PackedStrings(bytes(buf[first:pos]), np.frombuffer(starts, np.int64))
+        return packed if count >= PACKED_ITEMS else list(packed)
 
     def scalar_array(self, item_type: GGUFValueType, count: int) -> list[Any] | PackedNumbers:
         st = _SCALARS[item_type]
