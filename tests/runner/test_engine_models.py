@@ -121,7 +121,29 @@ def test_eight_parallel_sequences_equal_each_alone(real_llm: Callable, name: str
         together = run_parallel(engine, requests)
     finally:
         engine.close()
-    assert together == alone
+    for request, one, many in zip(requests, alone, together, strict=True):
+        assert_equal_but_for_a_near_tie(llm, request.inputs, one, many)
+
+
+# Logits a row's path may move: a prompt's rows take the prefill kernels or the small-batch ones
+# by the size of the batch they fall in, which depends on what else runs, and each quantizes
+# the activations its own way (0.2-0.3 apart at most on SmolLM2's logits).
+NEAR_TIE = 0.5
+
+
+def assert_equal_but_for_a_near_tie(llm, prompt: list[int], alone: list[int], together: list[int]):
+    """Greedy tokens of a sequence run alone and in a batch are equal, or part where the alone
+    run's two candidates were a near-tie: a wrong cache or position would part at a clear
+    choice (SmolLM2's first token of "def add(a, b):" is 3725 by 0.002 over 2683)."""
+    if together == alone:
+        return
+    at = next((i for i, (a, b) in enumerate(zip(alone, together, strict=False)) if a != b), None)
+    assert at is not None, f"one stopped early: {alone} against {together}"
+    cache = llm.model.make_cache()
+    cache.init(max_sequences=1, capacity=len(prompt) + at + 1, max_batch=len(prompt) + at)
+    logits = forward(llm.model, cache, Batch.single([*prompt, *alone[:at]], 0))[0]
+    gap = abs(float(logits[alone[at]] - logits[together[at]]))
+    assert gap < NEAR_TIE, f"token {at} parts by {gap:.3f}: {alone} against {together}"
 
 
 @pytest.mark.model
