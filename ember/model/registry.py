@@ -45,7 +45,7 @@ def load_model(gguf: GGUFFile, projector: GGUFFile | None = None) -> Model:
 
     config = Config(gguf.metadata)
     model = _build(gguf, config, projector)
-    arena.settle(arena.decoder_linears(model), gguf.release_view)
+    arena.settle_decoder(model, gguf.release_view)
     heap.keep_freed_memory()  # after the load's own temporaries: see backend/heap.py
     # what a batch's activations take, at most: the load-time reservation checks it
     model.activations = Activations.of(  # type: ignore[attr-defined]

@@ -25,10 +25,9 @@ def test_settle_moves_each_weight_next_to_the_last_and_keeps_its_results():
     before = [w(x[:, : w.in_features]) for w in weights]
     originals = [w.raw for w in weights]
     released: list[torch.Tensor] = []
-    moved = arena.settle(weights, released.append)
+    assert arena.settle(weights, released.append) == []  # every one moved
     sizes = [-(-t.numel() // arena.ALIGN) * arena.ALIGN for t in originals]
-    assert moved == sum(sizes)
-    assert [id(t) for t in released] == [id(t) for t in originals]
+    assert {id(t) for t in originals} <= {id(t) for t in released}  # and its chunks before it
     start = weights[0].raw.data_ptr()
     assert start % arena.ALIGN == 0
     for w, old, y, offset in zip(weights, originals, before, np.cumsum([0, *sizes]), strict=False):
@@ -37,7 +36,9 @@ def test_settle_moves_each_weight_next_to_the_last_and_keeps_its_results():
         assert torch.equal(w(x[:, : w.in_features]), y)
 
 
-def test_a_loaded_model_reads_its_weights_from_the_arena_not_the_file(tmp_path, monkeypatch):
+def test_a_loaded_model_reads_its_blocks_from_the_arena_and_its_head_after_two_calls(
+    tmp_path, monkeypatch
+):
     import tinymodels
 
     path = tmp_path / "llama-q8.gguf"
@@ -50,13 +51,24 @@ def test_a_loaded_model_reads_its_weights_from_the_arena_not_the_file(tmp_path, 
         return forward(model, cache, batch)
 
     gguf = GGUFFile.open(path)
+    first = next(iter(gguf.tensors))
+    file_start = gguf.raw(first).ctypes.data - gguf.tensors[first].offset
+
+    def in_file(w: NativeLinear) -> bool:
+        return file_start <= w.raw.data_ptr() < file_start + path.stat().st_size
+
     model = load_model(gguf)
-    linears = arena.decoder_linears(model)
-    assert len(linears) >= 1 + 4 * len(model.blocks)  # the head; q/k/v, out, gate/up, down
-    mapped = gguf.raw(next(iter(gguf.tensors)))
-    file_start = mapped.ctypes.data - gguf.tensors[next(iter(gguf.tensors))].offset
-    for w in linears:
-        assert not file_start <= w.raw.data_ptr() < file_start + path.stat().st_size
-    monkeypatch.setattr(arena, "settle", lambda linears, release: 0)
+    blocks = arena.linears_of(model.blocks)
+    assert len(blocks) == 4 * len(model.blocks)  # q/k/v, out, gate/up, down
+    assert not any(in_file(w) for w in blocks)
+    assert in_file(model.output) and model.output.after_call is not None
+    moved = logits(model)
+    assert in_file(model.output)  # the prompt's call: it moves after the next one
+    assert torch.equal(logits(model), moved)
+    assert not in_file(model.output) and model.output.after_call is None
+    last = max(blocks, key=lambda w: w.raw.data_ptr())  # the place kept after the blocks'
+    end = last.raw.data_ptr() + last.raw.numel()
+    assert model.output.raw.data_ptr() == end + (-end) % arena.ALIGN
+    monkeypatch.setattr(arena, "settle_decoder", lambda model, release: None)
     unmoved = load_model(GGUFFile.open(path))
-    assert torch.equal(logits(model), logits(unmoved))
+    assert torch.equal(moved, logits(unmoved)) and torch.equal(logits(model), moved)
