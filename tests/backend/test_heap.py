@@ -28,8 +28,7 @@ def test_loading_a_model_sets_it(monkeypatch, tiny_models):
     assert calls == [1]
 
 
-# Run in a fresh process: in one that has run other tests, the pin may land in a hole lower
-# in the heap, and the temporaries, then the heap's top, go back as they are freed (CI once).
+# Run in a fresh process, whose heap has fewer holes than one that has run other tests.
 _GIVE_BACK = """
 import os, torch
 from ember.backend import heap
@@ -40,7 +39,11 @@ def rss_mib():
 
 heap.keep_freed_memory()
 temporaries = [torch.ones(1 << 18) for _ in range(128)]  # 128 MiB from the heap
-pin = torch.ones(1 << 10)  # above them: the freed pieces are not the heap's top
+# pins until one lies above them all (the first may fill a hole lower in the heap): the freed
+# pieces are then not the heap's top, which free() itself would give back
+top, pins = max(t.data_ptr() for t in temporaries), [torch.ones(1 << 14)]
+while pins[-1].data_ptr() < top and len(pins) < 4096:
+    pins.append(torch.ones(1 << 14))
 del temporaries
 before = rss_mib()
 heap.give_back_freed(heap.LARGE_BATCH - 1)
