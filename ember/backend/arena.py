@@ -39,7 +39,7 @@ CHUNK = 16 << 20  # bytes copied before their source pages are released
 
 
 def settle_decoder(model: object, release: Callable[[torch.Tensor], None]) -> None:
-    """The blocks' projections move now, the model's own (its head) after their first call,
+    """The blocks' projections move now, the model's own (its head) after their second call,
     into the place the mapping keeps for them after the blocks'."""
     blocks = linears_of(getattr(model, "blocks", []))
     moved = {id(w) for w in blocks}
@@ -70,18 +70,10 @@ def linears_of(owners: Iterable[object]) -> list[NativeLinear]:
             for part in value.parts:
                 visit(part)
 
-    for owner in owners:
-        for value in _attributes(owner):
+    for owner in owners:  # models and blocks are plain objects: their attributes are vars()
+        for value in vars(owner).values():
             visit(value)
     return list(found.values())
-
-
-def _attributes(owner: object) -> Iterable[object]:
-    if hasattr(owner, "__dict__"):
-        yield from vars(owner).values()
-    for name in getattr(type(owner), "__slots__", ()):
-        if hasattr(owner, name):
-            yield getattr(owner, name)
 
 
 def settle(
