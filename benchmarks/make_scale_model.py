@@ -44,15 +44,31 @@ class Shape:
     head_dim: int
     ffn: int
     vocab: int
+    tied: bool = True  # the head is the token embeddings (else its own output.weight)
+    rope_factor: float = 32.0  # llama3 rope scaling's factor
+    name: str = "Llama-3.2-3B"
 
 
 LLAMA_3B = Shape(hidden=3072, layers=28, heads=24, kv_heads=8, head_dim=128, ffn=8192, vocab=128256)
+# meta-llama/Llama-3.1-8B's config.json: an untied head, rope scaling factor 8
+LLAMA_8B = Shape(
+    hidden=4096,
+    layers=32,
+    heads=32,
+    kv_heads=8,
+    head_dim=128,
+    ffn=14336,
+    vocab=128256,
+    tied=False,
+    rope_factor=8.0,
+    name="Llama-3.1-8B",
+)
 ROPE_THETA, CONTEXT, EPS = 500000.0, 131072, 1e-5
-ROPE_SCALING = {"factor": 32.0, "low": 1.0, "high": 4.0, "original": 8192}
+ROPE_SCALING = {"low": 1.0, "high": 4.0, "original": 8192}  # the factor is the shape's
 SLICE_ELEMENTS = 1 << 24  # random values drawn 16M at a time
 
 
-def rope_factors(head_dim: int) -> np.ndarray:
+def rope_factors(head_dim: int, factor: float) -> np.ndarray:
     """llama3 rope scaling as per-frequency divisors (llama.cpp's `rope_freqs.weight`)."""
     s = ROPE_SCALING
     freqs = 1.0 / ROPE_THETA ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
@@ -63,17 +79,19 @@ def rope_factors(head_dim: int) -> np.ndarray:
         if wavelen < high_wavelen:
             factors.append(1.0)
         elif wavelen > low_wavelen:
-            factors.append(s["factor"])
+            factors.append(factor)
         else:
             smooth = (s["original"] / wavelen - s["low"]) / (s["high"] - s["low"])
-            factors.append(1 / ((1 - smooth) / s["factor"] + smooth))
+            factors.append(1 / ((1 - smooth) / factor + smooth))
     return np.asarray(factors, dtype=np.float32)
 
 
 def tensors(shape: Shape, layers: int) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape as rows × columns, kind) in llama.cpp's order; kind: weight, norm, rope."""
     hidden, ffn = shape.hidden, shape.ffn
-    out = [("token_embd.weight", (shape.vocab, hidden), "weight")]
+    out: list[tuple[str, tuple[int, ...], str]] = [
+        ("token_embd.weight", (shape.vocab, hidden), "weight")
+    ]
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     for i in range(layers):
         p = f"blk.{i}."
@@ -92,6 +110,8 @@ def tensors(shape: Shape, layers: int) -> list[tuple[str, tuple[int, ...], str]]
         ("output_norm.weight", (hidden,), "norm"),
         ("rope_freqs.weight", (shape.head_dim // 2,), "rope"),
     ]
+    if not shape.tied:
+        out.append(("output.weight", (shape.vocab, hidden), "weight"))
     return out
 
 
@@ -126,7 +146,7 @@ def write_f16(
     path: Path, layers: int, seed: int, tokenizer: Path | None, shape: Shape = LLAMA_3B
 ) -> None:
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("Llama-3.2-3B-shaped (random weights)")
+    writer.add_name(f"{shape.name}-shaped (random weights)")
     writer.add_block_count(layers)
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(shape.hidden)
@@ -155,7 +175,7 @@ def write_f16(
     for _, dims, kind in plan:
         writer.write_padding(out, out.tell())
         if kind == "rope":
-            rope_factors(shape.head_dim).tofile(out)
+            rope_factors(shape.head_dim, shape.rope_factor).tofile(out)
         elif kind == "norm":
             (1.0 + 0.1 * rng.standard_normal(dims, dtype=np.float32)).tofile(out)
         else:

@@ -6,12 +6,13 @@ machine where the model packages cannot go (a lent machine takes 64 MiB a call; 
 
 Shapes: `smollm2` (SmolLM2-135M: 30 layers, hidden 576, 9/3 heads of 64, FFN 1536, vocabulary
 49,152; Q4_1 with a tied Q8_0 head, the types of the bundled file) and `llama3b` (make_scale_model's
-Llama-3.2-3B shape, Q4_K_M, --layers of its 28). The F16 file comes from make_scale_model's
-writer (random N(0, 0.02) weights, its rope factors and SmolLM2's tokenizer: --tokenizer, a GGUF
-to copy it from, else the bundled smollm2); the quantization is llama.cpp's
-(`llama_model_quantize` from llama-cpp-python, which `make bench` installs), multi-threaded:
-Ember's own quantizer has no Q4_1 and takes minutes per GB on one thread. Speed does not depend
-on the weights' values, so the figures of such a file are those of its shape and types.
+Llama-3.2-3B shape, Q4_K_M, --layers of its 28), `llama8b` (Llama-3.1-8B's: hidden 4096, 32 layers,
+32/8 heads of 128, FFN 14,336, an untied head, rope scaling factor 8; Q4_K_M, ~4.9 GB). The F16 file
+comes from make_scale_model's writer (random N(0, 0.02) weights, its rope factors and SmolLM2's
+tokenizer: --tokenizer, a GGUF to copy it from, else the bundled smollm2); the quantization is
+llama.cpp's (`llama_model_quantize` from llama-cpp-python, which `make bench` installs), multi-
+threaded: Ember's own quantizer has no Q4_1 and takes minutes per GB on one thread. Speed does not
+depend on the weights' values, so the figures of such a file are those of its shape and types.
 """
 
 import argparse
@@ -29,6 +30,7 @@ SMOLLM2 = scale.Shape(
 SHAPES = {
     "smollm2": (SMOLLM2, "Q4_1", GGML_Q8_0),
     "llama3b": (scale.LLAMA_3B, "Q4_K_M", None),
+    "llama8b": (scale.LLAMA_8B, "Q4_K_M", None),
 }
 
 
