@@ -3,6 +3,12 @@ stepping after a prompt, and --sequences sequences stepping together, one row ea
 For A/B runs of two builds of the native library, alternated by the caller.
 
     .venv/bin/python benchmarks/bench_step.py --model smollm2:135m --sequences 1 8
+    .venv/bin/python benchmarks/bench_step.py --sequences 8 --caches 6
+
+--caches N runs each count of sequences over N fresh caches, one after the other, in the same
+process: a speed that changes from one cache to the next tells of memory placement (the native
+layer's scratch, before it was aligned to cache lines, made SmolLM2's eight sequences run at
+~510 or ~650 tok/s by where the heap put it).
 """
 
 import argparse
@@ -48,12 +54,15 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--caches", type=int, default=1, help="fresh caches a count runs on")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = load_model(GGUFFile.open(resolve_model(args.model)))
     for n in args.sequences:
-        rate = steps_per_second(model, n, args.prompt_tokens, args.steps)
-        print(f"{args.model}: {n} sequences, {rate:.1f} tok/s")
+        rates = [
+            steps_per_second(model, n, args.prompt_tokens, args.steps) for _ in range(args.caches)
+        ]
+        print(f"{args.model}: {n} sequences, " + ", ".join(f"{r:.1f}" for r in rates) + " tok/s")
 
 
 if __name__ == "__main__":

@@ -57,11 +57,5 @@ def keep_freed_memory() -> bool:
 def give_back_freed(tokens: int) -> None:
     """After the layers of a forward pass of `tokens`: a large batch's freed heap goes back to
     the system (glibc's malloc_trim: the free pages anywhere in its heaps, not just the top)."""
-    if tokens >= LARGE_BATCH:
-        give_back()
-
-
-def give_back() -> None:
-    """The free pages anywhere in glibc's heaps go back to the system now (malloc_trim)."""
-    if (trim := _glibc_function("malloc_trim")) is not None:
+    if tokens >= LARGE_BATCH and (trim := _glibc_function("malloc_trim")) is not None:
         trim(ctypes.c_size_t(0))

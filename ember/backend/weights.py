@@ -15,8 +15,6 @@ library (or for a type it lacks), every call takes the chunked dequantize-then-m
 (ember/backend/quant.py, bit-equal to gguf-py).
 """
 
-from collections.abc import Callable
-
 import numpy as np
 import torch
 
@@ -75,7 +73,6 @@ class NativeLinear:
         "_kernels",
         "_row_bytes",
         "activation_passes",
-        "after_call",
         "ggml_type",
         "in_features",
         "kind",
@@ -118,9 +115,6 @@ class NativeLinear:
             activation_passes == 1 and self.ggml_type in INT8_PREFILL and int8_prefill(self.isa)
         )
         self.prefill_int8 = prefill_int8
-        # run once, with the weight, after its next call returns (backend/arena.py: a head's
-        # bytes move out of the file once the first prompt and decode step have read them)
-        self.after_call: Callable[[NativeLinear], None] | None = None
         # gemm8 also takes over the one-pass K types' int8 prefill (q8_K: int8 per 256 values)
         # where it has fast code for the type: finer rounding, and on the avx2 path 380 GFLOPS
         # against the q8_K kernel's 250 (Q4_K, the 3B file's q/k/v and gate/up shapes)
@@ -148,9 +142,6 @@ class NativeLinear:
         else:
             y = flat.new_empty(rows, self.out_features)
             self.dense_into(flat.contiguous(), 0, self.out_features, y)
-        if self.after_call is not None:
-            then, self.after_call = self.after_call, None
-            then(self)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def takes_dense(self, rows: int) -> bool:

@@ -271,29 +271,11 @@ class GGUFFile:
         """The pages of tensor `name` stop counting in this process's memory (a copy of its
         bytes replaced it): they are read again from the file if it is touched. Whole pages
         inside the tensor only; nothing where the file is not mapped."""
-        info = self.tensors.get(name)
-        if info is not None:
-            self._drop(info.offset, info.nbytes)
-
-    def release_view(self, view: Any) -> None:
-        """As release, for a view of this file's bytes (a numpy array or torch tensor: raw(),
-        or a slice of it); nothing for memory outside this file's map."""
-        if self._bytes is None:
+        buf, info = self._buf, self.tensors.get(name)
+        if not isinstance(buf, mmap.mmap) or info is None or not hasattr(mmap, "MADV_DONTNEED"):
             return
-        if isinstance(view, np.ndarray):
-            address, nbytes = view.ctypes.data, view.nbytes
-        else:
-            address, nbytes = view.data_ptr(), view.numel() * view.element_size()
-        offset = address - self._bytes.ctypes.data
-        if offset >= 0 and offset + nbytes <= self._bytes.nbytes:
-            self._drop(offset, nbytes)
-
-    def _drop(self, offset: int, nbytes: int) -> None:
-        buf = self._buf
-        if not isinstance(buf, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
-        stop = (offset + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        start = -(-info.offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        stop = (info.offset + info.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
         if stop > start:
             with contextlib.suppress(OSError, ValueError):  # advice only: a closed map is fine
                 buf.madvise(mmap.MADV_DONTNEED, start, stop - start)

@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 
-from ember.backend import arena, heap
+from ember.backend import heap
 from ember.gguf import GGUFFile
 from ember.model.activations import Activations
 from ember.model.base import Model
@@ -45,7 +45,6 @@ def load_model(gguf: GGUFFile, projector: GGUFFile | None = None) -> Model:
 
     config = Config(gguf.metadata)
     model = _build(gguf, config, projector)
-    arena.settle_decoder(model, gguf.release_view)
     heap.keep_freed_memory()  # after the load's own temporaries: see backend/heap.py
     # what a batch's activations take, at most: the load-time reservation checks it
     model.activations = Activations.of(  # type: ignore[attr-defined]

@@ -157,13 +157,19 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
     const int nth = threads > 0 ? threads : omp_get_max_threads();
     /* float scratch: h (M, max(C, F)), qkv (M, nqkv), att (M, H Dv), gu (M, 2F), y (M, C),
      * scores (threads, EM_ATTN_SCRATCH(tile, S)); then the prepared activations */
+    /* each array on whole lines (em_alloc_lines): the products load their rows of x */
+#define EM_LINES(floats) (((floats) + 15) & ~(int64_t)15)
     const int64_t wide = C > F ? C : F;
-    const int64_t floats = M * (wide + nqkv + H * Dv + 2 * F + C) + (int64_t)nth * EM_ATTN_SCRATCH(EM_ATTN_TILE, S);
-    float *h = (float *)malloc((size_t)(floats * 4 + EM_MAX_PARTS * prep + 64));
+    const int64_t nh = EM_LINES(M * wide), nqkv_all = EM_LINES(M * nqkv), natt = EM_LINES(M * H * Dv);
+    const int64_t ngu = EM_LINES(M * 2 * F), ny = EM_LINES(M * C);
+    const int64_t nscores = EM_LINES((int64_t)nth * EM_ATTN_SCRATCH(EM_ATTN_TILE, S));
+    const int64_t floats = nh + nqkv_all + natt + ngu + ny + nscores;
+    float *h = (float *)em_alloc_lines((size_t)(floats * 4 + EM_MAX_PARTS * prep));
     if (!h) return -3;
-    float *qkv = h + M * wide, *att = qkv + M * nqkv, *gu = att + M * H * Dv, *y = gu + M * 2 * F;
-    float *scores = y + M * C;
-    uint8_t *pbuf = (uint8_t *)(((uintptr_t)(scores + (int64_t)nth * EM_ATTN_SCRATCH(EM_ATTN_TILE, S)) + 63) & ~(uintptr_t)63);
+    float *qkv = h + nh, *att = qkv + nqkv_all, *gu = att + natt, *y = gu + ngu;
+    float *scores = y + ny;
+    uint8_t *pbuf = (uint8_t *)(scores + nscores);
+#undef EM_LINES
     em_prep p[EM_MAX_PARTS];
     /* units of attention: (token, KV head, tile of its query heads); tiles small enough that
      * every thread gets one (Gemma 3's one KV head of four query heads: two tiles of two) */
