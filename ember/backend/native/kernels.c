@@ -37,6 +37,7 @@
 extern int ember_num_threads; /* dispatch.c: 0 = OpenMP's default */
 
 #define EM_ROWS_PER_CHUNK 16
+#define EM_MIN_PARALLEL_BYTES (64 * 1024) /* smaller weights run on the calling thread */
 
 /* Scratch on whole 64-byte lines: a 512-bit load of activations that straddles two lines costs
  * two, and malloc's 16-byte alignment varied with the heap's state, so SmolLM2's 8-row decode
@@ -44,7 +45,6 @@ extern int ember_num_threads; /* dispatch.c: 0 = OpenMP's default */
 static void *em_alloc_lines(size_t bytes) {
     return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
 }
-#define EM_MIN_PARALLEL_BYTES (64 * 1024) /* smaller weights run on the calling thread */
 
 enum { EM_F16 = 1, EM_Q4_0 = 2, EM_Q4_1 = 3, EM_Q5_0 = 6, EM_Q5_1 = 7, EM_Q8_0 = 8,
        EM_IQ4_NL = 20, EM_BF16 = 30 };
@@ -332,12 +332,11 @@ int EM_EXPORT(ember_gemm8)(int type, const void *w, const uint8_t *xq, int64_t M
     const int64_t panels = (N + EM_G8_NR - 1) / EM_G8_NR;
     /* codes, scales, offsets (64-byte aligned), then one row's codes, scales and offsets */
     const size_t scratch = (size_t)(K * EM_G8_NR + 2 * units * EM_G8_NR * 4 + K + 2 * (K / 16) * 4 + 64);
-    const size_t rounded = (scratch + 63) / 64 * 64;
     const int nth = em_team(M * N * K, 1 << 18);
     int failed = 0;
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-        uint8_t *buf = (uint8_t *)aligned_alloc(64, rounded);
+        uint8_t *buf = (uint8_t *)em_alloc_lines(scratch);
         if (!buf) {
             #pragma omp atomic write
             failed = 1;
