@@ -8,9 +8,16 @@ from ember.batch import Batch
 from ember.model import forward
 
 LOGIT_TOLERANCE = 0.05  # of max |logit|, over the reference's top 20
-# Greedy tokens must agree up to the first step whose reference gap is below this. The issue
-# asks 0.2 (llama.cpp diverges at gaps of 0.13-0.15); our float32 path holds to 0.05.
+# Greedy tokens may part from the reference only at a step whose reference gap (first logit
+# less second) is below this, and must agree until they do. The issue asks 0.2 (llama.cpp
+# diverges at gaps of 0.13-0.15); over a float32 cache ours holds to 0.05.
 GAP_REQUIRED = 0.05
+# Over a half or 8-bit cache, the issue's 0.2: rounding K and V to f16 turns the last-place
+# differences between CPUs' vector math (torch's softmax: Sleef's 16-lane and 8-lane exp) into
+# flips of the cache's roundings. On an Intel Xeon, SmolLM2's chat prompt's second step, a
+# reference gap of 0.054, came out 0.07 the other way over f16 (0.01 the reference's way over
+# float32); on the Zen 5 EPYC the tests were first run on, it held.
+GAP_REQUIRED_REDUCED_CACHE = 0.2
 
 
 def run_prompt(
@@ -121,6 +128,14 @@ def check(real_llm, reference, name, prompt, record_property, **run) -> None:
     assert int(first.argmax()) == top[0]
     assert closeness < LOGIT_TOLERANCE
 
-    gaps = greedy["gap_to_second"]
-    must_hold = next((i for i, g in enumerate(gaps) if g < GAP_REQUIRED), len(gaps))
-    assert ids[:must_hold] == greedy["ids"][:must_hold]
+    gaps, expected_ids = greedy["gap_to_second"], greedy["ids"]
+    near_tie = GAP_REQUIRED if run.get("kv_type", "f32") == "f32" else GAP_REQUIRED_REDUCED_CACHE
+    parted = next(
+        (i for i, (a, b) in enumerate(zip(ids, expected_ids, strict=True)) if a != b), None
+    )
+    record_property("parted_at_step", parted)
+    if parted is not None:
+        assert gaps[parted] < near_tie, (
+            f"parted from the reference at step {parted}, where its gap is {gaps[parted]:.3f}: "
+            f"{ids[: parted + 1]} against {expected_ids[: parted + 1]}"
+        )
