@@ -86,6 +86,7 @@ static em_dots_q16 em_q16_dots_of(int type) {
 
 #if defined(EM_FLOAT_X)
 static em_dotsf em_f32x_dots_of(int type) {
+    pthread_once(&em_f16_values_once, em_f16_values_fill);
     switch (type) {
     case EM_Q4_0: return em_dotsf_q4_0;
     case EM_Q4_1: return em_dotsf_q4_1;

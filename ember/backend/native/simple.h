@@ -22,6 +22,7 @@
 #define EMBER_SIMPLE_H
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -443,11 +444,22 @@ typedef struct {
     __m512 lo, hi; /* elements 0..15, 16..31 */
 } em_wf;
 
+/* Every half's float32 value, for the blocks' scales: broadcast from memory, a scale costs a
+ * load, where widening it in registers took three vector operations (broadcast, convert: two),
+ * all on the two ports Intel's cores run 512-bit operations on, beside the multiply-adds. The
+ * same values as the conversion (a half's float32 value is exact). Filled on the first call
+ * of this copy (em_f32x_dots_of), so only on a CPU that runs it. */
+static float em_f16_values[65536];
+static pthread_once_t em_f16_values_once = PTHREAD_ONCE_INIT;
+static void em_f16_values_fill(void) {
+    for (uint32_t h = 0; h < 65536; h++) em_f16_values[h] = em_f16_bits((uint16_t)h);
+}
+
 /* a half at p in all 16 lanes */
 static inline __m512 em_f16x16(const uint8_t *p) {
-    int16_t h;
+    uint16_t h;
     memcpy(&h, p, 2);
-    return _mm512_cvtph_ps(_mm256_set1_epi16(h));
+    return _mm512_set1_ps(em_f16_values[h]);
 }
 
 static inline em_wf em_wf_of(__m512i lo, __m512i hi, const uint8_t *b, int affine) {
