@@ -44,7 +44,8 @@ bench: setup .venv/.llama-cpp
 #   PYTHONPATH=.venv/llama-cpp-avx2 .venv/bin/python benchmarks/bench_generate.py --isa avx2 ...
 #   PYTHONPATH=.venv/llama-cpp-avxvnni .venv/bin/python benchmarks/bench_generate.py --isa avxvnni ...
 # And for AVX-512 CPUs other than this one (benchmarks/lent_cpu.sh): AVX-512 with VNNI and BF16,
-# no AMX (that build died with SIGILL on the Xeon lent on 2026-11-27).
+# no AMX (that build died with SIGILL on the Xeon lent on 2026-11-27, and with SIGSEGV at its first
+# prompt on the Intel Xeon project machine of 2026-11-28: bench_generate.py says so).
 .venv/llama-cpp-avx2: LLAMA_ISA = -DGGML_AVX512=off -DGGML_AVX_VNNI=off
 .venv/llama-cpp-avxvnni: LLAMA_ISA = -DGGML_AVX512=off -DGGML_AVX_VNNI=on
 .venv/llama-cpp-avx512: LLAMA_ISA = -DGGML_AVX512=on -DGGML_AVX512_VBMI=on -DGGML_AVX512_VNNI=on \

@@ -127,7 +127,20 @@ def peer_failure(err: subprocess.CalledProcessError) -> str:
     code = err.returncode
     how = f"died with {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
     last = (err.stderr or "").strip().splitlines()[-1:]
-    return f"(its worker {how}{': ' + last[0] if last else ''})"
+    hint = ""
+    if code < 0 and cpu_has_amx() and "llama-cpp-" not in os.environ.get("PYTHONPATH", ""):
+        # llama.cpp's native build takes AMX here, and died at its first evaluation on every
+        # AMX Xeon tried (SIGILL on 2026-11-27, SIGSEGV on 2026-11-28)
+        hint = "; this CPU has AMX: `make .venv/llama-cpp-avx512` builds it without"
+    return f"(its worker {how}{': ' + last[0] if last else ''}{hint})"
+
+
+def cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " amx_int8" in f.read()
+    except OSError:
+        return False
 
 
 def cpu_line(isas: list[str] | None) -> str:
