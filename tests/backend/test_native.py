@@ -4,6 +4,7 @@ passes for the K types; loosely with float32 ones),
 dequantization bit-equal to gguf-py, EMBER_CPU_ISA, and a real model's greedy tokens on the
 generic path."""
 
+import ctypes
 from pathlib import Path
 
 import pytest
@@ -401,6 +402,31 @@ def test_cpu_name_is_the_model_name_of_proc_cpuinfo() -> None:
     assert native.cpu_name()
     if names:
         assert native.cpu_name() == names[0]
+
+
+def test_k_types_prefetch_distance_follows_the_cpu_vendor() -> None:
+    """dispatch.c's ember_kq_pf_ahead: 2 KiB on Intel's CPUs, 4 KiB elsewhere; a hint only,
+    so a product's bits are the same at any distance."""
+    lib = native.library()
+    assert lib is not None
+    ahead = ctypes.c_int.in_dll(lib, "ember_kq_pf_ahead")
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    vendors = [line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")]
+    if vendors:
+        assert ahead.value == (2048 if vendors[0] == "GenuineIntel" else 4096)
+    raw, _ = weight(QT.Q4_K, (64, 1024))
+    x = torch.randn(1, 1024)
+    w = NativeLinear(raw, QT.Q4_K, 64, 1024)
+    chosen = ahead.value
+    try:
+        products = []
+        for distance in (0, 1024, 4096):
+            ahead.value = distance
+            products.append(w(x))
+    finally:
+        ahead.value = chosen
+    assert torch.equal(products[0], products[1]) and torch.equal(products[0], products[2])
 
 
 @pytest.mark.model

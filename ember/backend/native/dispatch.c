@@ -24,6 +24,23 @@ EM_API int ember_num_threads = 0; /* threads of the kernels' parallel loops; 0 =
 
 EM_API void ember_set_threads(int n) { ember_num_threads = n > 0 ? n : 0; }
 
+/* How many bytes past a K-type block decode's kernels ask for the weight's next lines
+ * (kquants.h's KQ_PREFETCH): enough to hide memory's latency at one thread's share of its
+ * bandwidth. The 3B-shaped Q4_K_M file's decode, 2 threads (docs/speed-log.md): a Zen 5 EPYC
+ * read two-pass rows 25-30% slower at 1-2 KiB than at 4 (8 like 4); a Sapphire Rapids-class
+ * Xeon, with half the bandwidth a thread, decoded 5-9% faster at 1.5-3 KiB than at 4 (8 like
+ * 4). Chosen by the CPU's vendor as the library loads; a benchmark may set it. */
+EM_API int ember_kq_pf_ahead = 4096;
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((constructor)) static void em_pick_kq_pf_ahead(void) {
+    unsigned a, vendor[3];
+    if (__get_cpuid(0, &a, &vendor[0], &vendor[2], &vendor[1]) &&
+        memcmp(vendor, "GenuineIntel", 12) == 0)
+        ember_kq_pf_ahead = 2048;
+}
+#endif
+
 typedef int (*em_matmul_fn)(int, const void *, const float *, float *, int64_t, int64_t, int64_t, int);
 typedef int (*em_dequant_fn)(int, const void *, float *, int64_t, int64_t);
 

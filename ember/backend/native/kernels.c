@@ -22,6 +22,9 @@
  */
 #include <stdlib.h>
 
+extern int ember_kq_pf_ahead; /* dispatch.c: the K types' prefetch distance for this CPU */
+#define KQ_PF_AHEAD ember_kq_pf_ahead
+
 #include "attend.h"
 #include "gemm8.h"
 #include "kquants.h"

@@ -73,7 +73,9 @@
  * (kernels.c's way for the 32-element types) held rows longer than ~4 KiB back: the 3B file's
  * down projections (8,192 values, 4.6-6.7 KB a row) read 31-32 GB/s that way and 40-48 GB/s
  * this way, and its decode step took 43-46 ms against 49-52 (a Zen 5 EPYC, 2 threads). */
+#ifndef KQ_PF_AHEAD /* kernels.c: dispatch.c's ember_kq_pf_ahead, chosen for the CPU */
 #define KQ_PF_AHEAD 4096
+#endif
 #define KQ_PREFETCH(b, size)                                                                      \
     for (int pf_ = 0; pf_ < (size); pf_ += 64) __builtin_prefetch((const uint8_t *)(b) + KQ_PF_AHEAD + pf_)
 
