@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import dataclasses
 import gc
 import logging
 import operator
@@ -41,7 +42,10 @@ class Tokenizer:
         vocab = read_vocabulary(metadata)
         with _gc_paused():
             builders = {"gpt2": bpe.build_bpe, "bert": wordpiece.build_wordpiece}
-            backend = builders.get(vocab.model, spm.build_spm)(vocab)
+            # the build reads every token several times: decoded once for all of them, and
+            # dropped after (the vocabulary kept stays packed where the file's was)
+            unpacked = dataclasses.replace(vocab, tokens=tuple(vocab.tokens))
+            backend = builders.get(vocab.model, spm.build_spm)(unpacked)
         return cls(vocab, backend)
 
     @property

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ember.errors import EmberError
+from ember.gguf.packed import PackedStrings
 
 SUPPORTED_MODELS = ("gpt2", "llama", "bert")
 
@@ -51,7 +52,7 @@ class Vocabulary:
 
     model: str  # "gpt2" (byte-level BPE), "llama" (SentencePiece) or "bert" (WordPiece)
     pre: str  # pre-tokenizer name (byte-level BPE only)
-    tokens: tuple[str, ...]
+    tokens: Sequence[str]  # a tuple, or the file's packed strings (each decoded when read)
     types: np.ndarray  # (V,) int8 TokenType
     scores: np.ndarray | None  # (V,) float32; SentencePiece merge priorities
     merges: tuple[str, ...]  # "left right" pairs, best first (byte-level BPE only)
@@ -139,8 +140,14 @@ def _get(metadata: Mapping[str, Any], name: str, kind: type, default: Any = None
     raise VocabularyError(f"{key} should be {expected}, got {type(value).__name__}")
 
 
-def _read_tokens(metadata: Mapping[str, Any]) -> tuple[str, ...]:
+def _read_tokens(metadata: Mapping[str, Any]) -> Sequence[str]:
     raw = metadata.get("tokenizer.ggml.tokens")
+    if isinstance(raw, PackedStrings):
+        # kept packed: as Python strings Gemma 3's 262,144 took ~27 MB for a whole process
+        # that reads a few (a token's bytes are cached once read; the builds read all once)
+        if not len(raw):
+            raise VocabularyError("tokenizer.ggml.tokens is empty")
+        return raw
     if raw is None or isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence | np.ndarray):
         raise VocabularyError("tokenizer.ggml.tokens is missing or is not a list of strings")
     tokens = tuple(raw)
@@ -185,7 +192,7 @@ def _read_id(metadata: Mapping[str, Any], name: str, size: int) -> int | None:
     return int(value)
 
 
-def _read_eos_ids(metadata: Mapping[str, Any], tokens: tuple[str, ...]) -> frozenset[int]:
+def _read_eos_ids(metadata: Mapping[str, Any], tokens: Sequence[str]) -> frozenset[int]:
     ids: set[int] = set()
     eos_id = _read_id(metadata, "eos_token_id", len(tokens))
     if eos_id is not None:
