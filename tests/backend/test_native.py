@@ -404,29 +404,33 @@ def test_cpu_name_is_the_model_name_of_proc_cpuinfo() -> None:
         assert native.cpu_name() == names[0]
 
 
-def test_k_types_prefetch_distance_follows_the_cpu_vendor() -> None:
-    """dispatch.c's ember_kq_pf_ahead: 2 KiB on Intel's CPUs, 4 KiB elsewhere; a hint only,
-    so a product's bits are the same at any distance."""
+def test_prefetch_choices_follow_the_cpu_vendor() -> None:
+    """dispatch.c's prefetch choices: on Intel's CPUs the K types ask 2 KiB ahead (4 KiB
+    elsewhere) and every weight row is asked for with several rows of x too (elsewhere with one
+    row or more than four); hints only, so a product's bits are the same either way."""
     lib = native.library()
     assert lib is not None
     ahead = ctypes.c_int.in_dll(lib, "ember_kq_pf_ahead")
+    batches = ctypes.c_int.in_dll(lib, "ember_pf_batches")
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
     vendors = [line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")]
     if vendors:
-        assert ahead.value == (2048 if vendors[0] == "GenuineIntel" else 4096)
-    raw, _ = weight(QT.Q4_K, (64, 1024))
-    x = torch.randn(1, 1024)
-    w = NativeLinear(raw, QT.Q4_K, 64, 1024)
-    chosen = ahead.value
-    try:
+        intel = vendors[0] == "GenuineIntel"
+        assert (ahead.value, batches.value) == ((2048, 1) if intel else (4096, 0))
+    chosen = ahead.value, batches.value
+    for qtype, rows in ((QT.Q4_K, 1), (QT.Q4_K, 3), (QT.Q4_1, 3), (QT.Q8_0, 8)):
+        raw, _ = weight(qtype, (64, 1024))
+        x = torch.randn(rows, 1024)
+        w = NativeLinear(raw, qtype, 64, 1024)
         products = []
-        for distance in (0, 1024, 4096):
-            ahead.value = distance
-            products.append(w(x))
-    finally:
-        ahead.value = chosen
-    assert torch.equal(products[0], products[1]) and torch.equal(products[0], products[2])
+        try:
+            for setting in ((0, 0), (1024, 1), (4096, 0)):
+                ahead.value, batches.value = setting
+                products.append(w(x))
+        finally:
+            ahead.value, batches.value = chosen
+        assert all(torch.equal(products[0], p) for p in products[1:]), (qtype, rows)
 
 
 @pytest.mark.model

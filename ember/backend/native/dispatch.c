@@ -24,20 +24,26 @@ EM_API int ember_num_threads = 0; /* threads of the kernels' parallel loops; 0 =
 
 EM_API void ember_set_threads(int n) { ember_num_threads = n > 0 ? n : 0; }
 
-/* How many bytes past a K-type block decode's kernels ask for the weight's next lines
- * (kquants.h's KQ_PREFETCH): enough to hide memory's latency at one thread's share of its
- * bandwidth. The 3B-shaped Q4_K_M file's decode, 2 threads (docs/speed-log.md): a Zen 5 EPYC
- * read two-pass rows 25-30% slower at 1-2 KiB than at 4 (8 like 4); a Sapphire Rapids-class
- * Xeon, with half the bandwidth a thread, decoded 5-9% faster at 1.5-3 KiB than at 4 (8 like
- * 4). Chosen by the CPU's vendor as the library loads; a benchmark may set it. */
+/* Two prefetch choices that differ between the CPUs measured (docs/speed-log.md), made by the
+ * CPU's vendor as the library loads (a benchmark may set them):
+ * - ember_kq_pf_ahead: how many bytes past a K-type block decode's kernels ask for the weight's
+ *   next lines (kquants.h's KQ_PREFETCH), enough to hide memory's latency at one thread's share
+ *   of its bandwidth. The 3B-shaped Q4_K_M file's decode, 2 threads: a Zen 5 EPYC read two-pass
+ *   rows 25-30% slower at 1-2 KiB than at 4 (8 like 4); a Sapphire Rapids-class Xeon, with half
+ *   the bandwidth a thread, decoded 5-9% faster at 1.5-3 KiB than at 4 (8 like 4).
+ * - ember_pf_batches: whether the other types' kernels ask for each weight row ahead with 2-16
+ *   rows of x, as with one (kernels.c's em_rows_of). The Zen 5's hardware prefetch kept up
+ *   with 2-4 rows (asking cost 5%); on the Xeon, SmolLM2's two and four sequences stepped
+ *   ~35% faster asking. */
 EM_API int ember_kq_pf_ahead = 4096;
+EM_API int ember_pf_batches = 0;
 
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((constructor)) static void em_pick_kq_pf_ahead(void) {
+__attribute__((constructor)) static void em_pick_prefetch(void) {
     unsigned a, vendor[3];
     if (__get_cpuid(0, &a, &vendor[0], &vendor[2], &vendor[1]) &&
         memcmp(vendor, "GenuineIntel", 12) == 0)
-        ember_kq_pf_ahead = 2048;
+        ember_kq_pf_ahead = 2048, ember_pf_batches = 1;
 }
 #endif
 
