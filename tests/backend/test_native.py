@@ -406,8 +406,8 @@ def test_cpu_name_is_the_model_name_of_proc_cpuinfo() -> None:
 
 def test_prefetch_choices_follow_the_cpu_vendor() -> None:
     """dispatch.c's prefetch choices: on Intel's CPUs the K types ask 2 KiB ahead (4 KiB
-    elsewhere) and every weight row is asked for with several rows of x too (elsewhere with one
-    row or more than four); hints only, so a product's bits are the same either way."""
+    elsewhere) and the int16-code kernels ask for each weight row with several rows of x too;
+    hints only, so a product's bits are the same either way, on every ISA path."""
     lib = native.library()
     assert lib is not None
     ahead = ctypes.c_int.in_dll(lib, "ember_kq_pf_ahead")
@@ -419,18 +419,20 @@ def test_prefetch_choices_follow_the_cpu_vendor() -> None:
         intel = vendors[0] == "GenuineIntel"
         assert (ahead.value, batches.value) == ((2048, 1) if intel else (4096, 0))
     chosen = ahead.value, batches.value
-    for qtype, rows in ((QT.Q4_K, 1), (QT.Q4_K, 3), (QT.Q4_1, 3), (QT.Q8_0, 8)):
-        raw, _ = weight(qtype, (64, 1024))
-        x = torch.randn(rows, 1024)
-        w = NativeLinear(raw, qtype, 64, 1024)
-        products = []
-        try:
-            for setting in ((0, 0), (1024, 1), (4096, 0)):
-                ahead.value, batches.value = setting
-                products.append(w(x))
-        finally:
-            ahead.value, batches.value = chosen
-        assert all(torch.equal(products[0], p) for p in products[1:]), (qtype, rows)
+    cases = [(QT.Q4_K, 1), (QT.Q4_K, 3), (QT.Q4_1, 3), (QT.Q8_0, 8)]
+    for isa in native.runnable_isas():
+        for qtype, rows in cases:
+            raw, _ = weight(qtype, (64, 1024))
+            x = torch.randn(rows, 1024)
+            w = NativeLinear(raw, qtype, 64, 1024, kernels=native.kernels(isa))
+            products = []
+            try:
+                for setting in ((0, 0), (1024, 1), (4096, 0)):
+                    ahead.value, batches.value = setting
+                    products.append(w(x))
+            finally:
+                ahead.value, batches.value = chosen
+            assert all(torch.equal(products[0], p) for p in products[1:]), (isa, qtype, rows)
 
 
 @pytest.mark.model

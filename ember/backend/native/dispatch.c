@@ -31,10 +31,12 @@ EM_API void ember_set_threads(int n) { ember_num_threads = n > 0 ? n : 0; }
  *   of its bandwidth. The 3B-shaped Q4_K_M file's decode, 2 threads: a Zen 5 EPYC read two-pass
  *   rows 25-30% slower at 1-2 KiB than at 4 (8 like 4); a Sapphire Rapids-class Xeon, with half
  *   the bandwidth a thread, decoded 5-9% faster at 1.5-3 KiB than at 4 (8 like 4).
- * - ember_pf_batches: whether the other types' kernels ask for each weight row ahead with 2-16
- *   rows of x, as with one (kernels.c's em_rows_of). The Zen 5's hardware prefetch kept up
- *   with 2-4 rows (asking cost 5%); on the Xeon, SmolLM2's two and four sequences stepped
- *   ~35% faster asking. */
+ * - ember_pf_batches: whether the int16-code kernels of the 32-element types (every path but
+ *   avx512's) ask for each weight row ahead with 2-16 rows of x, as with one (kernels.c's
+ *   em_rows_of). The Zen 5's hardware prefetch kept up with 2-4 rows of the avx512 path's
+ *   (asking cost 5%); on the Xeon, SmolLM2's two and eight sequences on the avx2 path stepped
+ *   1.6-2x and 1.1-1.2x as fast asking. (The avx512 path's 2-4 rows gained ~35% too, but the
+ *   change recompiled its one-row loop 5-6% slower: not taken.) */
 EM_API int ember_kq_pf_ahead = 4096;
 EM_API int ember_pf_batches = 0;
 

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 
 extern int ember_kq_pf_ahead; /* dispatch.c: the K types' prefetch distance for this CPU */
-extern int ember_pf_batches;  /* dispatch.c: 1 where weight rows are asked for with any rows of x */
+extern int ember_pf_batches;  /* dispatch.c: 1 where the int16-code kernels ask with any rows */
 #define KQ_PF_AHEAD ember_kq_pf_ahead
 
 #include "attend.h"
@@ -215,12 +215,9 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
     const em_block_q16 *q16 = p->q16 ? p->q16 + m0 * nb : 0;
     y += m0 * ldy;
     const int self_pf = em_kernel_prefetches(p, M);
-    /* each weight row asked for ahead, before its products: with one row of x, and with any
-     * on CPUs whose hardware prefetch alone leaves several rows waiting (dispatch.c) */
-    const int ask_row = !self_pf && (M == 1 || ember_pf_batches);
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wrow = W + n * p->row_bytes;
-        if (ask_row)
+        if (M == 1 && !self_pf)
             for (int64_t o = 0; o < p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PF_AHEAD + o);
         if (p->type == EM_F16 || p->type == EM_BF16) {
             const em_dot_f32 dot = p->type == EM_F16 ? (self_pf ? em_dot_f16_pf : em_dot_f16)
@@ -254,12 +251,12 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
              * ones one. A row's bits do not depend on the choice. (Measured from memory with
              * 1, 2, 4 and 8 rows: benchmarks/bench_simple_types.py --k K --rows.) */
             const int nw = n + 1 < n1 && (M == 1 ? !self_pf : K > 1024) ? 2 : 1;
-            /* the weight rows ahead (ask_row asked for the first above). Without it, pairs of
+            /* the weight rows ahead (M == 1 asked for the first above). Without it, pairs of
              * rows read a Q8_0 head from memory at half the speed, and so did 8 rows of x (two
-             * passes of 4 a weight row) at 0.7x; with 2-4 rows, one weight row a pass, the Zen
-             * 5's hardware prefetch is enough (asking cost 5%), an Intel Xeon's is not. */
+             * passes of 4 a weight row) at 0.7x; with 2-4 rows, one weight row a pass, the
+             * hardware's prefetch is enough (asking cost 5%). */
             if ((nw == 2 || M > EM_XROWS) && !self_pf)
-                for (int64_t o = ask_row ? p->row_bytes : 0; o < nw * p->row_bytes; o += 64)
+                for (int64_t o = M == 1 ? p->row_bytes : 0; o < nw * p->row_bytes; o += 64)
                     __builtin_prefetch(wrow + EM_PF_AHEAD + o);
             for (int64_t g = 0; g < M; g += EM_XROWS) {
                 const int mc = M - g < EM_XROWS ? (int)(M - g) : EM_XROWS;
@@ -271,6 +268,8 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
 #endif
         } else {
             const em_dots_q16 dots = em_q16_dots_of(p->type);
+            if (M > 1 && ember_pf_batches) /* several rows of x: the row ahead too (dispatch.c) */
+                for (int64_t o = 0; o < p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PF_AHEAD + o);
             float part[EM_DOTS];
             for (int64_t g = 0; g < M; g += EM_DOTS) {
                 const int mc = M - g < EM_DOTS ? (int)(M - g) : EM_DOTS;
