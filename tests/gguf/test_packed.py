@@ -2,6 +2,7 @@
 read item by item, and far smaller."""
 
 import json
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -60,6 +61,30 @@ def test_bad_utf8_is_replaced_in_a_packed_array() -> None:
     body = T.STRING.to_bytes(4, "little") + N.to_bytes(8, "little") + b"".join(items)
     words = _file(kv("words", T.ARRAY, body)).get("words")
     assert isinstance(words, PackedArray) and words[0] == next(iter(words)) == "a\ufffdb"
+
+
+def test_packed_strings_index_as_a_list_does() -> None:
+    items = ["a\ufffdb", "\u00e9", *WORDS[2:]]
+    raw = [string(b"a\xffb"), string("\u00e9".encode())] + [string(w) for w in WORDS[2:]]
+    body = T.STRING.to_bytes(4, "little") + N.to_bytes(8, "little") + b"".join(raw)
+    words = _file(kv("words", T.ARRAY, body)).get("words")
+    assert isinstance(words, PackedArray) and list(words) == items
+    END = sys.maxsize  # a list's default stop
+    for value, start, stop in [
+        ("▁w7", 0, END), ("▁w7", 7, END), ("▁w7", -N, -1), ("▁w1000", 0, N),
+        ("a\ufffdb", 0, END), ("\u00e9", 0, END), (WORDS[-1], 0, END),
+    ]:  # fmt: skip
+        assert words.index(value, start, stop) == items.index(value, start, stop)
+    for value, start, stop in [
+        ("▁w7", 8, END), ("▁w7", 0, 7), ("nope", 0, END), ("\ud800", 0, END), ("a", 0, END),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError):
+            items.index(value, start, stop)
+        with pytest.raises(ValueError):
+            words.index(value, start, stop)
+    with pytest.raises(ValueError):
+        words.index(7)
+    assert words.index("▁w7", 0, None) == 7  # as any Sequence's
 
 
 def test_packed_arrays_outlive_the_file_and_show_as_lists(tmp_path: Path) -> None:
