@@ -406,20 +406,23 @@ def test_cpu_name_is_the_model_name_of_proc_cpuinfo() -> None:
 
 def test_prefetch_choices_follow_the_cpu_vendor() -> None:
     """dispatch.c's prefetch choices: on Intel's CPUs the K types ask 2 KiB ahead (4 KiB
-    elsewhere) and the int16-code kernels ask for each weight row with several rows of x too;
-    hints only, so a product's bits are the same either way, on every ISA path."""
+    elsewhere), the int16-code kernels ask for each weight row with several rows of x too, and
+    one row of x asks as the products go for rows of any length (elsewhere from 1.5 KiB); hints
+    only, so a product's bits are the same either way, on every ISA path."""
     lib = native.library()
     assert lib is not None
     ahead = ctypes.c_int.in_dll(lib, "ember_kq_pf_ahead")
     batches = ctypes.c_int.in_dll(lib, "ember_pf_batches")
+    row_min = ctypes.c_int.in_dll(lib, "ember_pf_row_min")
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
     vendors = [line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")]
     if vendors:
         intel = vendors[0] == "GenuineIntel"
-        assert (ahead.value, batches.value) == ((2048, 1) if intel else (4096, 0))
-    chosen = ahead.value, batches.value
-    cases = [(QT.Q4_K, 1), (QT.Q4_K, 3), (QT.Q4_1, 3), (QT.Q8_0, 8)]
+        chosen = ahead.value, batches.value, row_min.value
+        assert chosen == ((2048, 1, 0) if intel else (4096, 0, 1536))
+    chosen = ahead.value, batches.value, row_min.value
+    cases = [(QT.Q4_K, 1), (QT.Q4_K, 3), (QT.Q4_1, 1), (QT.Q4_1, 3), (QT.Q8_0, 1), (QT.Q8_0, 8)]
     for isa in native.runnable_isas():
         for qtype, rows in cases:
             raw, _ = weight(qtype, (64, 1024))
@@ -427,11 +430,11 @@ def test_prefetch_choices_follow_the_cpu_vendor() -> None:
             w = NativeLinear(raw, qtype, 64, 1024, kernels=native.kernels(isa))
             products = []
             try:
-                for setting in ((0, 0), (1024, 1), (4096, 0)):
-                    ahead.value, batches.value = setting
+                for setting in ((0, 0, 0), (1024, 1, 1536), (4096, 0, 1 << 30)):
+                    ahead.value, batches.value, row_min.value = setting
                     products.append(w(x))
             finally:
-                ahead.value, batches.value = chosen
+                ahead.value, batches.value, row_min.value = chosen
             assert all(torch.equal(products[0], p) for p in products[1:]), (isa, qtype, rows)
 
 

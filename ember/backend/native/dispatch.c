@@ -36,16 +36,22 @@ EM_API void ember_set_threads(int n) { ember_num_threads = n > 0 ? n : 0; }
  *   em_rows_of). The Zen 5's hardware prefetch kept up with 2-4 rows of the avx512 path's
  *   (asking cost 5%); on the Xeon, SmolLM2's two and eight sequences on the avx2 path stepped
  *   1.6-2x and 1.1-1.2x as fast asking. (The avx512 path's 2-4 rows gained ~35% too, but the
- *   change recompiled its one-row loop 5-6% slower: not taken.) */
+ *   change recompiled its one-row loop 5-6% slower: not taken.)
+ * - ember_pf_row_min: with one row of x, weight rows at least this long are asked for as the
+ *   products go, shorter ones a whole row before them (kernels.c's em_kernel_prefetches). The
+ *   Zen 5 read rows of 1.5 KiB and more faster so; on the Xeon every row did (one sequence,
+ *   alternated twice: Gemma 3 63-64 -> 68-69 tok/s and Qwen 0.5B 37-38 -> 38-39 on the avx512
+ *   path, 53-55 -> 68-74 and 30-32 -> 35-37 on avx2; SmolLM2 within the noise). */
 EM_API int ember_kq_pf_ahead = 4096;
 EM_API int ember_pf_batches = 0;
+EM_API int ember_pf_row_min = 1536;
 
 #if defined(__x86_64__) || defined(__i386__)
 __attribute__((constructor)) static void em_pick_prefetch(void) {
     unsigned a, vendor[3];
     if (__get_cpuid(0, &a, &vendor[0], &vendor[2], &vendor[1]) &&
         memcmp(vendor, "GenuineIntel", 12) == 0)
-        ember_kq_pf_ahead = 2048, ember_pf_batches = 1;
+        ember_kq_pf_ahead = 2048, ember_pf_batches = 1, ember_pf_row_min = 0;
 }
 #endif
 

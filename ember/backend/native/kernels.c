@@ -24,6 +24,7 @@
 
 extern int ember_kq_pf_ahead; /* dispatch.c: the K types' prefetch distance for this CPU */
 extern int ember_pf_batches;  /* dispatch.c: 1 where the int16-code kernels ask with any rows */
+extern int ember_pf_row_min;  /* dispatch.c: rows at least this long ask as the products go */
 #define KQ_PF_AHEAD ember_kq_pf_ahead
 
 #include "attend.h"
@@ -195,7 +196,7 @@ static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t 
  * go, a block at a time (kquants.h's KQ_PREFETCH), and so do the other types' x86 ones for rows
  * of 1.5 KiB and more, about once a line (F16 rows of 8,192 values: 34-38 GB/s asked a row at
  * a time, 51-56 as they go, 2 threads). Whether this call's kernels ask themselves: */
-#define EM_PF_ROW_MIN 1536
+#define EM_PF_ROW_MIN ember_pf_row_min /* dispatch.c: 1,536 bytes; every row on Intel's CPUs */
 static int em_kernel_prefetches(const em_prep *p, int64_t M) {
     if (M != 1) return 0;
     if (p->q8k) return 1; /* kquants.h: its x86 kernels ask; its portable and NEON ones do not */
