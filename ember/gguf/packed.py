@@ -57,13 +57,13 @@ class PackedStrings(PackedArray):
         start, end = int(self._starts[i]), int(self._starts[i + 1]) - 8
         return self._data[start:end].decode("utf-8", "replace")
 
-    def index(self, value: Any, start: int = 0, stop: Any = None) -> int:
+    def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
         """As a list's, decoding only the items whose bytes are as long as value's (Gemma's
         turn marker looked for in a vocabulary that lacks it: every item read one by one took
         ~0.17 s). A replacement character in value may stand for bytes of another length, so
         then every item is compared."""
         if not isinstance(value, str) or "\ufffd" in value:
-            return super().index(value, start, stop)
+            return super().index(value, start, len(self) if stop is None else stop)
         try:
             width = len(value.encode("utf-8"))
         except UnicodeEncodeError:  # a lone surrogate: no decoded item holds one

@@ -395,10 +395,15 @@ def test_cpu_isa_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     assert native.system_info().startswith(f"native kernels: {best} (cpu: ")
 
 
-def test_cpu_name_is_the_model_name_of_proc_cpuinfo() -> None:
+def _cpuinfo(field: str) -> list[str]:
+    """Each value of `field` in /proc/cpuinfo (none where there is no such file)."""
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return [line.split(":", 1)[1].strip() for line in lines if line.startswith(field)]
+
+
+def test_cpu_name_is_the_model_name_of_proc_cpuinfo() -> None:
+    names = _cpuinfo("model name")
     assert native.cpu_name()
     if names:
         assert native.cpu_name() == names[0]
@@ -414,14 +419,10 @@ def test_prefetch_choices_follow_the_cpu_vendor() -> None:
     ahead = ctypes.c_int.in_dll(lib, "ember_kq_pf_ahead")
     batches = ctypes.c_int.in_dll(lib, "ember_pf_batches")
     row_min = ctypes.c_int.in_dll(lib, "ember_pf_row_min")
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    vendors = [line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")]
-    if vendors:
-        intel = vendors[0] == "GenuineIntel"
-        chosen = ahead.value, batches.value, row_min.value
-        assert chosen == ((2048, 1, 0) if intel else (4096, 0, 1536))
     chosen = ahead.value, batches.value, row_min.value
+    vendors = _cpuinfo("vendor_id")
+    if vendors:
+        assert chosen == ((2048, 1, 0) if vendors[0] == "GenuineIntel" else (4096, 0, 1536))
     cases = [(QT.Q4_K, 1), (QT.Q4_K, 3), (QT.Q4_1, 1), (QT.Q4_1, 3), (QT.Q8_0, 1), (QT.Q8_0, 8)]
     for isa in native.runnable_isas():
         for qtype, rows in cases:

@@ -24,7 +24,7 @@ EM_API int ember_num_threads = 0; /* threads of the kernels' parallel loops; 0 =
 
 EM_API void ember_set_threads(int n) { ember_num_threads = n > 0 ? n : 0; }
 
-/* Two prefetch choices that differ between the CPUs measured (docs/speed-log.md), made by the
+/* Three prefetch choices that differ between the CPUs measured (docs/speed-log.md), made by the
  * CPU's vendor as the library loads (a benchmark may set them):
  * - ember_kq_pf_ahead: how many bytes past a K-type block decode's kernels ask for the weight's
  *   next lines (kquants.h's KQ_PREFETCH), enough to hide memory's latency at one thread's share

@@ -196,12 +196,11 @@ static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t 
  * go, a block at a time (kquants.h's KQ_PREFETCH), and so do the other types' x86 ones for rows
  * of 1.5 KiB and more, about once a line (F16 rows of 8,192 values: 34-38 GB/s asked a row at
  * a time, 51-56 as they go, 2 threads). Whether this call's kernels ask themselves: */
-#define EM_PF_ROW_MIN ember_pf_row_min /* dispatch.c: 1,536 bytes; every row on Intel's CPUs */
 static int em_kernel_prefetches(const em_prep *p, int64_t M) {
     if (M != 1) return 0;
     if (p->q8k) return 1; /* kquants.h: its x86 kernels ask; its portable and NEON ones do not */
 #if defined(EM_X86)
-    return p->row_bytes >= EM_PF_ROW_MIN;
+    return p->row_bytes >= ember_pf_row_min; /* dispatch.c: 1,536 bytes; 0 on Intel's CPUs */
 #endif
     return 0;
 }
