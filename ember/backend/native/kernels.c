@@ -247,19 +247,22 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
              * independent chains; rows of 1.5 KiB and more (self_pf) one at a time: two streams
              * of them a thread, and x's float32 values, read 16-21 GB/s at 8,192 values a row
              * (Q4_0-Q5_1), one 31-36 (Q8_0 at 3,072: 36 against 51). Rows of x longer than
-             * 1,024 values meet two weight rows (each load of x then serves both), shorter
-             * ones one. A row's bits do not depend on the choice. (Measured from memory with
-             * 1, 2, 4 and 8 rows: benchmarks/bench_simple_types.py --k K --rows.) */
+             * 1,024 values meet two weight rows (each load of x then serves both) and 4 rows
+             * of x a pass, shorter ones one weight row and up to 8 rows of x (a weight block
+             * widened once for 8: SmolLM2's 8 rows 0.85 -> 0.65 ns a block and row on the
+             * Xeon). A row's bits do not depend on the choice. (Measured from memory with 1,
+             * 2, 4 and 8 rows: benchmarks/bench_simple_types.py --k K --rows.) */
             const int nw = n + 1 < n1 && (M == 1 ? !self_pf : K > 1024) ? 2 : 1;
             /* the weight rows ahead (M == 1 asked for the first above). Without it, pairs of
              * rows read a Q8_0 head from memory at half the speed, and so did 8 rows of x (two
              * passes of 4 a weight row) at 0.7x; with 2-4 rows, one weight row a pass, the
              * hardware's prefetch is enough (asking cost 5%). */
-            if ((nw == 2 || M > EM_XROWS) && !self_pf)
+            if ((nw == 2 || M > EM_XROWS / 2) && !self_pf)
                 for (int64_t o = M == 1 ? p->row_bytes : 0; o < nw * p->row_bytes; o += 64)
                     __builtin_prefetch(wrow + EM_PF_AHEAD + o);
-            for (int64_t g = 0; g < M; g += EM_XROWS) {
-                const int mc = M - g < EM_XROWS ? (int)(M - g) : EM_XROWS;
+            const int gx = nw == 2 ? EM_XROWS / 2 : EM_XROWS;
+            for (int64_t g = 0; g < M; g += gx) {
+                const int mc = M - g < gx ? (int)(M - g) : gx;
                 dots(wrow, p->row_bytes, xf + g * K, K, nw, mc, self_pf, part);
                 for (int i = 0; i < nw; i++)
                     for (int m = 0; m < mc; m++) y[(g + m) * ldy + n + i] = part[i * mc + m];

@@ -438,7 +438,7 @@ EM_DOT_SYM(iq4_nl, 18)
  * the last places. A row's steps do not depend on the rows beside it. */
 #if defined(EM_X86) && defined(__AVX512F__) && defined(__AVX512BW__)
 #define EM_FLOAT_X 1
-#define EM_XROWS 4 /* rows of x a pass */
+#define EM_XROWS 8 /* rows of x a pass (4 with two weight rows) */
 
 typedef struct {
     __m512 lo, hi; /* elements 0..15, 16..31 */
@@ -482,14 +482,22 @@ static inline __m512i em_bytes16(const uint8_t *p) {
     const __m512i bytes_ = em_bytes16(p);                                                     \
     __m512i lo = _mm512_and_si512(bytes_, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(bytes_, 4)
 
-static inline em_wf em_wf_q4_0(const uint8_t *b) {
-    EM_NIBBLES(b + 2, lo, hi);
-    const __m512i o = _mm512_set1_epi32(8);
-    return em_wf_of(_mm512_sub_epi32(lo, o), _mm512_sub_epi32(hi, o), b, 0);
+/* A 4-bit type's 16 weight values for this block's scale (and offset), one multiply(-add),
+ * then each element's picked by its nibble (vpermps reads an index's low 4 bits, so the low
+ * nibble needs no mask): the values the conversion of each code gave, in fewer operations. */
+static inline em_wf em_wf_table4(const uint8_t *nibbles, __m512 values) {
+    const __m512i bytes = em_bytes16(nibbles);
+    const em_wf r = {_mm512_permutexvar_ps(bytes, values),
+                     _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), values)};
+    return r;
 }
-static inline em_wf em_wf_q4_1(const uint8_t *b) {
-    EM_NIBBLES(b + 4, lo, hi);
-    return em_wf_of(lo, hi, b, 1);
+static inline em_wf em_wf_q4_0(const uint8_t *b) {
+    const __m512 codes = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    return em_wf_table4(b + 2, _mm512_mul_ps(em_f16x16(b), codes));
+}
+static inline em_wf em_wf_q4_1(const uint8_t *b) { /* d * q + m rounded once */
+    const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return em_wf_table4(b + 4, _mm512_fmadd_ps(em_f16x16(b), codes, em_f16x16(b + 2)));
 }
 /* the fifth bits (qh, bit j for element j) as 16, then the offset */
 static inline em_wf em_wf_q5(const uint8_t *b, const uint8_t *qh4, const uint8_t *qs, int offset, int affine) {
@@ -509,23 +517,50 @@ static inline em_wf em_wf_q8_0(const uint8_t *b) {
     return em_wf_of(lo, hi, b, 0);
 }
 static inline em_wf em_wf_iq4_nl(const uint8_t *b) {
-    const __m512i values = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)em_kvalues_iq4nl));
-    EM_NIBBLES(b + 2, lo, hi);
-    return em_wf_of(_mm512_permutexvar_epi32(lo, values), _mm512_permutexvar_epi32(hi, values), b, 0);
+    const __m512 codes = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)em_kvalues_iq4nl)));
+    return em_wf_table4(b + 2, _mm512_mul_ps(em_f16x16(b), codes));
+}
+
+/* The sum of v's 16 lanes, in a fixed tree: the halves, then the quarters, then lanes 0+2 and
+ * 1+3, then those two. em_sum16x8 sums eight vectors in the same tree at once, so a product's
+ * bits do not depend on how many rows shared its call. */
+static inline float em_sum16(__m512 v) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    const __m128 p = _mm_add_ps(q, _mm_shuffle_ps(q, q, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, _MM_SHUFFLE(3, 2, 0, 1))));
+}
+
+/* out[i] = em_sum16(v[i]) for i < 8, with a third of the instructions of eight calls */
+static inline void em_sum16x8(const __m512 *v, float *out) {
+    __m512 h[4], q[2];
+    for (int i = 0; i < 4; i++) /* [v[2i] halves summed, v[2i+1] halves summed] */
+        h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 2; i++) /* 128-bit lane j: v[4i + j]'s quarters summed */
+        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* lane j: v[j]'s 0+2 and 1+3, then v[4 + j]'s */
+    const __m512 p = _mm512_add_ps(_mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 r = _mm512_add_ps(p, _mm512_shuffle_ps(p, p, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm256_storeu_ps(out, _mm512_castps512_ps256(_mm512_permutexvar_ps(pick, r)));
 }
 
 /* NW weight rows (w, w + row_bytes) against NX rows of x (row m at x + m * K), NW <= 2 and
- * NX <= EM_XROWS, constants where inlined; out[i * NX + m] = W[i] . x[m]. Each dot product
+ * NX <= EM_XROWS (4 with two weight rows: 16 accumulators either way), constants in each case;
+ * out[i * NX + m] = W[i] . x[m]. Each dot product
  * takes the same steps whatever NW and NX are. PF (taken for one row of each, pf): ask for the
  * row's bytes EM_PF_AHEAD ahead as the blocks go, about once a 64-byte line (decode: the rows
  * come from memory). */
-#define EM_DOTF(T, BYTES)                                                                     \
-    static inline __attribute__((always_inline)) void em_dotsf_n_##T(                         \
-        const uint8_t *w, int64_t row_bytes, const float *x, int64_t K, const int NW,         \
-        const int NX, const int PF, float *out) {                                             \
-        __m512 lo[2 * EM_XROWS], hi[2 * EM_XROWS];                                            \
+#define EM_DOTF_STEPS(T, BYTES, NW, NX, PF)                                                   \
+    do { /* the accumulators sized for this case alone, so they stay in registers */         \
+        __m512 lo[NW * NX], hi[NW * NX];                                                      \
         for (int i = 0; i < NW * NX; i++) lo[i] = hi[i] = _mm512_setzero_ps();                \
-        for (int64_t b = 0; b < K / EM_QK; b++, w += BYTES) {                                 \
+        if (K < EM_QK) __builtin_unreachable(); /* em_dotsf_T answers K = 0 itself */         \
+        for (int64_t b = 0; b < K / EM_QK; b++) {                                             \
             for (int i = 0; i < NW; i++) {                                                    \
                 if (PF && b % (64 / BYTES) == 0) __builtin_prefetch(w + i * row_bytes + EM_PF_AHEAD); \
                 const em_wf wf = em_wf_##T(w + i * row_bytes);                                \
@@ -535,21 +570,40 @@ static inline em_wf em_wf_iq4_nl(const uint8_t *b) {
                     hi[i * NX + m] = _mm512_fmadd_ps(wf.hi, _mm512_loadu_ps(xb + 16), hi[i * NX + m]); \
                 }                                                                             \
             }                                                                                 \
+            w += BYTES;                                                                       \
         }                                                                                     \
-        for (int i = 0; i < NW * NX; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(lo[i], hi[i])); \
-    }                                                                                         \
+        if (NW * NX == 1) {                                                                   \
+            out[0] = em_sum16(_mm512_add_ps(lo[0], hi[0]));                                   \
+        } else {                                                                              \
+            __m512 v[8];                                                                      \
+            float sums[8];                                                                    \
+            for (int i = 0; i < 8; i++)                                                       \
+                v[i] = i < NW * NX ? _mm512_add_ps(lo[i], hi[i]) : _mm512_setzero_ps();       \
+            em_sum16x8(v, sums);                                                              \
+            for (int i = 0; i < NW * NX; i++) out[i] = sums[i];                               \
+        }                                                                                     \
+    } while (0)
+#define EM_DOTF(T, BYTES)                                                                     \
     static void em_dotsf_##T(const uint8_t *w, int64_t row_bytes, const float *x, int64_t K, int nw, \
                              int nx, int pf, float *out) {                                    \
+        if (K < EM_QK) {                                                                      \
+            for (int i = 0; i < nw * nx; i++) out[i] = 0.0f;                                  \
+            return;                                                                           \
+        }                                                                                     \
         switch (pf && nw * nx == 1 ? 0 : nw * 8 + nx) {                                       \
-        case 0: em_dotsf_n_##T(w, row_bytes, x, K, 1, 1, 1, out); break;                      \
-        case 20: em_dotsf_n_##T(w, row_bytes, x, K, 2, 4, 0, out); break;                     \
-        case 19: em_dotsf_n_##T(w, row_bytes, x, K, 2, 3, 0, out); break;                     \
-        case 18: em_dotsf_n_##T(w, row_bytes, x, K, 2, 2, 0, out); break;                     \
-        case 17: em_dotsf_n_##T(w, row_bytes, x, K, 2, 1, 0, out); break;                     \
-        case 12: em_dotsf_n_##T(w, row_bytes, x, K, 1, 4, 0, out); break;                     \
-        case 11: em_dotsf_n_##T(w, row_bytes, x, K, 1, 3, 0, out); break;                     \
-        case 10: em_dotsf_n_##T(w, row_bytes, x, K, 1, 2, 0, out); break;                     \
-        default: em_dotsf_n_##T(w, row_bytes, x, K, 1, 1, 0, out);                            \
+        case 0: EM_DOTF_STEPS(T, BYTES, 1, 1, 1); break;                                      \
+        case 20: EM_DOTF_STEPS(T, BYTES, 2, 4, 0); break;                                     \
+        case 19: EM_DOTF_STEPS(T, BYTES, 2, 3, 0); break;                                     \
+        case 18: EM_DOTF_STEPS(T, BYTES, 2, 2, 0); break;                                     \
+        case 17: EM_DOTF_STEPS(T, BYTES, 2, 1, 0); break;                                     \
+        case 16: EM_DOTF_STEPS(T, BYTES, 1, 8, 0); break;                                     \
+        case 15: EM_DOTF_STEPS(T, BYTES, 1, 7, 0); break;                                     \
+        case 14: EM_DOTF_STEPS(T, BYTES, 1, 6, 0); break;                                     \
+        case 13: EM_DOTF_STEPS(T, BYTES, 1, 5, 0); break;                                     \
+        case 12: EM_DOTF_STEPS(T, BYTES, 1, 4, 0); break;                                     \
+        case 11: EM_DOTF_STEPS(T, BYTES, 1, 3, 0); break;                                     \
+        case 10: EM_DOTF_STEPS(T, BYTES, 1, 2, 0); break;                                     \
+        default: EM_DOTF_STEPS(T, BYTES, 1, 1, 0);                                            \
         }                                                                                     \
     }
 EM_DOTF(q4_0, 18)
