@@ -31,12 +31,11 @@ EM_API void ember_set_threads(int n) { ember_num_threads = n > 0 ? n : 0; }
  *   of its bandwidth. The 3B-shaped Q4_K_M file's decode, 2 threads: a Zen 5 EPYC read two-pass
  *   rows 25-30% slower at 1-2 KiB than at 4 (8 like 4); a Sapphire Rapids-class Xeon, with half
  *   the bandwidth a thread, decoded 5-9% faster at 1.5-3 KiB than at 4 (8 like 4).
- * - ember_pf_batches: whether the int16-code kernels of the 32-element types (every path but
- *   avx512's) ask for each weight row ahead with 2-16 rows of x, as with one (kernels.c's
- *   em_rows_of). The Zen 5's hardware prefetch kept up with 2-4 rows of the avx512 path's
- *   (asking cost 5%); on the Xeon, SmolLM2's two and eight sequences on the avx2 path stepped
- *   1.6-2x and 1.1-1.2x as fast asking. (The avx512 path's 2-4 rows gained ~35% too, but the
- *   change recompiled its one-row loop 5-6% slower: not taken.)
+ * - ember_pf_batches: whether the 32-element types' kernels ask for each weight row ahead with
+ *   2-16 rows of x, as with one (kernels.c's em_rows_of and em_rows_f32x). The Zen 5's hardware
+ *   prefetch kept up with 2-4 rows of the avx512 path's (asking cost 5%); on the Xeon, SmolLM2's
+ *   two and eight sequences on the avx2 path stepped 1.6-2x and 1.1-1.2x as fast asking, and on
+ *   the avx512 path two and four 1.3-1.4x and 1.1-1.3x (Gemma 3's, its Q8_0 head: 1.5x, 1.3x).
  * - ember_pf_row_min: with one row of x, weight rows at least this long are asked for as the
  *   products go, shorter ones a whole row before them (kernels.c's em_kernel_prefetches). The
  *   Zen 5 read rows of 1.5 KiB and more faster so; on the Xeon every row did (one sequence,

@@ -205,6 +205,46 @@ static int em_kernel_prefetches(const em_prep *p, int64_t M) {
     return 0;
 }
 
+#if defined(EM_FLOAT_X)
+/* em_rows_of for the avx512 path's 32-element types (x read as float32), on its own: changes to
+ * how several rows of x run had moved the one-row loop's code and slowed decode by 5-15%.
+ *
+ * One row of x (decode) meets two weight rows a pass where the rows are short, for independent
+ * chains; rows of 1.5 KiB and more (self_pf) one at a time: two streams of them a thread, and
+ * x's float32 values, read 16-21 GB/s at 8,192 values a row (Q4_0-Q5_1), one 31-36 (Q8_0 at
+ * 3,072: 36 against 51). Rows of x longer than 1,024 values meet two weight rows (each load of
+ * x then serves both) and 4 rows of x a pass, shorter ones one weight row and up to 8 rows of x
+ * (a weight block widened once for 8: SmolLM2's 8 rows 0.85 -> 0.65 ns a block and row on the
+ * Xeon). A row's bits do not depend on the choice. (Measured from memory with 1, 2, 4 and 8
+ * rows: benchmarks/bench_simple_types.py --k K --rows.) */
+static __attribute__((noinline)) void em_rows_f32x(const em_prep *p, const uint8_t *W,
+                                                   const float *xf, int64_t M, int64_t ldy,
+                                                   int64_t n0, int64_t n1, int self_pf, float *y) {
+    const int64_t K = p->K, row_bytes = p->row_bytes;
+    const em_dotsf dots = em_f32x_dots_of(p->type);
+    float part[2 * EM_XROWS];
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *wrow = W + n * row_bytes;
+        const int nw = n + 1 < n1 && (M == 1 ? !self_pf : K > 1024) ? 2 : 1;
+        /* the weight rows ahead. Without it, pairs of rows read a Q8_0 head from memory at half
+         * the speed, and so did 8 rows of x (two passes of 4 a weight row) at 0.7x; 2-4 rows
+         * of x, one weight row a pass, ask where the hardware's prefetch falls behind
+         * (dispatch.c's ember_pf_batches: on the Xeon two sequences of SmolLM2 step 1.3-1.4x
+         * as fast; on the Zen 5 asking cost 5%). */
+        if ((M == 1 || nw == 2 || M > EM_XROWS / 2 || ember_pf_batches) && !self_pf)
+            for (int64_t o = 0; o < nw * row_bytes; o += 64) __builtin_prefetch(wrow + EM_PF_AHEAD + o);
+        const int gx = nw == 2 ? EM_XROWS / 2 : EM_XROWS;
+        for (int64_t g = 0; g < M; g += gx) {
+            const int mc = M - g < gx ? (int)(M - g) : gx;
+            dots(wrow, row_bytes, xf + g * K, K, nw, mc, self_pf, part);
+            for (int i = 0; i < nw; i++)
+                for (int m = 0; m < mc; m++) y[(g + m) * ldy + n + i] = part[i * mc + m];
+        }
+        n += nw - 1;
+    }
+}
+#endif
+
 /* y[m * ldy + n] = W[n] . x[m] for the W rows n0..n1 and the rows m0..m1 of the prepared x. */
 #define EM_GROUP_ROWS 16 /* activation rows (passes) a K-type call takes */
 static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m1, int64_t ldy,
@@ -215,6 +255,12 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
     const em_block_q16 *q16 = p->q16 ? p->q16 + m0 * nb : 0;
     y += m0 * ldy;
     const int self_pf = em_kernel_prefetches(p, M);
+#if defined(EM_FLOAT_X)
+    if (!q8k && !q16 && p->type != EM_F16 && p->type != EM_BF16) {
+        em_rows_f32x(p, W, xf, M, ldy, n0, n1, self_pf, y);
+        return;
+    }
+#endif
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *wrow = W + n * p->row_bytes;
         if (M == 1 && !self_pf)
@@ -239,36 +285,6 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
                 rows_dot(wrow, q8k + 2 * g * nb, nb, (int)(2 * mc), nb, part);
                 for (int64_t m = 0; m < mc; m++) y[(g + m) * ldy + n] = part[2 * m] + part[2 * m + 1];
             }
-#if defined(EM_FLOAT_X)
-        } else if (!q16) {
-            const em_dotsf dots = em_f32x_dots_of(p->type);
-            float part[2 * EM_XROWS];
-            /* One row of x (decode) meets two weight rows a pass where the rows are short, for
-             * independent chains; rows of 1.5 KiB and more (self_pf) one at a time: two streams
-             * of them a thread, and x's float32 values, read 16-21 GB/s at 8,192 values a row
-             * (Q4_0-Q5_1), one 31-36 (Q8_0 at 3,072: 36 against 51). Rows of x longer than
-             * 1,024 values meet two weight rows (each load of x then serves both) and 4 rows
-             * of x a pass, shorter ones one weight row and up to 8 rows of x (a weight block
-             * widened once for 8: SmolLM2's 8 rows 0.85 -> 0.65 ns a block and row on the
-             * Xeon). A row's bits do not depend on the choice. (Measured from memory with 1,
-             * 2, 4 and 8 rows: benchmarks/bench_simple_types.py --k K --rows.) */
-            const int nw = n + 1 < n1 && (M == 1 ? !self_pf : K > 1024) ? 2 : 1;
-            /* the weight rows ahead (M == 1 asked for the first above). Without it, pairs of
-             * rows read a Q8_0 head from memory at half the speed, and so did 8 rows of x (two
-             * passes of 4 a weight row) at 0.7x; with 2-4 rows, one weight row a pass, the
-             * hardware's prefetch is enough (asking cost 5%). */
-            if ((nw == 2 || M > EM_XROWS / 2) && !self_pf)
-                for (int64_t o = M == 1 ? p->row_bytes : 0; o < nw * p->row_bytes; o += 64)
-                    __builtin_prefetch(wrow + EM_PF_AHEAD + o);
-            const int gx = nw == 2 ? EM_XROWS / 2 : EM_XROWS;
-            for (int64_t g = 0; g < M; g += gx) {
-                const int mc = M - g < gx ? (int)(M - g) : gx;
-                dots(wrow, p->row_bytes, xf + g * K, K, nw, mc, self_pf, part);
-                for (int i = 0; i < nw; i++)
-                    for (int m = 0; m < mc; m++) y[(g + m) * ldy + n + i] = part[i * mc + m];
-            }
-            n += nw - 1;
-#endif
         } else {
             const em_dots_q16 dots = em_q16_dots_of(p->type);
             if (M > 1 && ember_pf_batches) /* several rows of x: the row ahead too (dispatch.c) */
