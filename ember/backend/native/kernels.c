@@ -152,41 +152,56 @@ static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
     if (!elems) return -1;
     if (K % elems) return -2;
     if (type == EM_F16 || type == EM_BF16) return 0;
-    if (elems == KQ_QK) return 2 * M * (K / KQ_QK) * (int64_t)sizeof(kq_block_q8_K) + K * 4;
+    if (elems == KQ_QK) return 2 * M * (K / KQ_QK) * (int64_t)sizeof(kq_block_q8_K);
 #if defined(EM_FLOAT_X)
     return 0; /* the 32-element types read x as it is */
 #endif
     return M * (K / EM_QK) * (int64_t)sizeof(em_block_q16);
 }
 
-/* Quantizes x (M, K) for `type` into buf (em_prep_bytes of it); passes: 1 or 2 (K types). */
-static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t K, void *buf,
-                       int passes) {
+/* Sets p up to quantize x (M, K) for `type` into buf (em_prep_bytes of it), row by row
+ * (em_prepare_row); passes: 1 or 2 (K types). */
+static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t M, int64_t K, void *buf,
+                             int passes) {
     int elems, bytes;
     em_block_size(type, &elems, &bytes);
     p->type = type, p->K = K, p->x = x, p->q16 = 0, p->q8k = 0, p->passes = passes == 1 ? 1 : 2;
     p->nb = K / elems, p->row_bytes = p->nb * bytes;
-    const int64_t nb = p->nb;
+    (void)M;
     if (type == EM_F16 || type == EM_BF16) return;
     if (elems == KQ_QK) {
-        kq_block_q8_K *xk = p->q8k = (kq_block_q8_K *)buf;
-        float *rest = (float *)(xk + 2 * M * nb);
-        for (int64_t m = 0; m < M; m++) {
-            kq_block_q8_K *x1 = xk + p->passes * m * nb, *x2 = x1 + nb;
-            kq_quantize_row_q8_K(x + m * K, x1, K);
-            if (p->passes == 1) continue;
-            for (int64_t b = 0; b < nb; b++)
-                for (int j = 0; j < KQ_QK; j++)
-                    rest[b * KQ_QK + j] = x[m * K + b * KQ_QK + j] - x1[b].d * (float)x1[b].qs[j];
-            kq_quantize_row_q8_K(rest, x2, K);
-        }
+        p->q8k = (kq_block_q8_K *)buf;
         return;
     }
 #if defined(EM_FLOAT_X)
     return;
 #endif
     p->q16 = (em_block_q16 *)buf;
-    for (int64_t m = 0; m < M; m++) em_quantize_row_q16(x + m * K, p->q16 + m * nb, nb);
+}
+
+/* Quantizes row m of p's x; rows are independent, so threads may take different ones. */
+static void em_prepare_row(const em_prep *p, int64_t m) {
+    const int64_t nb = p->nb, K = p->K;
+    const float *xm = p->x + m * K;
+    if (p->q8k) {
+        kq_block_q8_K *x1 = p->q8k + p->passes * m * nb, *x2 = x1 + nb;
+        kq_quantize_row_q8_K(xm, x1, K);
+        if (p->passes == 1) return;
+        for (int64_t b = 0; b < nb; b++) { /* what the first pass left out, a block at a time */
+            float rest[KQ_QK];
+            for (int j = 0; j < KQ_QK; j++) rest[j] = xm[b * KQ_QK + j] - x1[b].d * (float)x1[b].qs[j];
+            kq_quantize_row_q8_K(rest, x2 + b, KQ_QK);
+        }
+    } else if (p->q16) {
+        em_quantize_row_q16(xm, p->q16 + m * nb, nb);
+    }
+}
+
+/* em_prepare_setup, then every row on this thread */
+static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t K, void *buf,
+                       int passes) {
+    em_prepare_setup(p, type, x, M, K, buf, passes);
+    for (int64_t m = 0; m < M; m++) em_prepare_row(p, m);
 }
 
 /* One row of x (decode): reading W is the step, and the hardware prefetcher alone left Q8_0

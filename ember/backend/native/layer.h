@@ -114,11 +114,17 @@ static int64_t em_parts_n(const em_lin *w, int parts, int64_t k) {
     return n;
 }
 
-/* Prepares x (M, k) for each part (one buffer of `stride` bytes a part); on one thread. */
-static void em_prepare_parts(em_prep *p, const em_lin *w, int parts, const float *x, int64_t M,
-                             uint8_t *buf, int64_t stride) {
+/* Sets up x (M, k)'s preparation for each part (one buffer of `stride` bytes a part) */
+static void em_setup_parts(em_prep *p, const em_lin *w, int parts, const float *x, int64_t M,
+                           uint8_t *buf, int64_t stride) {
     for (int i = 0; i < parts; i++)
-        if (w[i].n) em_prepare(&p[i], w[i].type, x, M, w[i].k, buf + i * stride, w[i].passes);
+        if (w[i].n) em_prepare_setup(&p[i], w[i].type, x, M, w[i].k, buf + i * stride, w[i].passes);
+}
+
+/* Quantizes row m of x for each part em_setup_parts set up */
+static void em_prepare_parts_row(const em_prep *p, const em_lin *w, int parts, int64_t m) {
+    for (int i = 0; i < parts; i++)
+        if (w[i].n) em_prepare_row(&p[i], m);
 }
 
 /* This thread's share of the team's loop over the rows of every part, each part into its own
@@ -170,7 +176,14 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
     float *scores = y + ny;
     uint8_t *pbuf = (uint8_t *)(scores + nscores);
 #undef EM_LINES
-    em_prep p[EM_MAX_PARTS];
+    /* each product's activations set up before the team starts (the buffers are known), so
+     * the team prepares them a row at a time beside the per-row steps; the parts share pbuf,
+     * one product after another */
+    em_prep pq[3], po[1], pg[2], pd[1];
+    em_setup_parts(pq, L->qkv, 3, h, M, pbuf, prep);
+    em_setup_parts(po, &L->out, 1, att, M, pbuf, prep);
+    em_setup_parts(pg, L->gate_up, 2, h, M, pbuf, prep);
+    em_setup_parts(pd, &L->down, 1, h, M, pbuf, prep);
     /* units of attention: (token, KV head, tile of its query heads); tiles small enough that
      * every thread gets one (Gemma 3's one KV head of four query heads: two tiles of two) */
     int64_t tile = (M * H + nth - 1) / nth;
@@ -180,15 +193,17 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
     const int64_t tiles = (group + tile - 1) / tile, units = M * Hkv * tiles;
     float *x = L->x;
 
+    /* Every per-token step is an `omp for` over the tokens: a token's row takes the same steps
+     * on whichever thread, so its bits do not change; with several tokens both threads work. */
     #pragma omp parallel num_threads(nth)
     {
-        #pragma omp single
-        {
-            for (int64_t m = 0; m < M; m++) em_rms_norm(x + m * C, L->attn_norm, C, L->eps, h + m * C);
-            em_prepare_parts(p, L->qkv, 3, h, M, pbuf, prep);
+        #pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) {
+            em_rms_norm(x + m * C, L->attn_norm, C, L->eps, h + m * C);
+            em_prepare_parts_row(pq, L->qkv, 3, m);
         }
-        em_team_rows(p, L->qkv, 3, M, nqkv, qkv);
-        #pragma omp single
+        em_team_rows(pq, L->qkv, 3, M, nqkv, qkv);
+        #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++) {
             float *r = qkv + m * nqkv;
             if (L->qkv_bias)
@@ -200,7 +215,7 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
                 if (L->q_norm) em_rms_norm(head, w, D, L->eps, head);
                 em_rope(head, c, s, L->rope_dim, L->neox);
             }
-            for (int64_t g = 0; g < Hkv; g++) {
+            for (int64_t g = 0; g < Hkv; g++) { /* each token its own cell */
                 em_kv_store(L->kv_type, L->kc, g * L->k_hs + L->locs[m] * L->k_cs, r + nq + g * D, D);
                 em_kv_store(L->kv_type, L->vc, g * L->v_hs + L->locs[m] * L->v_cs, r + nq + nk + g * Dv, Dv);
             }
@@ -217,28 +232,25 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
                             scores + (int64_t)omp_get_thread_num() * EM_ATTN_SCRATCH(EM_ATTN_TILE, S),
                             att + m * H * Dv + h0 * Dv);
         }
-        #pragma omp single
-        em_prepare_parts(p, &L->out, 1, att, M, pbuf, prep);
-        em_team_rows(p, &L->out, 1, M, C, y);
-        #pragma omp single
-        {
-            for (int64_t m = 0; m < M; m++) {
-                float *ym = y + m * C, *xm = x + m * C;
-                if (L->post_attn_norm) em_rms_norm(ym, L->post_attn_norm, C, L->eps, ym);
-                for (int64_t i = 0; i < C; i++) xm[i] = xm[i] + ym[i];
-                em_rms_norm(xm, L->ffn_norm, C, L->eps, h + m * C);
-            }
-            em_prepare_parts(p, L->gate_up, 2, h, M, pbuf, prep);
+        #pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) em_prepare_parts_row(po, &L->out, 1, m);
+        em_team_rows(po, &L->out, 1, M, C, y);
+        #pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) {
+            float *ym = y + m * C, *xm = x + m * C;
+            if (L->post_attn_norm) em_rms_norm(ym, L->post_attn_norm, C, L->eps, ym);
+            for (int64_t i = 0; i < C; i++) xm[i] = xm[i] + ym[i];
+            em_rms_norm(xm, L->ffn_norm, C, L->eps, h + m * C);
+            em_prepare_parts_row(pg, L->gate_up, 2, m);
         }
-        em_team_rows(p, L->gate_up, 2, M, 2 * F, gu);
-        #pragma omp single
-        {
-            for (int64_t m = 0; m < M; m++)
-                em_act_mul(L->act, gu + m * 2 * F, gu + m * 2 * F + F, F, h + m * F);
-            em_prepare_parts(p, &L->down, 1, h, M, pbuf, prep);
+        em_team_rows(pg, L->gate_up, 2, M, 2 * F, gu);
+        #pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) {
+            em_act_mul(L->act, gu + m * 2 * F, gu + m * 2 * F + F, F, h + m * F);
+            em_prepare_parts_row(pd, &L->down, 1, m);
         }
-        em_team_rows(p, &L->down, 1, M, C, y);
-        #pragma omp single
+        em_team_rows(pd, &L->down, 1, M, C, y);
+        #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++) {
             float *ym = y + m * C, *xm = x + m * C;
             if (L->post_ffn_norm) em_rms_norm(ym, L->post_ffn_norm, C, L->eps, ym);
