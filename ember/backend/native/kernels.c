@@ -159,15 +159,13 @@ static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
     return M * (K / EM_QK) * (int64_t)sizeof(em_block_q16);
 }
 
-/* Sets p up to quantize x (M, K) for `type` into buf (em_prep_bytes of it), row by row
+/* Sets p up to quantize x (rows of K) for `type` into buf (em_prep_bytes of it), row by row
  * (em_prepare_row); passes: 1 or 2 (K types). */
-static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t M, int64_t K, void *buf,
-                             int passes) {
+static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t K, void *buf, int passes) {
     int elems, bytes;
     em_block_size(type, &elems, &bytes);
     p->type = type, p->K = K, p->x = x, p->q16 = 0, p->q8k = 0, p->passes = passes == 1 ? 1 : 2;
     p->nb = K / elems, p->row_bytes = p->nb * bytes;
-    (void)M;
     if (type == EM_F16 || type == EM_BF16) return;
     if (elems == KQ_QK) {
         p->q8k = (kq_block_q8_K *)buf;
@@ -200,7 +198,7 @@ static void em_prepare_row(const em_prep *p, int64_t m) {
 /* em_prepare_setup, then every row on this thread */
 static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t K, void *buf,
                        int passes) {
-    em_prepare_setup(p, type, x, M, K, buf, passes);
+    em_prepare_setup(p, type, x, K, buf, passes);
     for (int64_t m = 0; m < M; m++) em_prepare_row(p, m);
 }
 

@@ -47,6 +47,12 @@ static void em_rms_norm(const float *x, const float *w, int64_t n, float eps, fl
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * r * (w ? w[i] : 1.0f);
 }
 
+/* x += y, y first normalized where `norm` (Gemma's post-attention and post-MLP norms) */
+static void em_add_residual(float *x, float *y, const float *norm, int64_t n, float eps) {
+    if (norm) em_rms_norm(y, norm, n, eps, y);
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+}
+
 /* ggml's "normal" RoPE rotates adjacent pairs, NeoX the two halves of the rotated dims */
 static void em_rope(float *x, const float *cos, const float *sin, int64_t dim, int neox) {
     const int64_t half = dim / 2;
@@ -114,11 +120,11 @@ static int64_t em_parts_n(const em_lin *w, int parts, int64_t k) {
     return n;
 }
 
-/* Sets up x (M, k)'s preparation for each part (one buffer of `stride` bytes a part) */
-static void em_setup_parts(em_prep *p, const em_lin *w, int parts, const float *x, int64_t M,
-                           uint8_t *buf, int64_t stride) {
+/* Sets up the preparation of x (rows of k values) for each part (a buffer of `stride` bytes each) */
+static void em_setup_parts(em_prep *p, const em_lin *w, int parts, const float *x, uint8_t *buf,
+                           int64_t stride) {
     for (int i = 0; i < parts; i++)
-        if (w[i].n) em_prepare_setup(&p[i], w[i].type, x, M, w[i].k, buf + i * stride, w[i].passes);
+        if (w[i].n) em_prepare_setup(&p[i], w[i].type, x, w[i].k, buf + i * stride, w[i].passes);
 }
 
 /* Quantizes row m of x for each part em_setup_parts set up */
@@ -180,10 +186,10 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
      * the team prepares them a row at a time beside the per-row steps; the parts share pbuf,
      * one product after another */
     em_prep pq[3], po[1], pg[2], pd[1];
-    em_setup_parts(pq, L->qkv, 3, h, M, pbuf, prep);
-    em_setup_parts(po, &L->out, 1, att, M, pbuf, prep);
-    em_setup_parts(pg, L->gate_up, 2, h, M, pbuf, prep);
-    em_setup_parts(pd, &L->down, 1, h, M, pbuf, prep);
+    em_setup_parts(pq, L->qkv, 3, h, pbuf, prep);
+    em_setup_parts(po, &L->out, 1, att, pbuf, prep);
+    em_setup_parts(pg, L->gate_up, 2, h, pbuf, prep);
+    em_setup_parts(pd, &L->down, 1, h, pbuf, prep);
     /* units of attention: (token, KV head, tile of its query heads); tiles small enough that
      * every thread gets one (Gemma 3's one KV head of four query heads: two tiles of two) */
     int64_t tile = (M * H + nth - 1) / nth;
@@ -237,10 +243,8 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
         em_team_rows(po, &L->out, 1, M, C, y);
         #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++) {
-            float *ym = y + m * C, *xm = x + m * C;
-            if (L->post_attn_norm) em_rms_norm(ym, L->post_attn_norm, C, L->eps, ym);
-            for (int64_t i = 0; i < C; i++) xm[i] = xm[i] + ym[i];
-            em_rms_norm(xm, L->ffn_norm, C, L->eps, h + m * C);
+            em_add_residual(x + m * C, y + m * C, L->post_attn_norm, C, L->eps);
+            em_rms_norm(x + m * C, L->ffn_norm, C, L->eps, h + m * C);
             em_prepare_parts_row(pg, L->gate_up, 2, m);
         }
         em_team_rows(pg, L->gate_up, 2, M, 2 * F, gu);
@@ -251,11 +255,7 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
         }
         em_team_rows(pd, &L->down, 1, M, C, y);
         #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) {
-            float *ym = y + m * C, *xm = x + m * C;
-            if (L->post_ffn_norm) em_rms_norm(ym, L->post_ffn_norm, C, L->eps, ym);
-            for (int64_t i = 0; i < C; i++) xm[i] = xm[i] + ym[i];
-        }
+        for (int64_t m = 0; m < M; m++) em_add_residual(x + m * C, y + m * C, L->post_ffn_norm, C, L->eps);
     }
     free(h);
     return 0;
