@@ -54,7 +54,8 @@ static void *em_alloc_lines(size_t bytes) {
 enum { EM_F16 = 1, EM_Q4_0 = 2, EM_Q4_1 = 3, EM_Q5_0 = 6, EM_Q5_1 = 7, EM_Q8_0 = 8,
        EM_IQ4_NL = 20, EM_BF16 = 30 };
 
-typedef void (*em_dots_q16)(const uint8_t *, const em_block_q16 *, int64_t, int, int, float *);
+typedef void (*em_dots_q16)(const uint8_t *, const em_block_q16 *, const float *, int64_t, int, int,
+                            float *);
 typedef float (*em_dot_f32)(const uint8_t *, const float *, int64_t);
 typedef void (*em_dotsf)(const uint8_t *, int64_t, const float *, int64_t, int, int, int, float *);
 typedef void (*em_dequant_row)(const void *, float *, int64_t);
@@ -138,11 +139,25 @@ static int em_team(int64_t work, int64_t least) {
  * takes which: ember/backend/precision.py's activation_passes. F16/BF16 read x as it is. */
 typedef struct {
     int type, passes;
-    int64_t K, nb, row_bytes;
+    int64_t M, K, nb, row_bytes;
     const float *x;
     em_block_q16 *q16; /* (M, nb) */
+    float *xs; /* with several rows of q16: each group of EM_DOTS rows' block scales side by side,
+                * (groups, nb, [d of each row, then s of each]), for simple.h's em_dots_T */
     kq_block_q8_K *q8k; /* (passes M, nb): row passes m + i is x[m]'s pass i */
 } em_prep;
+
+/* Floats of em_prep's xs for M rows of nb blocks: none for one row, nor for the portable and
+ * NEON kernels, which read each row's scales from its blocks */
+static int64_t em_xs_floats(int64_t M, int64_t nb) {
+#if defined(EM_X86)
+    return M > 1 ? (M + EM_DOTS - 1) / EM_DOTS * nb * 2 * EM_DOTS : 0;
+#else
+    (void)nb;
+    (void)M;
+    return 0;
+#endif
+}
 
 /* Bytes of the buffer em_prepare needs; -1 for a type this library lacks, -2 for a K that is
  * not whole blocks. */
@@ -156,15 +171,17 @@ static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
 #if defined(EM_FLOAT_X)
     return 0; /* the 32-element types read x as it is */
 #endif
-    return M * (K / EM_QK) * (int64_t)sizeof(em_block_q16);
+    return M * (K / EM_QK) * (int64_t)sizeof(em_block_q16) + em_xs_floats(M, K / EM_QK) * 4;
 }
 
-/* Sets p up to quantize x (rows of K) for `type` into buf (em_prep_bytes of it), row by row
+/* Sets p up to quantize x (M rows of K) for `type` into buf (em_prep_bytes of it), row by row
  * (em_prepare_row); passes: 1 or 2 (K types). */
-static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t K, void *buf, int passes) {
+static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t M, int64_t K, void *buf,
+                             int passes) {
     int elems, bytes;
     em_block_size(type, &elems, &bytes);
-    p->type = type, p->K = K, p->x = x, p->q16 = 0, p->q8k = 0, p->passes = passes == 1 ? 1 : 2;
+    p->type = type, p->M = M, p->K = K, p->x = x, p->q16 = 0, p->xs = 0, p->q8k = 0;
+    p->passes = passes == 1 ? 1 : 2;
     p->nb = K / elems, p->row_bytes = p->nb * bytes;
     if (type == EM_F16 || type == EM_BF16) return;
     if (elems == KQ_QK) {
@@ -175,6 +192,7 @@ static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t K, vo
     return;
 #endif
     p->q16 = (em_block_q16 *)buf;
+    if (em_xs_floats(M, p->nb)) p->xs = (float *)(p->q16 + M * p->nb);
 }
 
 /* Quantizes row m of p's x; rows are independent, so threads may take different ones. */
@@ -191,14 +209,24 @@ static void em_prepare_row(const em_prep *p, int64_t m) {
             kq_quantize_row_q8_K(rest, x2 + b, KQ_QK);
         }
     } else if (p->q16) {
-        em_quantize_row_q16(xm, p->q16 + m * nb, nb);
+        em_block_q16 *q = p->q16 + m * nb;
+        em_quantize_row_q16(xm, q, nb);
+        if (!p->xs) return;
+        /* the last row also clears its group's lanes of absent rows (the buffer is shared: other
+         * products' bytes would be multiplied there, denormals among them) */
+        const int absent = m + 1 == p->M ? EM_DOTS - 1 - (int)(m % EM_DOTS) : 0;
+        float *xs = p->xs + m / EM_DOTS * nb * 2 * EM_DOTS + m % EM_DOTS;
+        for (int64_t b = 0; b < nb; b++, xs += 2 * EM_DOTS) {
+            xs[0] = q[b].d, xs[EM_DOTS] = q[b].s;
+            for (int j = 1; j <= absent; j++) xs[j] = xs[EM_DOTS + j] = 0.0f;
+        }
     }
 }
 
 /* em_prepare_setup, then every row on this thread */
 static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t K, void *buf,
                        int passes) {
-    em_prepare_setup(p, type, x, K, buf, passes);
+    em_prepare_setup(p, type, x, M, K, buf, passes);
     for (int64_t m = 0; m < M; m++) em_prepare_row(p, m);
 }
 
@@ -305,7 +333,8 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
             float part[EM_DOTS];
             for (int64_t g = 0; g < M; g += EM_DOTS) {
                 const int mc = M - g < EM_DOTS ? (int)(M - g) : EM_DOTS;
-                dots(wrow, q16 + g * nb, nb, mc, self_pf, part);
+                const float *xs = p->xs ? p->xs + (m0 + g) / EM_DOTS * nb * 2 * EM_DOTS : 0;
+                dots(wrow, q16 + g * nb, xs, nb, mc, self_pf, part);
                 for (int m = 0; m < mc; m++) y[(g + m) * ldy + n] = part[m];
             }
         }

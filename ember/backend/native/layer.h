@@ -121,10 +121,10 @@ static int64_t em_parts_n(const em_lin *w, int parts, int64_t k) {
 }
 
 /* Sets up the preparation of x (rows of k values) for each part (a buffer of `stride` bytes each) */
-static void em_setup_parts(em_prep *p, const em_lin *w, int parts, const float *x, uint8_t *buf,
-                           int64_t stride) {
+static void em_setup_parts(em_prep *p, const em_lin *w, int parts, const float *x, int64_t M,
+                           uint8_t *buf, int64_t stride) {
     for (int i = 0; i < parts; i++)
-        if (w[i].n) em_prepare_setup(&p[i], w[i].type, x, w[i].k, buf + i * stride, w[i].passes);
+        if (w[i].n) em_prepare_setup(&p[i], w[i].type, x, M, w[i].k, buf + i * stride, w[i].passes);
 }
 
 /* Quantizes row m of x for each part em_setup_parts set up */
@@ -186,10 +186,10 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
      * the team prepares them a row at a time beside the per-row steps; the parts share pbuf,
      * one product after another */
     em_prep pq[3], po[1], pg[2], pd[1];
-    em_setup_parts(pq, L->qkv, 3, h, pbuf, prep);
-    em_setup_parts(po, &L->out, 1, att, pbuf, prep);
-    em_setup_parts(pg, L->gate_up, 2, h, pbuf, prep);
-    em_setup_parts(pd, &L->down, 1, h, pbuf, prep);
+    em_setup_parts(pq, L->qkv, 3, h, M, pbuf, prep);
+    em_setup_parts(po, &L->out, 1, att, M, pbuf, prep);
+    em_setup_parts(pg, L->gate_up, 2, h, M, pbuf, prep);
+    em_setup_parts(pd, &L->down, 1, h, M, pbuf, prep);
     /* units of attention: (token, KV head, tile of its query heads); tiles small enough that
      * every thread gets one (Gemma 3's one KV head of four query heads: two tiles of two) */
     int64_t tile = (M * H + nth - 1) / nth;

@@ -318,45 +318,66 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
         return em_dot_pf_##T(w, x, nb, 0);                                                    \
     }
 
-/* The dot products of one weight row with NX rows of activations (NX <= EM_DOTS, a constant
- * where inlined): each block's codes are widened once for all of them, and each row takes the
- * steps em_dot_T takes (the same bits as NX calls of it). */
+/* One block of one weight row against NX rows of activations (x: the block in row 0; rows nb
+ * blocks apart): the codes widened once for all rows, the block's scale times the rows' (and its
+ * offset times theirs: lanes EM_DOTS.. of xs) in one multiply (em_scales' products, the same
+ * bits), each row's products into its accumulator A0..A3, the offsets' into the upper lanes of
+ * OFF. Named accumulators, not an array: GCC stored an array's to the stack at every block. */
+#define EM_DOTS_BLOCK(T, AFFINE, w, x, xs, nb, NX, A0, A1, A2, A3, OFF)                      \
+    do {                                                                                      \
+        const em_w16 wv = em_w_##T(w);                                                        \
+        int32_t dm;                                                                           \
+        memcpy(&dm, w, 4);                                                                    \
+        const __m256 wf = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)));        \
+        const __m256 wd = AFFINE ? _mm256_permutevar8x32_ps(wf, _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0)) \
+                                 : _mm256_broadcastss_ps(_mm256_castps256_ps128(wf));         \
+        const __m256 s = _mm256_mul_ps(wd, _mm256_loadu_ps(xs));                              \
+        float sc[2 * EM_DOTS] __attribute__((aligned(32)));                                   \
+        _mm256_store_ps(sc, s); /* each row's scale broadcast from memory: a load, no shuffle */ \
+        if (AFFINE) OFF = _mm256_add_ps(OFF, s);                                              \
+        A0 = _mm256_add_ps(A0, _mm256_mul_ps(_mm256_broadcast_ss(sc), em_dot_w16(wv, (x)->qs))); \
+        A1 = _mm256_add_ps(A1, _mm256_mul_ps(_mm256_broadcast_ss(sc + 1), em_dot_w16(wv, (x)[nb].qs))); \
+        if (NX > 2) A2 = _mm256_add_ps(A2, _mm256_mul_ps(_mm256_broadcast_ss(sc + 2), em_dot_w16(wv, (x)[2 * nb].qs))); \
+        if (NX > 3) A3 = _mm256_add_ps(A3, _mm256_mul_ps(_mm256_broadcast_ss(sc + 3), em_dot_w16(wv, (x)[3 * nb].qs))); \
+    } while (0)
+
+/* The dot products of one weight row with NX rows of activations (2 <= NX <= EM_DOTS, a constant
+ * where inlined; xs: their blocks' scales side by side, em_prep's xs): each row sums as em_dot_T
+ * does (even blocks, odd blocks, the offsets in block order), so the bits are those of NX calls
+ * of it. Blocks go in pairs, each into its own accumulators: a branch on a block's parity had
+ * left the offsets' sums on the stack. */
 #define EM_DOTS_X86(T, BYTES, AFFINE)                                                         \
     static inline __attribute__((always_inline)) void em_dots_n_##T(                          \
-        const uint8_t *w, const em_block_q16 *x, int64_t nb, const int NX, float *out) {      \
-        __m256 acc[EM_DOTS][2];                                                               \
-        __m128 off[EM_DOTS][2];                                                               \
-        for (int m = 0; m < NX; m++) {                                                        \
-            acc[m][0] = acc[m][1] = _mm256_setzero_ps();                                      \
-            off[m][0] = off[m][1] = _mm_setzero_ps();                                         \
+        const uint8_t *w, const em_block_q16 *x, const float *xs, int64_t nb, const int NX,   \
+        float *out) {                                                                         \
+        __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0, o3 = e0; \
+        __m256 off_even = e0, off_odd = e0;                                                   \
+        int64_t b = 0;                                                                        \
+        for (; b + 1 < nb; b += 2) {                                                          \
+            EM_DOTS_BLOCK(T, AFFINE, w + b * BYTES, x + b, xs + b * 2 * EM_DOTS, nb, NX, e0, e1, e2, e3, off_even); \
+            EM_DOTS_BLOCK(T, AFFINE, w + (b + 1) * BYTES, x + b + 1, xs + (b + 1) * 2 * EM_DOTS, nb, NX, o0, o1, o2, o3, off_odd); \
         }                                                                                     \
-        for (int64_t b = 0; b < nb; b++, w += BYTES) {                                        \
-            const em_w16 wv = em_w_##T(w);                                                    \
-            const int par = (int)(b & 1);                                                     \
-            for (int m = 0; m < NX; m++) {                                                    \
-                const em_block_q16 *xb = x + m * nb + b;                                      \
-                const __m128 s = em_scales(w, xb);                                            \
-                const __m256 t = _mm256_mul_ps(_mm256_broadcastss_ps(s), em_dot_w16(wv, xb->qs)); \
-                if (par) acc[m][1] = _mm256_add_ps(acc[m][1], t);                             \
-                else acc[m][0] = _mm256_add_ps(acc[m][0], t);                                 \
-                if (AFFINE && par) off[m][1] = _mm_add_ps(off[m][1], s);                      \
-                else if (AFFINE) off[m][0] = _mm_add_ps(off[m][0], s);                        \
-            }                                                                                 \
-        }                                                                                     \
+        if (b < nb)                                                                           \
+            EM_DOTS_BLOCK(T, AFFINE, w + b * BYTES, x + b, xs + b * 2 * EM_DOTS, nb, NX, e0, e1, e2, e3, off_even); \
+        float oe[2 * EM_DOTS], oo[2 * EM_DOTS];                                               \
+        _mm256_storeu_ps(oe, off_even);                                                       \
+        _mm256_storeu_ps(oo, off_odd);                                                        \
+        const __m256 sums[EM_DOTS] = {_mm256_add_ps(e0, o0), _mm256_add_ps(e1, o1), _mm256_add_ps(e2, o2), \
+                                      _mm256_add_ps(e3, o3)};                                 \
         for (int m = 0; m < NX; m++) {                                                        \
-            const float sum = em_hsum8(_mm256_add_ps(acc[m][0], acc[m][1]));                  \
-            out[m] = AFFINE ? sum + (_mm_cvtss_f32(_mm_movehdup_ps(off[m][0])) +              \
-                                     _mm_cvtss_f32(_mm_movehdup_ps(off[m][1])))               \
-                            : sum;                                                            \
+            const float sum = em_hsum8(sums[m]);                                              \
+            out[m] = AFFINE ? sum + (oe[EM_DOTS + m] + oo[EM_DOTS + m]) : sum;                \
         }                                                                                     \
     }                                                                                         \
-    static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb, int nx, int pf, \
-                            float *out) {                                                     \
-        switch (nx) {                                                                         \
-        case 4: em_dots_n_##T(w, x, nb, 4, out); break;                                       \
-        case 3: em_dots_n_##T(w, x, nb, 3, out); break;                                       \
-        case 2: em_dots_n_##T(w, x, nb, 2, out); break;                                       \
-        default: out[0] = pf ? em_dot_pf_##T(w, x, nb, 1) : em_dot_##T(w, x, nb);             \
+    static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, const float *xs, int64_t nb, \
+                            int nx, int pf, float *out) {                                     \
+        switch (xs ? nx : 1) {                                                                \
+        case 4: em_dots_n_##T(w, x, xs, nb, 4, out); break;                                   \
+        case 3: em_dots_n_##T(w, x, xs, nb, 3, out); break;                                   \
+        case 2: em_dots_n_##T(w, x, xs, nb, 2, out); break;                                   \
+        default:                                                                              \
+            for (int m = 0; m < nx; m++)                                                      \
+                out[m] = pf ? em_dot_pf_##T(w, x + m * nb, nb, 1) : em_dot_##T(w, x + m * nb, nb); \
         }                                                                                     \
     }
 #define EM_DOT_SYM(T, BYTES) EM_DOT_X86(T, BYTES, 0) EM_DOTS_X86(T, BYTES, 0)
@@ -412,9 +433,9 @@ static inline float em_hsum8s(const float *a) {
         return AFFINE ? sum + (off[0] + off[1]) : sum;                                        \
     }
 #define EM_DOTS_PORTABLE(T)                                                                   \
-    static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb, int nx, int pf, \
-                            float *out) {                                                     \
-        (void)pf; /* the portable code is compute-bound */                                    \
+    static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, const float *xs, int64_t nb, \
+                            int nx, int pf, float *out) {                                     \
+        (void)xs, (void)pf; /* the portable code is compute-bound */                          \
         for (int m = 0; m < nx; m++) out[m] = em_dot_##T(w, x + m * nb, nb);                  \
     }
 #define EM_DOT_SYM(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 0) EM_DOTS_PORTABLE(T)
