@@ -323,6 +323,9 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
  * offset times theirs: lanes EM_DOTS.. of xs) in one multiply (em_scales' products, the same
  * bits), each row's products into its accumulator A0..A3, the offsets' into the upper lanes of
  * OFF. Named accumulators, not an array: GCC stored an array's to the stack at every block. */
+#if EM_DOTS != 4
+#error "EM_DOTS_BLOCK and the xs lanes are written for 4 rows of x"
+#endif
 #define EM_DOTS_BLOCK(T, AFFINE, w, x, xs, nb, NX, A0, A1, A2, A3, OFF)                      \
     do {                                                                                      \
         const em_w16 wv = em_w_##T(w);                                                        \
