@@ -159,6 +159,11 @@ static int64_t em_xs_floats(int64_t M, int64_t nb) {
 #endif
 }
 
+/* The first of xs's floats for the group of EM_DOTS rows that holds row m */
+static float *em_xs_group(const em_prep *p, int64_t m) {
+    return p->xs + m / EM_DOTS * p->nb * 2 * EM_DOTS;
+}
+
 /* Bytes of the buffer em_prepare needs; -1 for a type this library lacks, -2 for a K that is
  * not whole blocks. */
 static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
@@ -215,7 +220,7 @@ static void em_prepare_row(const em_prep *p, int64_t m) {
         /* the last row also clears its group's lanes of absent rows (the buffer is shared: other
          * products' bytes would be multiplied there, denormals among them) */
         const int absent = m + 1 == p->M ? EM_DOTS - 1 - (int)(m % EM_DOTS) : 0;
-        float *xs = p->xs + m / EM_DOTS * nb * 2 * EM_DOTS + m % EM_DOTS;
+        float *xs = em_xs_group(p, m) + m % EM_DOTS;
         for (int64_t b = 0; b < nb; b++, xs += 2 * EM_DOTS) {
             xs[0] = q[b].d, xs[EM_DOTS] = q[b].s;
             for (int j = 1; j <= absent; j++) xs[j] = xs[EM_DOTS + j] = 0.0f;
@@ -333,7 +338,7 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
             float part[EM_DOTS];
             for (int64_t g = 0; g < M; g += EM_DOTS) {
                 const int mc = M - g < EM_DOTS ? (int)(M - g) : EM_DOTS;
-                const float *xs = p->xs ? p->xs + (m0 + g) / EM_DOTS * nb * 2 * EM_DOTS : 0;
+                const float *xs = p->xs ? em_xs_group(p, m0 + g) : 0;
                 dots(wrow, q16 + g * nb, xs, nb, mc, self_pf, part);
                 for (int m = 0; m < mc; m++) y[(g + m) * ldy + n] = part[m];
             }
