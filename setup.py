@@ -2,7 +2,7 @@
 metadata is in pyproject.toml.
 
 ember/backend/native/kernels.c is compiled once per ISA with that ISA's flags (generic, avx2,
-avxvnni and avx512 on x86-64, neon on AArch64), each copy's exported names ending in its ISA,
+avxvnni, avx512 and amx on x86-64, neon on AArch64), each copy's exported names ending in its ISA,
 and linked with dispatch.c into one shared library, ember/backend/native/_ember_kernels*.so,
 that Python loads with ctypes (it has no PyInit). A copy the compiler cannot build is left out;
 when nothing builds, the install still succeeds and Ember runs on its pure-PyTorch path.
@@ -31,6 +31,8 @@ X86_ISAS = {
         "-mf16c",
     ],
 }
+# avx512's copy with AMX's int8 tiles for several rows of x (amx.h)
+X86_ISAS["amx"] = X86_ISAS["avx512"] + ["-mamx-tile", "-mamx-int8"]
 ARM_ISAS = {"generic": [], "neon": []}  # Advanced SIMD is baseline on AArch64
 
 

@@ -83,9 +83,10 @@ def num_threads() -> int:
     return _int("EMBER_NUM_THREADS", 0, minimum=0)
 
 
-# the native kernels' paths, slowest first (avxvnni: AVX2 with AVX-VNNI's 256-bit int8/int16 dot
-# products, as Intel's cores since Alder Lake have without AVX-512)
-CPU_ISAS = ("generic", "avx2", "avxvnni", "avx512", "neon")
+# the native kernels' paths, numbered as the native library's (avxvnni: AVX2 with AVX-VNNI's
+# 256-bit int8/int16 dot products, as Intel's cores since Alder Lake have without AVX-512; amx:
+# avx512 with AMX's int8 tiles for 5-16 rows of x, Intel's Xeons since Sapphire Rapids)
+CPU_ISAS = ("generic", "avx2", "avxvnni", "avx512", "neon", "amx")
 
 
 def cpu_isa() -> str:

@@ -11,6 +11,9 @@ from ember.gguf import GGMLType
 # the 32-element types half torch's speed: those keep the float32 matmul for prefill. Not on
 # the avx512 path where oneDNN runs the float32 one (gemm.py): there it is the faster, 405-476
 # GFLOPS against the int8 kernel's 303-328 (the same command, a Zen 5 EPYC), and exact.
+# the paths of the avx512 copy: amx is avx512 with AMX's tiles for 5-16 rows of x
+_AVX512 = ("avx512", "amx")
+
 INT8_PREFILL = frozenset(
     {GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS}
 )
@@ -19,8 +22,9 @@ INT8_PREFILL = frozenset(
 def float_activations(isa: str | None) -> bool:
     """Whether the 32-element types' kernels take x as float32 on this ISA path (avx512: two
     fused multiply-adds a block and row, fewer instructions than int16 codes; simple.h's
-    EM_FLOAT_X) instead of int16 codes per 32 values (every other path, all with the same bits)."""
-    return isa == "avx512"
+    EM_FLOAT_X) instead of int16 codes per 32 values (every other path, all with the same bits;
+    amx takes 5-16 rows as int16 codes in its tiles, fewer as avx512)."""
+    return isa in _AVX512
 
 
 # Types whose prefill takes gemm8 (native/gemm8.h: x in int8 per 32 values, the weight unpacked
@@ -35,7 +39,7 @@ _GEMM8_AVX2 = frozenset(
     {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K}
 )
 _GEMM8_VNNI = _GEMM8_AVX2 | {GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q6_K}
-_GEMM8 = {"avx512": _GEMM8_VNNI, "avxvnni": _GEMM8_VNNI, "avx2": _GEMM8_AVX2}
+_GEMM8 = {"avx512": _GEMM8_VNNI, "amx": _GEMM8_VNNI, "avxvnni": _GEMM8_VNNI, "avx2": _GEMM8_AVX2}
 
 
 def gemm8_prefill(isa: str | None, ggml_type: int) -> bool:
@@ -47,7 +51,7 @@ def gemm8_prefill(isa: str | None, ggml_type: int) -> bool:
 def int8_prefill(isa: str | None) -> bool:
     """Whether a one-pass K type's prefill takes its int8 kernel on this ISA path (not where
     oneDNN runs the float32 matmul at AVX-512 speed: see INT8_PREFILL)."""
-    return not (isa == "avx512" and gemm.available())
+    return not (isa in _AVX512 and gemm.available())
 
 
 # The GGUF weights whose input is a normalized hidden state, without outliers: one q8_K pass

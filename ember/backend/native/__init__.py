@@ -17,7 +17,8 @@ from pathlib import Path
 from ember import envconfig
 from ember.errors import EmberError
 
-ISAS = envconfig.CPU_ISAS  # numbered as dispatch.c: generic 0, avx2 1, avxvnni 2, avx512 3, neon 4
+# numbered as dispatch.c: generic 0, avx2 1, avxvnni 2, avx512 3, neon 4, amx 5
+ISAS = envconfig.CPU_ISAS
 _HERE = Path(__file__).parent
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 

@@ -1,9 +1,11 @@
 /* Which of the ISA copies of kernels.c this CPU can run, and a default entry point.
  *
- * ISAs by number, slowest first: 0 generic, 1 avx2, 2 avxvnni, 3 avx512, 4 neon. setup.py
+ * ISAs by number, slowest first: 0 generic, 1 avx2, 2 avxvnni, 3 avx512, 4 neon, 5 amx. setup.py
  * defines EMBER_HAS_<ISA> for each copy it compiled; a copy is usable where it was compiled and
  * the CPU has its features (avx2: AVX2 + FMA + F16C; avxvnni: AVX-VNNI as well, the 256-bit
- * vpdpbusd/vpdpwssd of Intel's cores since Alder Lake; avx512: AVX-512 F/BW/VL/VNNI). */
+ * vpdpbusd/vpdpwssd of Intel's cores since Alder Lake; avx512: AVX-512 F/BW/VL/VNNI; amx:
+ * avx512's and AMX's int8 tiles, Intel's Xeons since Sapphire Rapids, where the kernel lets the
+ * process have their state). */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,6 +17,22 @@
 static int em_has_avxvnni(void) {
     unsigned a, b, c, d;
     return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
+}
+
+/* AMX-TILE and AMX-INT8: CPUID leaf 7, subleaf 0, EDX bits 24 and 25 */
+static int em_has_amx_int8(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 3) == 3;
+}
+
+#include <sys/syscall.h>
+#include <unistd.h>
+/* Linux hands a process the tiles' state once asked (ARCH_REQ_XCOMP_PERM, XTILEDATA); a kernel
+ * without it, or a hypervisor that hides it, refuses */
+static int em_amx_permitted(void) {
+    static int answer = -1;
+    if (answer < 0) answer = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return answer;
 }
 #endif
 
@@ -74,6 +92,9 @@ EM_DECLARE(avx512)
 #ifdef EMBER_HAS_NEON
 EM_DECLARE(neon)
 #endif
+#ifdef EMBER_HAS_AMX
+EM_DECLARE(amx)
+#endif
 
 EM_API int ember_isa_compiled(int isa) {
     switch (isa) {
@@ -90,6 +111,9 @@ EM_API int ember_isa_compiled(int isa) {
 #ifdef EMBER_HAS_NEON
     case 4: return 1;
 #endif
+#ifdef EMBER_HAS_AMX
+    case 5: return 1;
+#endif
     default: return 0;
     }
 }
@@ -102,9 +126,10 @@ EM_API int ember_cpu_supports(int isa) {
                      __builtin_cpu_supports("f16c");
     if (isa == 1) return avx2;
     if (isa == 2) return avx2 && em_has_avxvnni();
-    if (isa == 3)
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    if (isa == 3) return avx512;
+    if (isa == 5) return avx512 && em_has_amx_int8() && em_amx_permitted();
 #elif defined(__aarch64__)
     if (isa == 4) return 1; /* Advanced SIMD is part of every AArch64 CPU */
 #endif
@@ -117,13 +142,14 @@ EM_API const char *ember_cpu_features(void) {
     text[0] = 0;
 #if defined(__x86_64__) || defined(__i386__)
     static const char *names[] = {"avx", "avx2", "fma", "f16c", "avxvnni", "avx512f",
-                                  "avx512bw", "avx512vl", "avx512vnni"};
+                                  "avx512bw", "avx512vl", "avx512vnni", "amx-int8"};
     __builtin_cpu_init();
     const int has[] = {__builtin_cpu_supports("avx"), __builtin_cpu_supports("avx2"),
                        __builtin_cpu_supports("fma"), __builtin_cpu_supports("f16c"),
                        em_has_avxvnni(),
                        __builtin_cpu_supports("avx512f"), __builtin_cpu_supports("avx512bw"),
-                       __builtin_cpu_supports("avx512vl"), __builtin_cpu_supports("avx512vnni")};
+                       __builtin_cpu_supports("avx512vl"), __builtin_cpu_supports("avx512vnni"),
+                       em_has_amx_int8()};
     for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (has[i]) {
             if (text[0]) strcat(text, " ");
@@ -137,7 +163,7 @@ EM_API const char *ember_cpu_features(void) {
 
 /* The best ISA compiled in that this CPU runs. */
 EM_API int ember_best_isa(void) {
-    for (int isa = 4; isa > 0; isa--)
+    for (int isa = 5; isa > 0; isa--)
         if (ember_isa_compiled(isa) && ember_cpu_supports(isa)) return isa;
     return 0;
 }
@@ -156,6 +182,9 @@ static em_matmul_fn em_matmul_of(int isa) {
 #ifdef EMBER_HAS_NEON
     case 4: return ember_matmul_neon;
 #endif
+#ifdef EMBER_HAS_AMX
+    case 5: return ember_matmul_amx;
+#endif
     default: return ember_matmul_generic;
     }
 }
@@ -173,6 +202,9 @@ static em_dequant_fn em_dequant_of(int isa) {
 #endif
 #ifdef EMBER_HAS_NEON
     case 4: return ember_dequant_neon;
+#endif
+#ifdef EMBER_HAS_AMX
+    case 5: return ember_dequant_amx;
 #endif
     default: return ember_dequant_generic;
     }

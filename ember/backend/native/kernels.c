@@ -78,6 +78,11 @@ static void em_block_size(int type, int *elems, int *bytes) {
     }
 }
 
+#if defined(EM_FLOAT_X) && defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#define EM_AMX 1
+#include "amx.h"
+#endif
+
 static em_dots_q16 em_q16_dots_of(int type) {
     switch (type) {
     case EM_Q4_0: return em_dots_q4_0;
@@ -145,6 +150,7 @@ typedef struct {
     float *xs; /* with several rows of q16: each group of EM_DOTS rows' block scales side by side,
                 * (groups, nb, [d of each row, then s of each]), for simple.h's em_dots_T */
     kq_block_q8_K *q8k; /* (passes M, nb): row passes m + i is x[m]'s pass i */
+    uint8_t *amx; /* the amx copy's 5-16 rows of a 32-element type: x as amx.h lays it out */
 } em_prep;
 
 /* Floats of em_prep's xs for M rows of nb blocks: none for one row, nor for the portable and
@@ -173,6 +179,9 @@ static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
     if (K % elems) return -2;
     if (type == EM_F16 || type == EM_BF16) return 0;
     if (elems == KQ_QK) return 2 * M * (K / KQ_QK) * (int64_t)sizeof(kq_block_q8_K);
+#if defined(EM_AMX)
+    if (em_amx_takes(type, M)) return (K / EM_QK) * em_amx_block_bytes(em_amx_cols(M));
+#endif
 #if defined(EM_FLOAT_X)
     return 0; /* the 32-element types read x as it is */
 #endif
@@ -185,7 +194,7 @@ static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t M, in
                              int passes) {
     int elems, bytes;
     em_block_size(type, &elems, &bytes);
-    p->type = type, p->M = M, p->K = K, p->x = x, p->q16 = 0, p->xs = 0, p->q8k = 0;
+    p->type = type, p->M = M, p->K = K, p->x = x, p->q16 = 0, p->xs = 0, p->q8k = 0, p->amx = 0;
     p->passes = passes == 1 ? 1 : 2;
     p->nb = K / elems, p->row_bytes = p->nb * bytes;
     if (type == EM_F16 || type == EM_BF16) return;
@@ -193,6 +202,9 @@ static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t M, in
         p->q8k = (kq_block_q8_K *)buf;
         return;
     }
+#if defined(EM_AMX)
+    if (em_amx_takes(type, M)) p->amx = (uint8_t *)buf;
+#endif
 #if defined(EM_FLOAT_X)
     return;
 #endif
@@ -204,6 +216,12 @@ static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t M, in
 static void em_prepare_row(const em_prep *p, int64_t m) {
     const int64_t nb = p->nb, K = p->K;
     const float *xm = p->x + m * K;
+#if defined(EM_AMX)
+    if (p->amx) {
+        em_amx_prepare_row(p->amx, xm, nb, m, p->M);
+        return;
+    }
+#endif
     if (p->q8k) {
         kq_block_q8_K *x1 = p->q8k + p->passes * m * nb, *x2 = x1 + nb;
         kq_quantize_row_q8_K(xm, x1, K);
@@ -233,6 +251,32 @@ static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t 
                        int passes) {
     em_prepare_setup(p, type, x, M, K, buf, passes);
     for (int64_t m = 0; m < M; m++) em_prepare_row(p, m);
+}
+
+/* A thread's tiles for p's products, set before its share of them (the amx copy; tile state is
+ * a thread's own, and other code, oneDNN's, may have set its own) and given back after, so the
+ * kernel need not save them at a switch. Products of the same rows of x share a setting. */
+static int em_tiles_used(const em_prep *p) {
+#if defined(EM_AMX)
+    return p->amx != 0;
+#else
+    (void)p;
+    return 0;
+#endif
+}
+static void em_tiles_begin(const em_prep *p) {
+#if defined(EM_AMX)
+    if (p->amx) em_amx_begin(em_amx_cols(p->M));
+#else
+    (void)p;
+#endif
+}
+static void em_tiles_end(const em_prep *p) {
+#if defined(EM_AMX)
+    if (p->amx) _tile_release();
+#else
+    (void)p;
+#endif
 }
 
 /* One row of x (decode): reading W is the step, and the hardware prefetcher alone left Q8_0
@@ -301,6 +345,12 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
     const em_block_q16 *q16 = p->q16 ? p->q16 + m0 * nb : 0;
     y += m0 * ldy;
     const int self_pf = em_kernel_prefetches(p, M);
+#if defined(EM_AMX)
+    if (p->amx) { /* M <= 16 rows: m0 is 0 (em_rows' tiles are larger) */
+        em_rows_amx(p->type, p->amx, W, p->row_bytes, nb, M, ldy, n0, n1, y);
+        return;
+    }
+#endif
 #if defined(EM_FLOAT_X)
     if (!q8k && !q16 && p->type != EM_F16 && p->type != EM_BF16) {
         em_rows_f32x(p, W, xf, M, ldy, n0, n1, self_pf, y);
@@ -371,10 +421,15 @@ int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, i
     const uint8_t *W = (const uint8_t *)w;
     const int64_t chunks = (N + EM_ROWS_PER_CHUNK - 1) / EM_ROWS_PER_CHUNK;
     const int nth = em_threads(N * p.row_bytes), omp_default = omp_get_max_threads();
-    #pragma omp parallel for schedule(static) num_threads(nth ? nth : omp_default) if (nth != 1)
-    for (int64_t c = 0; c < chunks; c++) {
-        const int64_t n0 = c * EM_ROWS_PER_CHUNK, n1 = n0 + EM_ROWS_PER_CHUNK < N ? n0 + EM_ROWS_PER_CHUNK : N;
-        em_rows(&p, W, M, N, n0, n1, y);
+    #pragma omp parallel num_threads(nth ? nth : omp_default) if (nth != 1)
+    {
+        em_tiles_begin(&p);
+        #pragma omp for schedule(static)
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t n0 = c * EM_ROWS_PER_CHUNK, n1 = n0 + EM_ROWS_PER_CHUNK < N ? n0 + EM_ROWS_PER_CHUNK : N;
+            em_rows(&p, W, M, N, n0, n1, y);
+        }
+        em_tiles_end(&p);
     }
     free(buf);
     return 0;

@@ -1,0 +1,253 @@
+/* The 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) against 2-16 rows of x in AMX's
+ * tiles (Intel's Xeons since Sapphire Rapids): the amx copy of kernels.c (the avx512 one built
+ * with -mamx-tile -mamx-int8) takes these here, everything else as avx512 does.
+ *
+ * x is quantized as the int16 path quantizes it (simple.h: per 32 values d = max|x| / 32767,
+ * codes c, s = d * sum c), each code split into a signed high byte and an unsigned low one
+ * (c = 256 hi + lo), laid out as AMX's B operand: per block 8 rows of 4 k, the rows of x side by
+ * side (NC columns: M rounded up to a power of two). A chunk of 16 weight rows is the A operand,
+ * a block at a time: Q8_0's codes straight from the file, the others' unpacked to bytes (0..15
+ * or 0..31; IQ4_NL's table values). Two tile products a block give sum q hi and sum q lo exactly
+ * in int32, so 256 hi + lo is the int16 path's sum q c; then in float32, one chain a weight row
+ * and row of x: y += (d_w d_x) * sum, then y += m_w * s, with m_w the offset of w = d_w q + m_w
+ * (Q4_1, Q5_1: the file's m; Q4_0, Q5_0: -8 d_w, -16 d_w; none for Q8_0 and IQ4_NL). A row's
+ * steps do not depend on the rows beside it, so its bits are the same in any batch of 2-16.
+ *
+ * A block costs about the same whatever the rows (the tile products, the unpacking of 16 weight
+ * rows): one row of x (a lone sequence's decode) stays on the avx512 path, whose float32 steps it
+ * read faster, so that row's bits differ from its bits in a batch in the last places. Measured
+ * on a Sapphire Rapids-class Xeon, 2 threads, weights from memory (`bench_simple_types.py --k 576
+ * --mib 32 --rows 1 2 8`), ns a block and row, amx against avx512: Q4_1 1.36 / 1.07 (one row),
+ * 0.65-0.69 / 0.65-0.67 (two), 0.25-0.29 / 0.36-0.37 (eight); Q8_0 1.05-1.09 / 1.14-1.19, 0.54-0.56
+ * / 0.69-0.72, 0.21-0.24 / 0.35. Linux lends a process the tiles' state when asked (arch_prctl);
+ * em_amx_usable asks once. */
+#ifndef EMBER_AMX_H
+#define EMBER_AMX_H
+
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define EM_AMX_MIN_ROWS 2
+#define EM_AMX_MAX_ROWS 16
+
+static int em_amx_granted;
+static pthread_once_t em_amx_once = PTHREAD_ONCE_INIT;
+static void em_amx_request(void) {
+    /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: refused where the kernel or CPU lacks it */
+    em_amx_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+static int em_amx_usable(void) {
+    pthread_once(&em_amx_once, em_amx_request);
+    return em_amx_granted;
+}
+
+static int em_amx_type(int type) {
+    return type == 2 || type == 3 || type == 6 || type == 7 || type == 8 || type == 20;
+}
+
+/* columns of B and C: rows of x side by side, M rounded up to a power of two */
+static int64_t em_amx_cols(int64_t M) {
+    int64_t nc = 1;
+    while (nc < M) nc *= 2;
+    return nc;
+}
+
+/* bytes a block of prepared x takes: hi and lo (8 rows of NC * 4 bytes), then 16 d and 16 s
+ * (lane l holds column l % NC's: the float steps' lanes hold 16 / NC weight rows' columns) */
+static int64_t em_amx_block_bytes(int64_t nc) { return 2 * 8 * nc * 4 + 2 * 16 * 4; }
+
+/* Whether M rows of x against a weight of `type` take the tiles */
+static int em_amx_takes(int type, int64_t M) {
+    return em_amx_type(type) && M >= EM_AMX_MIN_ROWS && M <= EM_AMX_MAX_ROWS && em_amx_usable();
+}
+
+/* Quantizes x's row m (nb blocks) into column m of the prepared blocks, as simple.h's
+ * em_quantize_row_q16 (the same d, codes and s), in registers; the last row (m = M - 1) also
+ * clears the columns of absent rows. */
+static void em_amx_prepare_row(uint8_t *prep, const float *xm, int64_t nb, int64_t m, int64_t M) {
+    const int64_t nc = em_amx_cols(M), bb = em_amx_block_bytes(nc), rb = nc * 4;
+    /* dword r of a block's 32 bytes goes to row r of the tile: rb bytes apart */
+    const __m256i rows =
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)rb));
+    for (int64_t b = 0; b < nb; b++, xm += EM_QK) {
+        uint8_t *hi = prep + b * bb, *lo = hi + 8 * rb;
+        float *ds = (float *)(lo + 8 * rb), *ss = ds + 16;
+        const __m512 x0 = _mm512_loadu_ps(xm), x1 = _mm512_loadu_ps(xm + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        const float d = amax / 32767.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m512i c0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
+        const __m512i c1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
+        const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
+        const __m256i c0w = _mm512_cvtepi32_epi16(c0), c1w = _mm512_cvtepi32_epi16(c1);
+        const __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(c0w), c1w, 1);
+        const __m256i h = _mm512_cvtepi16_epi8(_mm512_srai_epi16(c, 8)), l = _mm512_cvtepi16_epi8(c);
+        _mm256_i32scatter_epi32(hi + m * 4, rows, h, 1);
+        _mm256_i32scatter_epi32(lo + m * 4, rows, l, 1);
+        for (int64_t j = m; j < 16; j += nc) ds[j] = d, ss[j] = d * (float)sum;
+        if (m + 1 == M)
+            for (int64_t a = M; a < nc; a++) {
+                _mm256_i32scatter_epi32(hi + a * 4, rows, _mm256_setzero_si256(), 1);
+                _mm256_i32scatter_epi32(lo + a * 4, rows, _mm256_setzero_si256(), 1);
+                for (int64_t j = a; j < 16; j += nc) ds[j] = ss[j] = 0.0f;
+            }
+    }
+}
+
+typedef struct {
+    uint8_t palette, start;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} em_tile_config;
+
+/* This thread's tiles for NC columns: 0 the weights (16 rows of 32 codes), 1 and 2 x's high and
+ * low bytes (8 rows of NC * 4), 3 and 4 the products (16 rows of NC int32). */
+static void em_amx_begin(int64_t nc) {
+    em_tile_config t;
+    memset(&t, 0, sizeof t);
+    t.palette = 1;
+    t.rows[0] = 16, t.colsb[0] = EM_QK;
+    for (int i = 1; i <= 2; i++) t.rows[i] = 8, t.colsb[i] = (uint16_t)(nc * 4);
+    for (int i = 3; i <= 4; i++) t.rows[i] = 16, t.colsb[i] = (uint16_t)(nc * 4);
+    /* GCC 12's ldtilecfg does not tell the compiler it reads t: without this its stores went */
+    __asm__ volatile("" : : "m"(t) : "memory");
+    _tile_loadconfig(&t);
+}
+
+/* A block's 32 codes of 16 bytes of nibbles (element j low, j + 16 high), through `table`
+ * where given (IQ4_NL), with the fifth bits of qh (bit j for element j) where given */
+static inline __m256i em_amx_nibbles(const uint8_t *q, const uint8_t *qh, const __m128i *table) {
+    const __m128i low4 = _mm_set1_epi8(15), v = _mm_loadu_si128((const __m128i *)q);
+    __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+    if (table) lo = _mm_shuffle_epi8(*table, lo), hi = _mm_shuffle_epi8(*table, hi);
+    __m256i all = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    if (qh) {
+        uint32_t bits;
+        memcpy(&bits, qh, 4);
+        all = _mm256_or_si256(all, _mm256_and_si256(_mm256_movm_epi8(bits), _mm256_set1_epi8(16)));
+    }
+    return all;
+}
+
+/* The block at w (of the first of nr <= 16 weight rows, row_bytes apart) of each row as 32
+ * bytes (codes; NULL: the scales alone), its scale (dw) and offset (mw); the codes signed for
+ * Q8_0 and IQ4_NL */
+static inline __attribute__((always_inline)) void em_amx_unpack16(int type, const uint8_t *w,
+                                                                  int64_t row_bytes, int64_t nr,
+                                                                  uint8_t *codes, float *dw, float *mw) {
+    const __m128i table = _mm_loadu_si128((const __m128i *)em_kvalues_iq4nl);
+    /* each row's first 4 bytes: d, then m (Q4_1, Q5_1) or qh's first half */
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i at = _mm512_mullo_epi32(iota, _mm512_set1_epi32((int)row_bytes));
+    const __mmask16 rows = (__mmask16)((1u << nr) - 1);
+    const __m512i head = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, at, w, 1);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    _mm512_store_ps(dw, d);
+    switch (type) {
+    case 3: /* Q4_1 */
+    case 7: /* Q5_1 */
+        _mm512_store_ps(mw, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16))));
+        break;
+    case 2: _mm512_store_ps(mw, _mm512_mul_ps(_mm512_set1_ps(-8.0f), d)); break; /* Q4_0 */
+    case 6: _mm512_store_ps(mw, _mm512_mul_ps(_mm512_set1_ps(-16.0f), d)); break; /* Q5_0 */
+    default: _mm512_store_ps(mw, _mm512_setzero_ps());
+    }
+    if (!codes) return;
+    for (int64_t n = 0; n < nr; n++, w += row_bytes) {
+        __m256i c;
+        switch (type) {
+        case 8: c = _mm256_loadu_si256((const __m256i *)(w + 2)); break;
+        case 2: c = em_amx_nibbles(w + 2, 0, 0); break;
+        case 3: c = em_amx_nibbles(w + 4, 0, 0); break;
+        case 6: c = em_amx_nibbles(w + 6, w + 2, 0); break;
+        case 7: c = em_amx_nibbles(w + 8, w + 4, 0); break;
+        default: c = em_amx_nibbles(w + 2, 0, &table); break;
+        }
+        _mm256_store_si256((__m256i *)(codes + n * EM_QK), c);
+    }
+}
+
+/* blocks a pass unpacks before their tile products: their stores long done when the tiles load
+ * them, and each weight row read EM_AMX_SEG blocks at a time */
+#define EM_AMX_SEG 8
+
+/* y[m * ldy + n] = W[n] . x[m] for the M rows of x prepared in `prep` and the weight rows
+ * n0..n1 (at most 16: a chunk), the tiles configured by em_amx_begin for M's columns. */
+static void em_rows_amx(int type, const uint8_t *prep, const uint8_t *W, int64_t row_bytes,
+                        int64_t nb, int64_t M, int64_t ldy, int64_t n0, int64_t n1, float *y) {
+    const int64_t nc = em_amx_cols(M), bb = em_amx_block_bytes(nc), rb = nc * 4, nr = n1 - n0;
+    const int64_t bytes = row_bytes / nb;
+    const int signed_codes = type == 8 || type == 20, offset = !signed_codes;
+    const int direct = type == 8 && nr == 16; /* Q8_0's codes tiled straight from the file */
+    uint8_t codes[EM_AMX_SEG][16 * EM_QK] __attribute__((aligned(64)));
+    float dw[EM_AMX_SEG][16] __attribute__((aligned(64))), mw[EM_AMX_SEG][16] __attribute__((aligned(64)));
+    int32_t chi[16 * 16] __attribute__((aligned(64))), clo[16 * 16] __attribute__((aligned(64)));
+    if (nr < 16) /* absent rows: zero codes (and scales: em_amx_unpack16), outputs dropped */
+        for (int s = 0; s < EM_AMX_SEG; s++) memset(codes[s] + nr * EM_QK, 0, (size_t)(16 - nr) * EM_QK);
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i lane_row = _mm512_srli_epi32(iota, __builtin_ctzll((unsigned long long)nc));
+    /* lane l of vector v: weight row v * 16 / nc + l / nc, column l % nc */
+    const int64_t vecs = (nr * nc + 15) / 16;
+    const uint8_t *w0 = W + n0 * row_bytes;
+    /* the 16 rows are read side by side, a block of each at a time, which the hardware's prefetch
+     * does not follow: ask for the next chunk's rows (a thread's chunks follow each other in W),
+     * a few lines each block, between the products */
+    const int64_t lines = 16 * row_bytes / 64, per_block = (lines + nb - 1) / nb;
+    const uint8_t *next = w0 + 16 * row_bytes;
+    for (int64_t s0 = 0; s0 < nb; s0 += EM_AMX_SEG) {
+        const int64_t segs = nb - s0 < EM_AMX_SEG ? nb - s0 : EM_AMX_SEG;
+        for (int64_t s = 0; s < segs; s++) {
+            const uint8_t *wb = w0 + (s0 + s) * bytes;
+            uint8_t *cs = direct ? 0 : codes[s];
+            switch (type) { /* each type's own loop */
+            case 2: em_amx_unpack16(2, wb, row_bytes, nr, cs, dw[s], mw[s]); break;
+            case 3: em_amx_unpack16(3, wb, row_bytes, nr, cs, dw[s], mw[s]); break;
+            case 6: em_amx_unpack16(6, wb, row_bytes, nr, cs, dw[s], mw[s]); break;
+            case 7: em_amx_unpack16(7, wb, row_bytes, nr, cs, dw[s], mw[s]); break;
+            case 8: em_amx_unpack16(8, wb, row_bytes, nr, cs, dw[s], mw[s]); break;
+            default: em_amx_unpack16(20, wb, row_bytes, nr, cs, dw[s], mw[s]);
+            }
+        }
+        for (int64_t s = 0; s < segs; s++) {
+            const int64_t b = s0 + s;
+            for (int64_t i = 0; i < per_block; i++, next += 64) __builtin_prefetch(next);
+            const uint8_t *xb = prep + b * bb;
+            const float *ds = (const float *)(xb + 16 * rb), *ss = ds + 16;
+            if (direct)
+                _tile_loadd(0, w0 + b * bytes + 2, row_bytes);
+            else
+                _tile_loadd(0, codes[s], EM_QK);
+            _tile_loadd(1, xb, rb);
+            _tile_loadd(2, xb + 8 * rb, rb);
+            _tile_zero(3);
+            _tile_zero(4);
+            if (signed_codes) {
+                _tile_dpbssd(3, 0, 1);
+                _tile_dpbsud(4, 0, 2);
+            } else {
+                _tile_dpbusd(3, 0, 1);
+                _tile_dpbuud(4, 0, 2);
+            }
+            _tile_stored(3, chi, rb);
+            _tile_stored(4, clo, rb);
+            const __m512 dx = _mm512_load_ps(ds), sx = _mm512_load_ps(ss);
+            const __m512 dw16 = _mm512_load_ps(dw[s]), mw16 = _mm512_load_ps(mw[s]);
+            for (int64_t v = 0; v < vecs; v++) {
+                const __m512i h = _mm512_load_si512(chi + v * 16), l = _mm512_load_si512(clo + v * 16);
+                const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
+                const __m512i row = _mm512_add_epi32(_mm512_set1_epi32((int)(v * 16 / nc)), lane_row);
+                acc[v] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_permutexvar_ps(row, dw16), dx), sum, acc[v]);
+                if (offset) acc[v] = _mm512_fmadd_ps(_mm512_permutexvar_ps(row, mw16), sx, acc[v]);
+            }
+        }
+    }
+    float out[16 * 16] __attribute__((aligned(64)));
+    for (int v = 0; v < 16; v++) _mm512_store_ps(out + v * 16, acc[v]);
+    for (int64_t n = 0; n < nr; n++)
+        for (int64_t m = 0; m < M; m++) y[m * ldy + n0 + n] = out[n * nc + m];
+}
+
+#endif /* EMBER_AMX_H */
