@@ -25,8 +25,10 @@
 #define EMBER_AMX_H
 
 #include <pthread.h>
+#if defined(__linux__) && defined(__x86_64__)
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 #define EM_AMX_MIN_ROWS 2
 #define EM_AMX_MAX_ROWS 16
@@ -35,7 +37,9 @@ static int em_amx_granted;
 static pthread_once_t em_amx_once = PTHREAD_ONCE_INIT;
 static void em_amx_request(void) {
     /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: refused where the kernel or CPU lacks it */
+#if defined(__linux__) && defined(__x86_64__)
     em_amx_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#endif
 }
 static int em_amx_usable(void) {
     pthread_once(&em_amx_once, em_amx_request);

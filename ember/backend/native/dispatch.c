@@ -25,14 +25,20 @@ static int em_has_amx_int8(void) {
     return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 3) == 3;
 }
 
+#if defined(__linux__) && defined(__x86_64__)
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 /* Linux hands a process the tiles' state once asked (ARCH_REQ_XCOMP_PERM, XTILEDATA); a kernel
- * without it, or a hypervisor that hides it, refuses */
+ * without it, or a hypervisor that hides it, refuses; other systems are not asked */
 static int em_amx_permitted(void) {
+#if defined(__linux__) && defined(__x86_64__)
     static int answer = -1;
     if (answer < 0) answer = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
     return answer;
+#else
+    return 0;
+#endif
 }
 #endif
 
