@@ -14,8 +14,8 @@
  * steps do not depend on the rows beside it, so its bits are the same in any batch of 2-16.
  *
  * A block costs about the same whatever the rows (the tile products, the unpacking of 16 weight
- * rows): one row of x (a lone sequence's decode) stays on the avx512 path, whose float32 steps it
- * read faster, so that row's bits differ from its bits in a batch in the last places. Measured
+ * rows): one row of x (a lone sequence's decode) stays on the avx512 path, faster there, so that
+ * row's bits differ from its bits in a batch in the last places. Measured
  * on a Sapphire Rapids-class Xeon, 2 threads, weights from memory (`bench_simple_types.py --k 576
  * --mib 32 --rows 1 2 8`), ns a block and row, amx against avx512: Q4_1 1.36 / 1.07 (one row),
  * 0.65-0.69 / 0.65-0.67 (two), 0.25-0.29 / 0.36-0.37 (eight); Q8_0 1.05-1.09 / 1.14-1.19, 0.54-0.56
@@ -47,7 +47,8 @@ static int em_amx_usable(void) {
 }
 
 static int em_amx_type(int type) {
-    return type == 2 || type == 3 || type == 6 || type == 7 || type == 8 || type == 20;
+    return type == EM_Q4_0 || type == EM_Q4_1 || type == EM_Q5_0 || type == EM_Q5_1 || type == EM_Q8_0 ||
+           type == EM_IQ4_NL;
 }
 
 /* columns of B and C: rows of x side by side, M rounded up to a power of two */
@@ -149,24 +150,24 @@ static inline __attribute__((always_inline)) void em_amx_unpack16(int type, cons
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
     _mm512_store_ps(dw, d);
     switch (type) {
-    case 3: /* Q4_1 */
-    case 7: /* Q5_1 */
+    case EM_Q4_1:
+    case EM_Q5_1: /* m: the high half of each row's first 4 bytes */
         _mm512_store_ps(mw, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16))));
         break;
-    case 2: _mm512_store_ps(mw, _mm512_mul_ps(_mm512_set1_ps(-8.0f), d)); break; /* Q4_0 */
-    case 6: _mm512_store_ps(mw, _mm512_mul_ps(_mm512_set1_ps(-16.0f), d)); break; /* Q5_0 */
+    case EM_Q4_0: _mm512_store_ps(mw, _mm512_mul_ps(_mm512_set1_ps(-8.0f), d)); break;
+    case EM_Q5_0: _mm512_store_ps(mw, _mm512_mul_ps(_mm512_set1_ps(-16.0f), d)); break;
     default: _mm512_store_ps(mw, _mm512_setzero_ps());
     }
     if (!codes) return;
     for (int64_t n = 0; n < nr; n++, w += row_bytes) {
         __m256i c;
         switch (type) {
-        case 8: c = _mm256_loadu_si256((const __m256i *)(w + 2)); break;
-        case 2: c = em_amx_nibbles(w + 2, 0, 0); break;
-        case 3: c = em_amx_nibbles(w + 4, 0, 0); break;
-        case 6: c = em_amx_nibbles(w + 6, w + 2, 0); break;
-        case 7: c = em_amx_nibbles(w + 8, w + 4, 0); break;
-        default: c = em_amx_nibbles(w + 2, 0, &table); break;
+        case EM_Q8_0: c = _mm256_loadu_si256((const __m256i *)(w + 2)); break;
+        case EM_Q4_0: c = em_amx_nibbles(w + 2, 0, 0); break;
+        case EM_Q4_1: c = em_amx_nibbles(w + 4, 0, 0); break;
+        case EM_Q5_0: c = em_amx_nibbles(w + 6, w + 2, 0); break;
+        case EM_Q5_1: c = em_amx_nibbles(w + 8, w + 4, 0); break;
+        default: c = em_amx_nibbles(w + 2, 0, &table); break; /* IQ4_NL */
         }
         _mm256_store_si256((__m256i *)(codes + n * EM_QK), c);
     }
@@ -182,8 +183,8 @@ static void em_rows_amx(int type, const uint8_t *prep, const uint8_t *W, int64_t
                         int64_t nb, int64_t M, int64_t ldy, int64_t n0, int64_t n1, float *y) {
     const int64_t nc = em_amx_cols(M), bb = em_amx_block_bytes(nc), rb = nc * 4, nr = n1 - n0;
     const int64_t bytes = row_bytes / nb;
-    const int signed_codes = type == 8 || type == 20, offset = !signed_codes;
-    const int direct = type == 8 && nr == 16; /* Q8_0's codes tiled straight from the file */
+    const int signed_codes = type == EM_Q8_0 || type == EM_IQ4_NL, offset = !signed_codes;
+    const int direct = type == EM_Q8_0 && nr == 16; /* Q8_0's codes tiled straight from the file */
     uint8_t codes[EM_AMX_SEG][16 * EM_QK] __attribute__((aligned(64)));
     float dw[EM_AMX_SEG][16] __attribute__((aligned(64))), mw[EM_AMX_SEG][16] __attribute__((aligned(64)));
     int32_t chi[16 * 16] __attribute__((aligned(64))), clo[16 * 16] __attribute__((aligned(64)));
@@ -207,12 +208,14 @@ static void em_rows_amx(int type, const uint8_t *prep, const uint8_t *W, int64_t
             const uint8_t *wb = w0 + (s0 + s) * bytes;
             uint8_t *cs = direct ? 0 : codes[s];
             switch (type) { /* each type's own loop */
-            case 2: em_amx_unpack16(2, wb, row_bytes, nr, cs, dw[s], mw[s]); break;
-            case 3: em_amx_unpack16(3, wb, row_bytes, nr, cs, dw[s], mw[s]); break;
-            case 6: em_amx_unpack16(6, wb, row_bytes, nr, cs, dw[s], mw[s]); break;
-            case 7: em_amx_unpack16(7, wb, row_bytes, nr, cs, dw[s], mw[s]); break;
-            case 8: em_amx_unpack16(8, wb, row_bytes, nr, cs, dw[s], mw[s]); break;
-            default: em_amx_unpack16(20, wb, row_bytes, nr, cs, dw[s], mw[s]);
+#define EM_AMX_UNPACK(T) em_amx_unpack16(T, wb, row_bytes, nr, cs, dw[s], mw[s])
+            case EM_Q4_0: EM_AMX_UNPACK(EM_Q4_0); break;
+            case EM_Q4_1: EM_AMX_UNPACK(EM_Q4_1); break;
+            case EM_Q5_0: EM_AMX_UNPACK(EM_Q5_0); break;
+            case EM_Q5_1: EM_AMX_UNPACK(EM_Q5_1); break;
+            case EM_Q8_0: EM_AMX_UNPACK(EM_Q8_0); break;
+            default: EM_AMX_UNPACK(EM_IQ4_NL);
+#undef EM_AMX_UNPACK
             }
         }
         for (int64_t s = 0; s < segs; s++) {
