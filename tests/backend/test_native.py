@@ -105,8 +105,8 @@ def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
     if not rows:
         return
     # tightly: the same quantized activations in float64, up to float32 accumulation
-    xq = q16(x) if qtype in SIMPLE else q8_k_twice(x)
-    if qtype in SIMPLE and float_activations(isa) and not amx_rows(isa, rows):
+    xq = q16(x) if qtype in SIMPLE or amx_rows(isa, rows, qtype) else q8_k_twice(x)
+    if qtype in SIMPLE and float_activations(isa) and not amx_rows(isa, rows, qtype):
         xq = x.double()  # x as it is, and weights d * q + m rounded once: still within 2e-6
     want = xq @ w.double().t()
     scale = xq.abs() @ w.double().abs().t()
@@ -116,9 +116,12 @@ def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
     assert float((y.double() - exact).abs().max() / exact.abs().max()) < 1e-4
 
 
-def amx_rows(isa: str, rows: int) -> bool:
-    """Whether the 32-element types take these rows of x in AMX's tiles (int16 codes, amx.h)"""
-    return isa == "amx" and 2 <= rows <= 16
+AMX_TYPES = [*SIMPLE, QT.Q4_K, QT.Q5_K]
+
+
+def amx_rows(isa: str, rows: int, qtype: QT) -> bool:
+    """Whether a weight of qtype takes these rows of x in AMX's tiles (int16 codes, amx.h)"""
+    return isa == "amx" and 2 <= rows <= 16 and qtype in AMX_TYPES
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -141,6 +144,11 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     xq = (codes.double() * d.double()).reshape(x.shape)
     if lin.takes_int8(rows):  # gemm8 takes the prompt where it has fast code for the type
         xq = q8_0(x)
+    if amx_rows(isa, rows, qtype):  # AMX's tiles: int16 codes, closer than one q8_K pass
+        want = q16(x) @ w.double().t()
+        assert ((y.double() - want).abs() <= 2e-6 * (q16(x).abs() @ w.double().abs().t())).all()
+        assert torch.equal(y[1:2], lin(x[[1, 0]])[:1])  # nor on its batch of 2-16
+        return
     want = xq @ w.double().t()
     scale = xq.abs() @ w.double().abs().t()
     assert ((y.double() - want).abs() <= 2e-6 * scale + 1e-30).all()
@@ -272,9 +280,9 @@ def test_a_row_does_not_depend_on_its_batch(isa: str, qtype: QT, k: int) -> None
     lin = NativeLinear(raw, qtype, 301, k, kernels=native.kernels(isa))
     x = torch.randn(9, k)
     alone = torch.cat([lin(x[i : i + 1]) for i in range(9)])
-    if amx_rows(isa, 9) and qtype in SIMPLE:
-        # amx: one row as avx512 (float32 x), 2-16 in the tiles (int16 codes): a row's bits
-        # are the same in any batch of 2-16 rows
+    if amx_rows(isa, 9, qtype):
+        # amx: one row as avx512 (float32 x, or q8_K), 2-16 in the tiles (int16 codes): a row's
+        # bits are the same in any batch of 2-16 rows
         alone = torch.cat([lin(x[[i, (i + 1) % 9]])[:1] for i in range(9)])
     assert torch.equal(lin(x), alone)
 

@@ -98,8 +98,10 @@ def test_one_activation_pass_stays_close(files, isa, monkeypatch):
     twos = decode(load(files["qwen2"], isa, monkeypatch), native_on=True, kv="f32")
     tokens = [int(t.argmax()) for t in twos[:5]]
     ones = decode(one_pass, native_on=True, kv="f32", tokens=tokens)
-    for a, b in zip(ones, twos, strict=True):
-        assert 0 < (a - b).abs().max() <= 3e-2 * b.abs().max()  # ~1.3% seen
+    gaps = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(ones, twos, strict=True)]
+    assert max(gaps) <= 3e-2  # ~1.3% seen
+    # every step's q8_K passes show, but where 2-16 rows take AMX's tiles (int16 codes, amx.h)
+    assert all(gaps) if isa != "amx" else any(gaps)
 
 
 def test_a_quantized_cache_takes_the_python_layers(files, monkeypatch):

@@ -1,6 +1,9 @@
-/* The 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) against 2-16 rows of x in AMX's
- * tiles (Intel's Xeons since Sapphire Rapids): the amx copy of kernels.c (the avx512 one built
- * with -mamx-tile -mamx-int8) takes these here, everything else as avx512 does.
+/* The 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), Q4_K and Q5_K against 2-16 rows
+ * of x in AMX's tiles (Intel's Xeons since Sapphire Rapids): the amx copy of kernels.c (the
+ * avx512 one built with -mamx-tile -mamx-int8) takes these here, everything else as avx512 does.
+ * Q4_K's and Q5_K's 32-value sub-blocks are blocks here, each with its scale d sc and offset
+ * -dmin m (their 6-bit sc and m decoded for 16 rows at once); Q6_K's 16-value sub-blocks, whose
+ * scales do not fit this shape, keep their q8_K kernel.
  *
  * x is quantized as the int16 path quantizes it (simple.h: per 32 values d = max|x| / 32767,
  * codes c, s = d * sum c), each code split into a signed high byte and an unsigned low one
@@ -10,8 +13,10 @@
  * or 0..31; IQ4_NL's table values). Two tile products a block give sum q hi and sum q lo exactly
  * in int32, so 256 hi + lo is the int16 path's sum q c; then in float32, one chain a weight row
  * and row of x: y += (d_w d_x) * sum, then y += m_w * s, with m_w the offset of w = d_w q + m_w
- * (Q4_1, Q5_1: the file's m; Q4_0, Q5_0: -8 d_w, -16 d_w; none for Q8_0 and IQ4_NL). A row's
- * steps do not depend on the rows beside it, so its bits are the same in any batch of 2-16.
+ * (Q4_1, Q5_1: the file's m; Q4_0, Q5_0: -8 d_w, -16 d_w; none for Q8_0 and IQ4_NL). The K
+ * types' q8_K passes do not apply here: int16 codes per 32 values are at least as close as two.
+ * A row's steps do not depend on the rows beside it, so its bits are the same in any batch of
+ * 2-16.
  *
  * A block costs about the same whatever the rows (the tile products, the unpacking of 16 weight
  * rows): one row of x (a lone sequence's decode) stays on the avx512 path, faster there, so that
@@ -46,9 +51,10 @@ static int em_amx_usable(void) {
     return em_amx_granted;
 }
 
+static int em_amx_ktype(int type) { return type == KQ_TYPE_Q4_K || type == KQ_TYPE_Q5_K; }
 static int em_amx_type(int type) {
     return type == EM_Q4_0 || type == EM_Q4_1 || type == EM_Q5_0 || type == EM_Q5_1 || type == EM_Q8_0 ||
-           type == EM_IQ4_NL;
+           type == EM_IQ4_NL || em_amx_ktype(type);
 }
 
 /* columns of B and C: rows of x side by side, M rounded up to a power of two */
@@ -173,6 +179,54 @@ static inline __attribute__((always_inline)) void em_amx_unpack16(int type, cons
     }
 }
 
+/* Q4_K and Q5_K: the 8 sub-blocks of 32 of the superblock at w (of the first of nr <= 16 weight
+ * rows) as scales dw[j] = d * sc_j and offsets mw[j] = -(dmin * m_j) of each row (kquants.h's
+ * kq_scales_k4 on 16 rows at once; rows past nr: 0) */
+static inline void em_amx_kscales16(const uint8_t *w, int64_t row_bytes, int64_t nr, float dw[][16],
+                                    float mw[][16]) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i at = _mm512_mullo_epi32(iota, _mm512_set1_epi32((int)row_bytes));
+    const __m512i zero = _mm512_setzero_si512();
+    const __mmask16 rows = (__mmask16)((1u << nr) - 1);
+    const __m512i head = _mm512_mask_i32gather_epi32(zero, rows, at, w, 1);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+    __m512i u0 = _mm512_mask_i32gather_epi32(zero, rows, at, w + 4, 1);
+    __m512i u1 = _mm512_mask_i32gather_epi32(zero, rows, at, w + 8, 1);
+    __m512i u2 = _mm512_mask_i32gather_epi32(zero, rows, at, w + 12, 1);
+    const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f);
+    const __m512i k3 = _mm512_set1_epi32(0x03030303);
+    const __m512i u3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
+                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4));
+    const __m512i mins_lo = _mm512_and_si512(u1, k1);
+    u1 = _mm512_or_si512(_mm512_and_si512(u2, k2),
+                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4));
+    u2 = mins_lo;
+    u0 = _mm512_and_si512(u0, k1);
+    const __m512i byte = _mm512_set1_epi32(0xff);
+    for (int j = 0; j < 8; j++) { /* scales: bytes of u0 (0-3), u1 (4-7); offsets: u2, u3 */
+        const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(j < 4 ? u0 : u1, 8 * (j % 4)), byte);
+        const __m512i m = _mm512_and_si512(_mm512_srli_epi32(j < 4 ? u2 : u3, 8 * (j % 4)), byte);
+        _mm512_store_ps(dw[j], _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+        const __m512 ml = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
+        _mm512_store_ps(mw[j], _mm512_sub_ps(_mm512_setzero_ps(), ml));
+    }
+}
+
+/* sub-block j's 32 codes of a Q4_K or Q5_K superblock b */
+static inline __m256i em_amx_kcodes(int type, const uint8_t *b, int j) {
+    const uint8_t *q = b + (type == KQ_TYPE_Q5_K ? 48 : 16) + (j / 2) * 32;
+    const __m256i low4 = _mm256_set1_epi8(15);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)q);
+    __m256i c = _mm256_and_si256(_mm256_srli_epi16(v, 4 * (j % 2)), low4);
+    if (type == KQ_TYPE_Q5_K) { /* the fifth bit: bit j of qh[l] */
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+        const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
+        c = _mm256_or_si256(c, _mm256_slli_epi16(bit, 4));
+    }
+    return c;
+}
+
 /* blocks a pass unpacks before their tile products: their stores long done when the tiles load
  * them, and each weight row read EM_AMX_SEG blocks at a time */
 #define EM_AMX_SEG 8
@@ -182,7 +236,8 @@ static inline __attribute__((always_inline)) void em_amx_unpack16(int type, cons
 static void em_rows_amx(int type, const uint8_t *prep, const uint8_t *W, int64_t row_bytes,
                         int64_t nb, int64_t M, int64_t ldy, int64_t n0, int64_t n1, float *y) {
     const int64_t nc = em_amx_cols(M), bb = em_amx_block_bytes(nc), rb = nc * 4, nr = n1 - n0;
-    const int64_t bytes = row_bytes / nb;
+    const int ktype = em_amx_ktype(type); /* blocks are the sub-blocks of 256-value superblocks */
+    const int64_t bytes = ktype ? row_bytes / (nb / 8) : row_bytes / nb; /* a superblock's, or block's */
     const int signed_codes = type == EM_Q8_0 || type == EM_IQ4_NL, offset = !signed_codes;
     const int direct = type == EM_Q8_0 && nr == 16; /* Q8_0's codes tiled straight from the file */
     uint8_t codes[EM_AMX_SEG][16 * EM_QK] __attribute__((aligned(64)));
@@ -204,7 +259,15 @@ static void em_rows_amx(int type, const uint8_t *prep, const uint8_t *W, int64_t
     const uint8_t *next = w0 + 16 * row_bytes;
     for (int64_t s0 = 0; s0 < nb; s0 += EM_AMX_SEG) {
         const int64_t segs = nb - s0 < EM_AMX_SEG ? nb - s0 : EM_AMX_SEG;
-        for (int64_t s = 0; s < segs; s++) {
+        if (ktype) { /* a pass is a superblock (nb a multiple of 8) */
+            const uint8_t *sb = w0 + s0 / 8 * bytes;
+            em_amx_kscales16(sb, row_bytes, nr, dw, mw);
+            for (int64_t n = 0; n < nr; n++)
+                for (int j = 0; j < 8; j++)
+                    _mm256_store_si256((__m256i *)(codes[j] + n * EM_QK),
+                                       em_amx_kcodes(type, sb + n * row_bytes, j));
+        }
+        for (int64_t s = 0; s < segs && !ktype; s++) {
             const uint8_t *wb = w0 + (s0 + s) * bytes;
             uint8_t *cs = direct ? 0 : codes[s];
             switch (type) { /* each type's own loop */

@@ -178,10 +178,10 @@ static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
     if (!elems) return -1;
     if (K % elems) return -2;
     if (type == EM_F16 || type == EM_BF16) return 0;
-    if (elems == KQ_QK) return 2 * M * (K / KQ_QK) * (int64_t)sizeof(kq_block_q8_K);
 #if defined(EM_AMX)
     if (em_amx_takes(type, M)) return (K / EM_QK) * em_amx_block_bytes(em_amx_cols(M));
 #endif
+    if (elems == KQ_QK) return 2 * M * (K / KQ_QK) * (int64_t)sizeof(kq_block_q8_K);
 #if defined(EM_FLOAT_X)
     return 0; /* the 32-element types read x as it is */
 #endif
@@ -198,13 +198,16 @@ static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t M, in
     p->passes = passes == 1 ? 1 : 2;
     p->nb = K / elems, p->row_bytes = p->nb * bytes;
     if (type == EM_F16 || type == EM_BF16) return;
+#if defined(EM_AMX)
+    if (em_amx_takes(type, M)) {
+        p->amx = (uint8_t *)buf;
+        return;
+    }
+#endif
     if (elems == KQ_QK) {
         p->q8k = (kq_block_q8_K *)buf;
         return;
     }
-#if defined(EM_AMX)
-    if (em_amx_takes(type, M)) p->amx = (uint8_t *)buf;
-#endif
 #if defined(EM_FLOAT_X)
     return;
 #endif
@@ -218,7 +221,7 @@ static void em_prepare_row(const em_prep *p, int64_t m) {
     const float *xm = p->x + m * K;
 #if defined(EM_AMX)
     if (p->amx) {
-        em_amx_prepare_row(p->amx, xm, nb, m, p->M);
+        em_amx_prepare_row(p->amx, xm, K / EM_QK, m, p->M); /* blocks of 32, whatever the type's */
         return;
     }
 #endif
@@ -347,7 +350,7 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
     const int self_pf = em_kernel_prefetches(p, M);
 #if defined(EM_AMX)
     if (p->amx) { /* M <= 16 rows: m0 is 0 (em_rows' tiles are larger) */
-        em_rows_amx(p->type, p->amx, W, p->row_bytes, nb, M, ldy, n0, n1, y);
+        em_rows_amx(p->type, p->amx, W, p->row_bytes, K / EM_QK, M, ldy, n0, n1, y);
         return;
     }
 #endif
