@@ -25,31 +25,15 @@
  * --mib 32 --rows 1 2 8`), ns a block and row, amx against avx512: Q4_1 1.36 / 1.07 (one row),
  * 0.65-0.69 / 0.65-0.67 (two), 0.25-0.29 / 0.36-0.37 (eight); Q8_0 1.05-1.09 / 1.14-1.19, 0.54-0.56
  * / 0.69-0.72, 0.21-0.24 / 0.35. Linux lends a process the tiles' state when asked (arch_prctl);
- * em_amx_usable asks once. */
+ * dispatch.c's ember_amx_permitted asks once. */
 #ifndef EMBER_AMX_H
 #define EMBER_AMX_H
 
-#include <pthread.h>
-#if defined(__linux__) && defined(__x86_64__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #define EM_AMX_MIN_ROWS 2
 #define EM_AMX_MAX_ROWS 16
 
-static int em_amx_granted;
-static pthread_once_t em_amx_once = PTHREAD_ONCE_INIT;
-static void em_amx_request(void) {
-    /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: refused where the kernel or CPU lacks it */
-#if defined(__linux__) && defined(__x86_64__)
-    em_amx_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-#endif
-}
-static int em_amx_usable(void) {
-    pthread_once(&em_amx_once, em_amx_request);
-    return em_amx_granted;
-}
+int ember_amx_permitted(void); /* dispatch.c: whether Linux lent this process the tiles' state */
 
 static int em_amx_ktype(int type) { return type == KQ_TYPE_Q4_K || type == KQ_TYPE_Q5_K; }
 static int em_amx_type(int type) {
@@ -70,7 +54,7 @@ static int64_t em_amx_block_bytes(int64_t nc) { return 2 * 8 * nc * 4 + 2 * 16 *
 
 /* Whether M rows of x against a weight of `type` take the tiles */
 static int em_amx_takes(int type, int64_t M) {
-    return em_amx_type(type) && M >= EM_AMX_MIN_ROWS && M <= EM_AMX_MAX_ROWS && em_amx_usable();
+    return em_amx_type(type) && M >= EM_AMX_MIN_ROWS && M <= EM_AMX_MAX_ROWS && ember_amx_permitted();
 }
 
 /* Quantizes x's row m (nb blocks) into column m of the prepared blocks, as simple.h's

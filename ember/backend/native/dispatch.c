@@ -30,8 +30,9 @@ static int em_has_amx_int8(void) {
 #include <unistd.h>
 #endif
 /* Linux hands a process the tiles' state once asked (ARCH_REQ_XCOMP_PERM, XTILEDATA); a kernel
- * without it, or a hypervisor that hides it, refuses; other systems are not asked */
-static int em_amx_permitted(void) {
+ * without it, or a hypervisor that hides it, refuses; other systems are not asked. Also asked by
+ * the amx copy's kernels (amx.h) before they take the tiles. */
+int ember_amx_permitted(void) {
 #if defined(__linux__) && defined(__x86_64__)
     static int answer = -1;
     if (answer < 0) answer = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
@@ -135,7 +136,7 @@ EM_API int ember_cpu_supports(int isa) {
     const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     if (isa == 3) return avx512;
-    if (isa == 5) return avx512 && em_has_amx_int8() && em_amx_permitted();
+    if (isa == 5) return avx512 && em_has_amx_int8() && ember_amx_permitted();
 #elif defined(__aarch64__)
     if (isa == 4) return 1; /* Advanced SIMD is part of every AArch64 CPU */
 #endif

@@ -150,7 +150,7 @@ typedef struct {
     float *xs; /* with several rows of q16: each group of EM_DOTS rows' block scales side by side,
                 * (groups, nb, [d of each row, then s of each]), for simple.h's em_dots_T */
     kq_block_q8_K *q8k; /* (passes M, nb): row passes m + i is x[m]'s pass i */
-    uint8_t *amx; /* the amx copy's 5-16 rows of a 32-element type: x as amx.h lays it out */
+    uint8_t *amx; /* the amx copy's 2-16 rows for a type its tiles take: x as amx.h lays it out */
 } em_prep;
 
 /* Floats of em_prep's xs for M rows of nb blocks: none for one row, nor for the portable and
@@ -257,28 +257,25 @@ static void em_prepare(em_prep *p, int type, const float *x, int64_t M, int64_t 
 }
 
 /* A thread's tiles for p's products, set before its share of them (the amx copy; tile state is
- * a thread's own, and other code, oneDNN's, may have set its own) and given back after, so the
- * kernel need not save them at a switch. Products of the same rows of x share a setting. */
-static int em_tiles_used(const em_prep *p) {
+ * a thread's own, and other code, oneDNN's, may have set its own): 1 if p takes them. Products
+ * of the same rows of x share a setting. em_tiles_end gives them back, so the kernel need not
+ * save them at a switch. */
+static int em_tiles_begin(const em_prep *p) {
 #if defined(EM_AMX)
-    return p->amx != 0;
+    if (p->amx) {
+        em_amx_begin(em_amx_cols(p->M));
+        return 1;
+    }
 #else
     (void)p;
+#endif
     return 0;
-#endif
 }
-static void em_tiles_begin(const em_prep *p) {
+static void em_tiles_end(int tiled) {
 #if defined(EM_AMX)
-    if (p->amx) em_amx_begin(em_amx_cols(p->M));
+    if (tiled) _tile_release();
 #else
-    (void)p;
-#endif
-}
-static void em_tiles_end(const em_prep *p) {
-#if defined(EM_AMX)
-    if (p->amx) _tile_release();
-#else
-    (void)p;
+    (void)tiled;
 #endif
 }
 
@@ -426,13 +423,13 @@ int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, i
     const int nth = em_threads(N * p.row_bytes), omp_default = omp_get_max_threads();
     #pragma omp parallel num_threads(nth ? nth : omp_default) if (nth != 1)
     {
-        em_tiles_begin(&p);
+        const int tiled = em_tiles_begin(&p);
         #pragma omp for schedule(static)
         for (int64_t c = 0; c < chunks; c++) {
             const int64_t n0 = c * EM_ROWS_PER_CHUNK, n1 = n0 + EM_ROWS_PER_CHUNK < N ? n0 + EM_ROWS_PER_CHUNK : N;
             em_rows(&p, W, M, N, n0, n1, y);
         }
-        em_tiles_end(&p);
+        em_tiles_end(tiled);
     }
     free(buf);
     return 0;

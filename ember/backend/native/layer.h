@@ -139,10 +139,9 @@ static void em_team_rows(const em_prep *p, const em_lin *w, int parts, int64_t M
                          float *y) {
     int64_t chunks[EM_MAX_PARTS] = {0}, total = 0;
     for (int i = 0; i < parts; i++) total += chunks[i] = (w[i].n + EM_ROWS_PER_CHUNK - 1) / EM_ROWS_PER_CHUNK;
-    int tiled = -1; /* a part whose products take the tiles (the amx copy), if any */
-    for (int i = 0; i < parts; i++)
-        if (w[i].n && em_tiles_used(&p[i])) tiled = i;
-    if (tiled >= 0) em_tiles_begin(&p[tiled]);
+    int tiled = 0; /* whether a part's products take the tiles (the amx copy) */
+    for (int i = 0; i < parts && !tiled; i++)
+        if (w[i].n) tiled = em_tiles_begin(&p[i]);
     #pragma omp for schedule(static)
     for (int64_t c = 0; c < total; c++) {
         int i = 0;
@@ -152,7 +151,7 @@ static void em_team_rows(const em_prep *p, const em_lin *w, int parts, int64_t M
         const int64_t n1 = n0 + EM_ROWS_PER_CHUNK < w[i].n ? n0 + EM_ROWS_PER_CHUNK : w[i].n;
         em_rows(&p[i], (const uint8_t *)w[i].data, M, ldy, n0, n1, y + col);
     }
-    if (tiled >= 0) em_tiles_end(&p[tiled]);
+    em_tiles_end(tiled);
 }
 
 int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
