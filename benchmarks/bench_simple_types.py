@@ -1,4 +1,5 @@
-"""GB/s of weight bytes read by the 32-element types' products (simple.h through kernels.c): rows
+"""GB/s of weight bytes read by the 32-element types' products (simple.h through kernels.c; and
+the K-quant mixes' Q4_K, Q5_K, Q6_K, kquants.h and amx.h, with --types and K of whole 256s): rows
 of activations (one for a decode step, --rows more for several sequences) against a weight far
 larger than the caches, so read from memory as a decode step reads it (Gemma 3's tied Q8_0 head
 is 179 MB of rows of 640), for each thread count; and ns a block and row of x.
@@ -15,8 +16,11 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from ember.backend import native
+from ember.store.kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+# gguf-py does not quantize these: Ember's own encoders (byte for byte llama.cpp's)
+K_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k}
 
 
 def main() -> None:
@@ -25,7 +29,7 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=100, help="weight size")
     parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--types", nargs="+", default=TYPES, choices=TYPES)
+    parser.add_argument("--types", nargs="+", default=TYPES, choices=[*TYPES, *K_QUANTIZERS])
     parser.add_argument("--rows", type=int, nargs="+", default=[1], help="rows of x")
     parser.add_argument("--isa", help="a lower ISA path than this CPU's best (EMBER_CPU_ISA)")
     args = parser.parse_args()
@@ -36,7 +40,11 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for name in args.types:
         qtype = GGMLQuantizationType[name]
-        block = quants.quantize(rng.standard_normal((4096, args.k), dtype=np.float32), qtype)
+        values = rng.standard_normal((4096, args.k), dtype=np.float32)
+        if name in K_QUANTIZERS:
+            block = K_QUANTIZERS[name](values)
+        else:
+            block = quants.quantize(values, qtype)
         w = np.ascontiguousarray(np.concatenate([block] * max(1, (args.mib << 20) // block.nbytes)))
         n = w.shape[0]
         for rows in args.rows:

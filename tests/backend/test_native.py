@@ -116,12 +116,17 @@ def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
     assert float((y.double() - exact).abs().max() / exact.abs().max()) < 1e-4
 
 
-AMX_TYPES = [*SIMPLE, QT.Q4_K, QT.Q5_K]
+AMX_TYPES = [*SIMPLE, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+
+
+def amx_least_rows(qtype: QT) -> int:
+    """The fewest rows of x a weight of qtype takes in AMX's tiles (amx.h)"""
+    return 6 if qtype == QT.Q6_K else 2
 
 
 def amx_rows(isa: str, rows: int, qtype: QT) -> bool:
     """Whether a weight of qtype takes these rows of x in AMX's tiles (int16 codes, amx.h)"""
-    return isa == "amx" and 2 <= rows <= 16 and qtype in AMX_TYPES
+    return isa == "amx" and amx_least_rows(qtype) <= rows <= 16 and qtype in AMX_TYPES
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -147,7 +152,8 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     if amx_rows(isa, rows, qtype):  # AMX's tiles: int16 codes, closer than one q8_K pass
         want = q16(x) @ w.double().t()
         assert ((y.double() - want).abs() <= 2e-6 * (q16(x).abs() @ w.double().abs().t())).all()
-        assert torch.equal(y[1:2], lin(x[[1, 0]])[:1])  # nor on its batch of 2-16
+        least = amx_least_rows(qtype)  # nor on its batch of 2-16 (Q6_K: 6-16)
+        assert torch.equal(y[1:2], lin(x[[1, *range(least - 1)]])[:1])
         return
     want = xq @ w.double().t()
     scale = xq.abs() @ w.double().abs().t()
@@ -273,7 +279,9 @@ def test_float_matmul(isa: str, qtype: QT, rows: int) -> None:
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", [QT.Q4_1, QT.Q8_0, QT.F16, QT.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "qtype", [QT.Q4_1, QT.Q8_0, QT.F16, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name
+)
 @pytest.mark.parametrize("k", [256, 2048])  # rows past 1,024 values: avx512 pairs weight rows
 def test_a_row_does_not_depend_on_its_batch(isa: str, qtype: QT, k: int) -> None:
     raw, _ = weight(qtype, (301, k))  # big enough for the parallel loop; an odd row count
@@ -281,9 +289,10 @@ def test_a_row_does_not_depend_on_its_batch(isa: str, qtype: QT, k: int) -> None
     x = torch.randn(9, k)
     alone = torch.cat([lin(x[i : i + 1]) for i in range(9)])
     if amx_rows(isa, 9, qtype):
-        # amx: one row as avx512 (float32 x, or q8_K), 2-16 in the tiles (int16 codes): a row's
-        # bits are the same in any batch of 2-16 rows
-        alone = torch.cat([lin(x[[i, (i + 1) % 9]])[:1] for i in range(9)])
+        # amx: fewer rows as avx512 (float32 x, or q8_K), 2-16 (Q6_K: 6-16) in the tiles (int16
+        # codes): a row's bits are the same in any batch the tiles take
+        least = amx_least_rows(qtype)
+        alone = torch.cat([lin(x[[(i + j) % 9 for j in range(least)]])[:1] for i in range(9)])
     assert torch.equal(lin(x), alone)
 
 

@@ -1,9 +1,10 @@
 /* The 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), Q4_K and Q5_K against 2-16 rows
- * of x in AMX's tiles (Intel's Xeons since Sapphire Rapids): the amx copy of kernels.c (the
- * avx512 one built with -mamx-tile -mamx-int8) takes these here, everything else as avx512 does.
- * Q4_K's and Q5_K's 32-value sub-blocks are blocks here, each with its scale d sc and offset
- * -dmin m (their 6-bit sc and m decoded for 16 rows at once); Q6_K's 16-value sub-blocks, whose
- * scales do not fit this shape, keep their q8_K kernel.
+ * of x in AMX's tiles (Intel's Xeons since Sapphire Rapids), and Q6_K against 6-16: the amx copy
+ * of kernels.c (the avx512 one built with -mamx-tile -mamx-int8) takes these here, everything
+ * else as avx512 does. Q4_K's and Q5_K's 32-value sub-blocks are blocks here, each with its scale
+ * d sc and offset -dmin m (their 6-bit sc and m decoded for 16 rows at once). Q6_K's 16-value
+ * sub-blocks, each with its int8 scale, take half a block's tiles each (signed codes q - 32, no
+ * offset): twice the tile products of a block, so fewer than 6 rows keep the q8_K kernel.
  *
  * x is quantized as the int16 path quantizes it (simple.h: per 32 values d = max|x| / 32767,
  * codes c, s = d * sum c), each code split into a signed high byte and an unsigned low one
@@ -31,11 +32,17 @@
 
 
 #define EM_AMX_MIN_ROWS 2
+/* Q6_K's sub-blocks take twice the tile products a block: fewer rows of x than these run faster
+ * on the avx512 path's q8_K kernel (ns a block and row at 2, 4, 6 and 8 rows: 0.99, 0.53, 0.46,
+ * 0.36 against 0.50, 0.50, 0.51, 0.53) */
+#define EM_AMX_MIN_ROWS_Q6_K 6
 #define EM_AMX_MAX_ROWS 16
 
 int ember_amx_permitted(void); /* dispatch.c: whether Linux lent this process the tiles' state */
 
-static int em_amx_ktype(int type) { return type == KQ_TYPE_Q4_K || type == KQ_TYPE_Q5_K; }
+static int em_amx_ktype(int type) {
+    return type == KQ_TYPE_Q4_K || type == KQ_TYPE_Q5_K || type == KQ_TYPE_Q6_K;
+}
 static int em_amx_type(int type) {
     return type == EM_Q4_0 || type == EM_Q4_1 || type == EM_Q5_0 || type == EM_Q5_1 || type == EM_Q8_0 ||
            type == EM_IQ4_NL || em_amx_ktype(type);
@@ -54,7 +61,8 @@ static int64_t em_amx_block_bytes(int64_t nc) { return 2 * 8 * nc * 4 + 2 * 16 *
 
 /* Whether M rows of x against a weight of `type` take the tiles */
 static int em_amx_takes(int type, int64_t M) {
-    return em_amx_type(type) && M >= EM_AMX_MIN_ROWS && M <= EM_AMX_MAX_ROWS && ember_amx_permitted();
+    const int64_t least = type == KQ_TYPE_Q6_K ? EM_AMX_MIN_ROWS_Q6_K : EM_AMX_MIN_ROWS;
+    return em_amx_type(type) && M >= least && M <= EM_AMX_MAX_ROWS && ember_amx_permitted();
 }
 
 /* Quantizes x's row m (nb blocks) into column m of the prepared blocks, as simple.h's
@@ -97,13 +105,16 @@ typedef struct {
 } em_tile_config;
 
 /* This thread's tiles for NC columns: 0 the weights (16 rows of 32 codes), 1 and 2 x's high and
- * low bytes (8 rows of NC * 4), 3 and 4 the products (16 rows of NC int32). */
+ * low bytes (8 rows of NC * 4), 3 and 4 the products (16 rows of NC int32); 5, 6 and 7 as 0, 1
+ * and 2 for half a block (Q6_K's 16-value sub-blocks). */
 static void em_amx_begin(int64_t nc) {
     em_tile_config t;
     memset(&t, 0, sizeof t);
     t.palette = 1;
     t.rows[0] = 16, t.colsb[0] = EM_QK;
+    t.rows[5] = 16, t.colsb[5] = EM_QK / 2;
     for (int i = 1; i <= 2; i++) t.rows[i] = 8, t.colsb[i] = (uint16_t)(nc * 4);
+    for (int i = 6; i <= 7; i++) t.rows[i] = 4, t.colsb[i] = (uint16_t)(nc * 4);
     for (int i = 3; i <= 4; i++) t.rows[i] = 16, t.colsb[i] = (uint16_t)(nc * 4);
     /* GCC 12's ldtilecfg does not tell the compiler it reads t: without this its stores went */
     __asm__ volatile("" : : "m"(t) : "memory");
@@ -211,6 +222,61 @@ static inline __m256i em_amx_kcodes(int type, const uint8_t *b, int j) {
     return c;
 }
 
+/* Q6_K: the 16 sub-blocks' scales dw[j] = d * sc_j of the superblock at w, for 16 rows (rows past
+ * nr: 0) */
+static inline void em_amx_q6scales16(const uint8_t *w, int64_t row_bytes, int64_t nr, float dw[][16]) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i at = _mm512_mullo_epi32(iota, _mm512_set1_epi32((int)row_bytes));
+    const __m512i zero = _mm512_setzero_si512();
+    const __mmask16 rows = (__mmask16)((1u << nr) - 1);
+    /* d is the superblock's last 2 bytes: read with the 2 before them, inside the block */
+    const __m512i tail = _mm512_mask_i32gather_epi32(zero, rows, at, w + 206, 1);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(tail, 16)));
+    for (int g = 0; g < 4; g++) { /* scales 4g..4g+3: int8 at 192 */
+        const __m512i u = _mm512_mask_i32gather_epi32(zero, rows, at, w + 192 + 4 * g, 1);
+        for (int k = 0; k < 4; k++) {
+            const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(u, 24 - 8 * k), 24);
+            _mm512_store_ps(dw[4 * g + k], _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+        }
+    }
+}
+
+/* Q6_K: the 8 blocks of 32 signed codes (q - 32) of the superblock b, into row n of codes[j] */
+static inline void em_amx_q6codes(const uint8_t *b, uint8_t codes[][16 * EM_QK], int64_t n) {
+    const __m256i low4 = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    for (int h = 0; h < 2; h++) { /* each half: ql's 64 bytes, qh's 32 */
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        for (int k = 0; k < 4; k++) { /* block 4h + k: ql's low (k < 2) or high nibbles, qh's bits 2k */
+            const __m256i l = k & 1 ? l1 : l0;
+            const __m256i q4 = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), low4);
+            const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), two);
+            const __m256i q = _mm256_sub_epi8(_mm256_or_si256(q4, _mm256_slli_epi16(q2, 4)), off);
+            _mm256_store_si256((__m256i *)(codes[4 * h + k] + n * EM_QK), q);
+        }
+    }
+}
+
+/* acc += the products in chi and clo (16 weight rows of NC columns, as stored): (dw dx) (256 hi +
+ * lo), then where offset, mw s */
+static inline __attribute__((always_inline)) void em_amx_accumulate(__m512 *acc, int64_t vecs, int64_t nc,
+                                                                    const int32_t *chi, const int32_t *clo,
+                                                                    const float *dw, const float *mw,
+                                                                    const float *ds, int offset) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i lane_row = _mm512_srli_epi32(iota, __builtin_ctzll((unsigned long long)nc));
+    const __m512 dx = _mm512_load_ps(ds), sx = _mm512_load_ps(ds + 16);
+    const __m512 dw16 = _mm512_load_ps(dw), mw16 = _mm512_load_ps(mw);
+    for (int64_t v = 0; v < vecs; v++) { /* lane l of v: weight row v * 16 / nc + l / nc, column l % nc */
+        const __m512i h = _mm512_load_si512(chi + v * 16), l = _mm512_load_si512(clo + v * 16);
+        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
+        const __m512i row = _mm512_add_epi32(_mm512_set1_epi32((int)(v * 16 / nc)), lane_row);
+        acc[v] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_permutexvar_ps(row, dw16), dx), sum, acc[v]);
+        if (offset) acc[v] = _mm512_fmadd_ps(_mm512_permutexvar_ps(row, mw16), sx, acc[v]);
+    }
+}
+
 /* blocks a pass unpacks before their tile products: their stores long done when the tiles load
  * them, and each weight row read EM_AMX_SEG blocks at a time */
 #define EM_AMX_SEG 8
@@ -222,18 +288,17 @@ static void em_rows_amx(int type, const uint8_t *prep, const uint8_t *W, int64_t
     const int64_t nc = em_amx_cols(M), bb = em_amx_block_bytes(nc), rb = nc * 4, nr = n1 - n0;
     const int ktype = em_amx_ktype(type); /* blocks are the sub-blocks of 256-value superblocks */
     const int64_t bytes = ktype ? row_bytes / (nb / 8) : row_bytes / nb; /* a superblock's, or block's */
-    const int signed_codes = type == EM_Q8_0 || type == EM_IQ4_NL, offset = !signed_codes;
+    const int q6 = type == KQ_TYPE_Q6_K; /* signed codes, a scale each 16 values */
+    const int signed_codes = type == EM_Q8_0 || type == EM_IQ4_NL || q6, offset = !signed_codes;
     const int direct = type == EM_Q8_0 && nr == 16; /* Q8_0's codes tiled straight from the file */
     uint8_t codes[EM_AMX_SEG][16 * EM_QK] __attribute__((aligned(64)));
-    float dw[EM_AMX_SEG][16] __attribute__((aligned(64))), mw[EM_AMX_SEG][16] __attribute__((aligned(64)));
+    /* a block's scales and offsets (Q6_K: dw a half block's) */
+    float dw[2 * EM_AMX_SEG][16] __attribute__((aligned(64))), mw[EM_AMX_SEG][16] __attribute__((aligned(64)));
     int32_t chi[16 * 16] __attribute__((aligned(64))), clo[16 * 16] __attribute__((aligned(64)));
     if (nr < 16) /* absent rows: zero codes (and scales: em_amx_unpack16), outputs dropped */
         for (int s = 0; s < EM_AMX_SEG; s++) memset(codes[s] + nr * EM_QK, 0, (size_t)(16 - nr) * EM_QK);
     __m512 acc[16];
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i lane_row = _mm512_srli_epi32(iota, __builtin_ctzll((unsigned long long)nc));
-    /* lane l of vector v: weight row v * 16 / nc + l / nc, column l % nc */
     const int64_t vecs = (nr * nc + 15) / 16;
     const uint8_t *w0 = W + n0 * row_bytes;
     /* the 16 rows are read side by side, a block of each at a time, which the hardware's prefetch
@@ -245,11 +310,16 @@ static void em_rows_amx(int type, const uint8_t *prep, const uint8_t *W, int64_t
         const int64_t segs = nb - s0 < EM_AMX_SEG ? nb - s0 : EM_AMX_SEG;
         if (ktype) { /* a pass is a superblock (nb a multiple of 8) */
             const uint8_t *sb = w0 + s0 / 8 * bytes;
-            em_amx_kscales16(sb, row_bytes, nr, dw, mw);
-            for (int64_t n = 0; n < nr; n++)
-                for (int j = 0; j < 8; j++)
-                    _mm256_store_si256((__m256i *)(codes[j] + n * EM_QK),
-                                       em_amx_kcodes(type, sb + n * row_bytes, j));
+            if (q6) {
+                em_amx_q6scales16(sb, row_bytes, nr, dw);
+                for (int64_t n = 0; n < nr; n++) em_amx_q6codes(sb + n * row_bytes, codes, n);
+            } else {
+                em_amx_kscales16(sb, row_bytes, nr, dw, mw);
+                for (int64_t n = 0; n < nr; n++)
+                    for (int j = 0; j < 8; j++)
+                        _mm256_store_si256((__m256i *)(codes[j] + n * EM_QK),
+                                           em_amx_kcodes(type, sb + n * row_bytes, j));
+            }
         }
         for (int64_t s = 0; s < segs && !ktype; s++) {
             const uint8_t *wb = w0 + (s0 + s) * bytes;
@@ -269,7 +339,22 @@ static void em_rows_amx(int type, const uint8_t *prep, const uint8_t *W, int64_t
             const int64_t b = s0 + s;
             for (int64_t i = 0; i < per_block; i++, next += 64) __builtin_prefetch(next);
             const uint8_t *xb = prep + b * bb;
-            const float *ds = (const float *)(xb + 16 * rb), *ss = ds + 16;
+            const float *ds = (const float *)(xb + 16 * rb);
+            if (q6) { /* two halves of 16 values (4 rows of B each), each with its scales */
+                for (int t = 0; t < 2; t++) {
+                    _tile_loadd(5, codes[s] + t * EM_QK / 2, EM_QK);
+                    _tile_loadd(6, xb + t * 4 * rb, rb);
+                    _tile_loadd(7, xb + (8 + t * 4) * rb, rb);
+                    _tile_zero(3);
+                    _tile_zero(4);
+                    _tile_dpbssd(3, 5, 6);
+                    _tile_dpbsud(4, 5, 7);
+                    _tile_stored(3, chi, rb);
+                    _tile_stored(4, clo, rb);
+                    em_amx_accumulate(acc, vecs, nc, chi, clo, dw[2 * s + t], mw[0], ds, 0);
+                }
+                continue;
+            }
             if (direct)
                 _tile_loadd(0, w0 + b * bytes + 2, row_bytes);
             else
@@ -287,15 +372,7 @@ static void em_rows_amx(int type, const uint8_t *prep, const uint8_t *W, int64_t
             }
             _tile_stored(3, chi, rb);
             _tile_stored(4, clo, rb);
-            const __m512 dx = _mm512_load_ps(ds), sx = _mm512_load_ps(ss);
-            const __m512 dw16 = _mm512_load_ps(dw[s]), mw16 = _mm512_load_ps(mw[s]);
-            for (int64_t v = 0; v < vecs; v++) {
-                const __m512i h = _mm512_load_si512(chi + v * 16), l = _mm512_load_si512(clo + v * 16);
-                const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
-                const __m512i row = _mm512_add_epi32(_mm512_set1_epi32((int)(v * 16 / nc)), lane_row);
-                acc[v] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_permutexvar_ps(row, dw16), dx), sum, acc[v]);
-                if (offset) acc[v] = _mm512_fmadd_ps(_mm512_permutexvar_ps(row, mw16), sx, acc[v]);
-            }
+            em_amx_accumulate(acc, vecs, nc, chi, clo, dw[s], mw[s], ds, offset);
         }
     }
     float out[16 * 16] __attribute__((aligned(64)));
