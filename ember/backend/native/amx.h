@@ -11,10 +11,10 @@
  * (c = 256 hi + lo), laid out as AMX's B operand: per block 8 rows of 4 k, the rows of x side by
  * side (NC columns: M rounded up to a power of two). A chunk of 16 weight rows is the A operand,
  * a block at a time: Q8_0's codes straight from the file, the others' unpacked to bytes (0..15
- * or 0..31; IQ4_NL's table values). Two tile products a block give sum q hi and sum q lo exactly
- * in int32, so 256 hi + lo is the int16 path's sum q c; then in float32, one chain a weight row
- * and row of x: y += (d_w d_x) * sum, then y += m_w * s, with m_w the offset of w = d_w q + m_w
- * (Q4_1, Q5_1: the file's m; Q4_0, Q5_0: -8 d_w, -16 d_w; none for Q8_0 and IQ4_NL). The K
+ * or 0..31; Q4_0's and Q5_0's less 8 and 16; IQ4_NL's table values). Two tile products a block
+ * give sum q hi and sum q lo exactly in int32, so 256 hi + lo is the int16 path's sum q c; then
+ * in float32, one chain a weight row and row of x: y += (d_w d_x) * sum, then where w = d_w q +
+ * m_w has an offset (Q4_1, Q5_1: the file's m; the K types' -dmin m) y += m_w * s. The K
  * types' q8_K passes do not apply here: int16 codes per 32 values are at least as close as two.
  * A row's steps do not depend on the rows beside it, so its bits are the same in any batch of
  * 2-16.
@@ -138,7 +138,8 @@ static inline __m256i em_amx_nibbles(const uint8_t *q, const uint8_t *qh, const 
 
 /* The block at w (of the first of nr <= 16 weight rows, row_bytes apart) of each row as 32
  * bytes (codes; NULL: the scales alone), its scale (dw) and offset (mw); the codes signed for
- * Q8_0 and IQ4_NL */
+ * Q8_0 and IQ4_NL, and for Q4_0 and Q5_0 less their offset (q - 8, q - 16: then no offset to add
+ * a block and row) */
 static inline __attribute__((always_inline)) void em_amx_unpack16(int type, const uint8_t *w,
                                                                   int64_t row_bytes, int64_t nr,
                                                                   uint8_t *codes, float *dw, float *mw) {
@@ -155,8 +156,6 @@ static inline __attribute__((always_inline)) void em_amx_unpack16(int type, cons
     case EM_Q5_1: /* m: the high half of each row's first 4 bytes */
         _mm512_store_ps(mw, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16))));
         break;
-    case EM_Q4_0: _mm512_store_ps(mw, _mm512_mul_ps(_mm512_set1_ps(-8.0f), d)); break;
-    case EM_Q5_0: _mm512_store_ps(mw, _mm512_mul_ps(_mm512_set1_ps(-16.0f), d)); break;
     default: _mm512_store_ps(mw, _mm512_setzero_ps());
     }
     if (!codes) return;
@@ -164,9 +163,9 @@ static inline __attribute__((always_inline)) void em_amx_unpack16(int type, cons
         __m256i c;
         switch (type) {
         case EM_Q8_0: c = _mm256_loadu_si256((const __m256i *)(w + 2)); break;
-        case EM_Q4_0: c = em_amx_nibbles(w + 2, 0, 0); break;
+        case EM_Q4_0: c = _mm256_sub_epi8(em_amx_nibbles(w + 2, 0, 0), _mm256_set1_epi8(8)); break;
         case EM_Q4_1: c = em_amx_nibbles(w + 4, 0, 0); break;
-        case EM_Q5_0: c = em_amx_nibbles(w + 6, w + 2, 0); break;
+        case EM_Q5_0: c = _mm256_sub_epi8(em_amx_nibbles(w + 6, w + 2, 0), _mm256_set1_epi8(16)); break;
         case EM_Q5_1: c = em_amx_nibbles(w + 8, w + 4, 0); break;
         default: c = em_amx_nibbles(w + 2, 0, &table); break; /* IQ4_NL */
         }
@@ -289,7 +288,8 @@ static void em_rows_amx(int type, const uint8_t *prep, const uint8_t *W, int64_t
     const int ktype = em_amx_ktype(type); /* blocks are the sub-blocks of 256-value superblocks */
     const int64_t bytes = ktype ? row_bytes / (nb / 8) : row_bytes / nb; /* a superblock's, or block's */
     const int q6 = type == KQ_TYPE_Q6_K; /* signed codes, a scale each 16 values */
-    const int signed_codes = type == EM_Q8_0 || type == EM_IQ4_NL || q6, offset = !signed_codes;
+    const int signed_codes = type == EM_Q8_0 || type == EM_IQ4_NL || type == EM_Q4_0 || type == EM_Q5_0 || q6;
+    const int offset = !signed_codes;
     const int direct = type == EM_Q8_0 && nr == 16; /* Q8_0's codes tiled straight from the file */
     uint8_t codes[EM_AMX_SEG][16 * EM_QK] __attribute__((aligned(64)));
     /* a block's scales and offsets (Q6_K: dw a half block's) */
