@@ -11,7 +11,7 @@ from ember.gguf import GGMLType
 # the 32-element types half torch's speed: those keep the float32 matmul for prefill. Not on
 # the avx512 path where oneDNN runs the float32 one (gemm.py): there it is the faster, 405-476
 # GFLOPS against the int8 kernel's 303-328 (the same command, a Zen 5 EPYC), and exact.
-# the paths of the avx512 copy: amx is avx512 with AMX's tiles for 2-16 rows of x
+# the paths of the avx512 copy: amx is avx512 with AMX's tiles for 8-16 rows of x (Q4_K, Q5_K)
 _AVX512 = ("avx512", "amx")
 
 INT8_PREFILL = frozenset(
@@ -20,10 +20,10 @@ INT8_PREFILL = frozenset(
 
 
 def float_activations(isa: str | None) -> bool:
-    """Whether the 32-element types' kernels take x as float32 on this ISA path (avx512: two
-    fused multiply-adds a block and row, fewer instructions than int16 codes; simple.h's
-    EM_FLOAT_X) instead of int16 codes per 32 values (every other path, all with the same bits;
-    amx takes 2-16 rows as int16 codes in its tiles, one as avx512)."""
+    """Whether the 32-element types' kernels may take x as float32 on this ISA path (avx512
+    and amx, simple.h's EM_FLOAT_X: IQ4_NL, and one row of Q8_0; the others take int16 codes
+    per 32 values there too, vnni.h) instead of int16 codes per 32 values (every other path,
+    all with the same bits)."""
     return isa in _AVX512
 
 

@@ -105,8 +105,8 @@ def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
     if not rows:
         return
     # tightly: the same quantized activations in float64, up to float32 accumulation
-    xq = q16(x) if qtype in SIMPLE or amx_rows(isa, rows, qtype) else q8_k_twice(x)
-    if qtype in SIMPLE and float_activations(isa) and not amx_rows(isa, rows, qtype):
+    xq = q16(x) if qtype in SIMPLE or int16_rows(isa, rows, qtype) else q8_k_twice(x)
+    if qtype in SIMPLE and float_activations(isa) and not int16_rows(isa, rows, qtype):
         xq = x.double()  # x as it is, and weights d * q + m rounded once: still within 2e-6
     want = xq @ w.double().t()
     scale = xq.abs() @ w.double().abs().t()
@@ -116,17 +116,20 @@ def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
     assert float((y.double() - exact).abs().max() / exact.abs().max()) < 1e-4
 
 
-AMX_TYPES = [*SIMPLE, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+VNNI_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 
 
-def amx_least_rows(qtype: QT) -> int:
-    """The fewest rows of x a weight of qtype takes in AMX's tiles (amx.h)"""
-    return 6 if qtype == QT.Q6_K else 2
+def least_int16_rows(qtype: QT) -> int:
+    """The fewest rows of x a weight of qtype takes as int16 codes on the avx512 and amx paths"""
+    return {QT.Q8_0: 2, QT.Q6_K: 3}.get(qtype, 1)
 
 
-def amx_rows(isa: str, rows: int, qtype: QT) -> bool:
-    """Whether a weight of qtype takes these rows of x in AMX's tiles (int16 codes, amx.h)"""
-    return isa == "amx" and amx_least_rows(qtype) <= rows <= 16 and qtype in AMX_TYPES
+def int16_rows(isa: str, rows: int, qtype: QT) -> bool:
+    """Whether these rows of x meet a weight of qtype as int16 codes per 32 values, 16 weight
+    rows at a time: with AVX512-VNNI (vnni.h), or on the amx path in AMX's tiles (amx.h: Q4_K
+    and Q5_K from 8 rows, the same bits)"""
+    takes = isa in ("avx512", "amx") and qtype in VNNI_TYPES
+    return takes and least_int16_rows(qtype) <= rows <= 16
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -149,11 +152,11 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     xq = (codes.double() * d.double()).reshape(x.shape)
     if lin.takes_int8(rows):  # gemm8 takes the prompt where it has fast code for the type
         xq = q8_0(x)
-    if amx_rows(isa, rows, qtype):  # AMX's tiles: int16 codes, closer than one q8_K pass
+    if int16_rows(isa, rows, qtype):  # int16 codes, closer than one q8_K pass
         want = q16(x) @ w.double().t()
         assert ((y.double() - want).abs() <= 2e-6 * (q16(x).abs() @ w.double().abs().t())).all()
-        least = amx_least_rows(qtype)  # nor on its batch of 2-16 (Q6_K: 6-16)
-        assert torch.equal(y[1:2], lin(x[[1, *range(least - 1)]])[:1])
+        least = max(2, least_int16_rows(qtype))  # nor on its batch of 1-16
+        assert torch.equal(y[:1], lin(x[[0] * least])[:1])
         return
     want = xq @ w.double().t()
     scale = xq.abs() @ w.double().abs().t()
@@ -280,7 +283,7 @@ def test_float_matmul(isa: str, qtype: QT, rows: int) -> None:
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize(
-    "qtype", [QT.Q4_1, QT.Q8_0, QT.F16, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name
+    "qtype", [QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.F16, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name
 )
 @pytest.mark.parametrize("k", [256, 2048])  # rows past 1,024 values: avx512 pairs weight rows
 def test_a_row_does_not_depend_on_its_batch(isa: str, qtype: QT, k: int) -> None:
@@ -288,10 +291,10 @@ def test_a_row_does_not_depend_on_its_batch(isa: str, qtype: QT, k: int) -> None
     lin = NativeLinear(raw, qtype, 301, k, kernels=native.kernels(isa))
     x = torch.randn(9, k)
     alone = torch.cat([lin(x[i : i + 1]) for i in range(9)])
-    if amx_rows(isa, 9, qtype):
-        # amx: fewer rows as avx512 (float32 x, or q8_K), 2-16 (Q6_K: 6-16) in the tiles (int16
-        # codes): a row's bits are the same in any batch the tiles take
-        least = amx_least_rows(qtype)
+    if int16_rows(isa, 9, qtype):
+        # avx512 and amx: 1-16 rows (Q8_0: 2-16, Q6_K: 3-16) as int16 codes, fewer as float32
+        # or q8_K: a row's bits are the same in any batch these take
+        least = least_int16_rows(qtype)
         alone = torch.cat([lin(x[[(i + j) % 9 for j in range(least)]])[:1] for i in range(9)])
     assert torch.equal(lin(x), alone)
 

@@ -100,8 +100,9 @@ def test_one_activation_pass_stays_close(files, isa, monkeypatch):
     ones = decode(one_pass, native_on=True, kv="f32", tokens=tokens)
     gaps = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(ones, twos, strict=True)]
     assert max(gaps) <= 3e-2  # ~1.3% seen
-    # every step's q8_K passes show, but where 2-16 rows take AMX's tiles (int16 codes, amx.h)
-    assert all(gaps) if isa != "amx" else any(gaps)
+    # every step's q8_K passes show, but where 1-16 rows take int16 codes (vnni.h, amx.h) and the
+    # prompt float32 (oneDNN): there no pass applies
+    assert all(gaps) if isa not in ("avx512", "amx") else not any(gaps)
 
 
 def test_a_quantized_cache_takes_the_python_layers(files, monkeypatch):

@@ -78,7 +78,11 @@ static void em_block_size(int type, int *elems, int *bytes) {
     }
 }
 
-#if defined(EM_FLOAT_X) && defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#if defined(EM_FLOAT_X) && defined(__AVX512VNNI__)
+#define EM_VNNI 1
+#include "vnni.h"
+#endif
+#if defined(EM_VNNI) && defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #define EM_AMX 1
 #include "amx.h"
 #endif
@@ -142,6 +146,11 @@ static int em_team(int64_t work, int64_t least) {
  * projection's input (one pass put Gemma 3's ffn_down outputs 5% of their largest value off and
  * its logits outside the reference's tolerance; two passes are as close as int16). Which weight
  * takes which: ember/backend/precision.py's activation_passes. F16/BF16 read x as it is. */
+#if defined(EM_VNNI)
+typedef em_vnni_block em_vnni_block_t;
+#else
+typedef void em_vnni_block_t;
+#endif
 typedef struct {
     int type, passes;
     int64_t M, K, nb, row_bytes;
@@ -151,6 +160,7 @@ typedef struct {
                 * (groups, nb, [d of each row, then s of each]), for simple.h's em_dots_T */
     kq_block_q8_K *q8k; /* (passes M, nb): row passes m + i is x[m]'s pass i */
     uint8_t *amx; /* the amx copy's 2-16 rows for a type its tiles take: x as amx.h lays it out */
+    em_vnni_block_t *vnni; /* the avx512 copy's 2-16 rows for vnni.h's types: x as it lays it out */
 } em_prep;
 
 /* Floats of em_prep's xs for M rows of nb blocks: none for one row, nor for the portable and
@@ -181,6 +191,9 @@ static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
 #if defined(EM_AMX)
     if (em_amx_takes(type, M)) return (K / EM_QK) * em_amx_block_bytes(em_amx_cols(M));
 #endif
+#if defined(EM_VNNI)
+    if (em_vnni_takes(type, M)) return M * (K / EM_QK) * (int64_t)sizeof(em_vnni_block);
+#endif
     if (elems == KQ_QK) return 2 * M * (K / KQ_QK) * (int64_t)sizeof(kq_block_q8_K);
 #if defined(EM_FLOAT_X)
     return 0; /* the 32-element types read x as it is */
@@ -195,12 +208,19 @@ static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t M, in
     int elems, bytes;
     em_block_size(type, &elems, &bytes);
     p->type = type, p->M = M, p->K = K, p->x = x, p->q16 = 0, p->xs = 0, p->q8k = 0, p->amx = 0;
+    p->vnni = 0;
     p->passes = passes == 1 ? 1 : 2;
     p->nb = K / elems, p->row_bytes = p->nb * bytes;
     if (type == EM_F16 || type == EM_BF16) return;
 #if defined(EM_AMX)
     if (em_amx_takes(type, M)) {
         p->amx = (uint8_t *)buf;
+        return;
+    }
+#endif
+#if defined(EM_VNNI)
+    if (em_vnni_takes(type, M)) {
+        p->vnni = (em_vnni_block *)buf;
         return;
     }
 #endif
@@ -222,6 +242,12 @@ static void em_prepare_row(const em_prep *p, int64_t m) {
 #if defined(EM_AMX)
     if (p->amx) {
         em_amx_prepare_row(p->amx, xm, K / EM_QK, m, p->M); /* blocks of 32, whatever the type's */
+        return;
+    }
+#endif
+#if defined(EM_VNNI)
+    if (p->vnni) {
+        em_vnni_prepare_row(p->vnni + m * (K / EM_QK), xm, K / EM_QK); /* blocks of 32, whatever the type's */
         return;
     }
 #endif
@@ -348,6 +374,12 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
 #if defined(EM_AMX)
     if (p->amx) { /* M <= 16 rows: m0 is 0 (em_rows' tiles are larger) */
         em_rows_amx(p->type, p->amx, W, p->row_bytes, K / EM_QK, M, ldy, n0, n1, y);
+        return;
+    }
+#endif
+#if defined(EM_VNNI)
+    if (p->vnni) { /* M <= 16 rows: m0 is 0 */
+        em_rows_vnni(p->type, p->vnni, W, p->row_bytes, K / EM_QK, M, ldy, n0, n1, y);
         return;
     }
 #endif
