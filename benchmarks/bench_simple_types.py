@@ -1,5 +1,5 @@
 """GB/s of weight bytes read by the 32-element types' products (simple.h through kernels.c; and
-the K-quant mixes' Q4_K, Q5_K, Q6_K, kquants.h and amx.h, with --types and K of whole 256s): rows
+the K-quant mixes' Q4_K, Q5_K, Q6_K: kquants.h, vnni.h, amx.h; --types, K of whole 256s): rows
 of activations (one for a decode step, --rows more for several sequences) against a weight far
 larger than the caches, so read from memory as a decode step reads it (Gemma 3's tied Q8_0 head
 is 179 MB of rows of 640), for each thread count; and ns a block and row of x.

@@ -149,7 +149,7 @@ static int em_team(int64_t work, int64_t least) {
 #if defined(EM_VNNI)
 typedef em_vnni_block em_vnni_block_t;
 #else
-typedef void em_vnni_block_t;
+typedef void em_vnni_block_t; /* copies without vnni.h: never set */
 #endif
 typedef struct {
     int type, passes;
@@ -160,7 +160,7 @@ typedef struct {
                 * (groups, nb, [d of each row, then s of each]), for simple.h's em_dots_T */
     kq_block_q8_K *q8k; /* (passes M, nb): row passes m + i is x[m]'s pass i */
     uint8_t *amx; /* the amx copy's 2-16 rows for a type its tiles take: x as amx.h lays it out */
-    em_vnni_block_t *vnni; /* the avx512 copy's 2-16 rows for vnni.h's types: x as it lays it out */
+    em_vnni_block_t *vnni; /* the avx512 and amx copies' 1-16 rows for vnni.h: x as it lays it out */
 } em_prep;
 
 /* Floats of em_prep's xs for M rows of nb blocks: none for one row, nor for the portable and
