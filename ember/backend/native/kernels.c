@@ -159,7 +159,7 @@ typedef struct {
     float *xs; /* with several rows of q16: each group of EM_DOTS rows' block scales side by side,
                 * (groups, nb, [d of each row, then s of each]), for simple.h's em_dots_T */
     kq_block_q8_K *q8k; /* (passes M, nb): row passes m + i is x[m]'s pass i */
-    uint8_t *amx; /* the amx copy's 2-16 rows for a type its tiles take: x as amx.h lays it out */
+    uint8_t *amx; /* the amx copy's 8-16 rows of Q4_K and Q5_K: x as amx.h lays it out */
     em_vnni_block_t *vnni; /* the avx512 and amx copies' 1-16 rows for vnni.h: x as it lays it out */
 } em_prep;
 
@@ -322,7 +322,8 @@ static int em_kernel_prefetches(const em_prep *p, int64_t M) {
 }
 
 #if defined(EM_FLOAT_X)
-/* em_rows_of for the avx512 path's 32-element types (x read as float32), on its own: changes to
+/* em_rows_of for the avx512 path's 32-element types that vnni.h does not take (IQ4_NL, one row of
+ * Q8_0: x read as float32), on its own: changes to
  * how several rows of x run had moved the one-row loop's code and slowed decode by 5-15%.
  *
  * One row of x (decode) meets two weight rows a pass where the rows are short, for independent

@@ -19,9 +19,10 @@
  * q8_K passes do not apply here: int16 codes per 32 values are at least as close as two.
  *
  * A row's steps do not depend on the rows beside it, so its bits are the same in any batch of
- * 1-16 (Q8_0: 2-16, Q6_K: 3-16). On the float32 path the 32-element types took two fused multiply-adds a block and row
- * of x and a widening of each weight block to floats: `bench_simple_types.py --k 576 --mib 32
- * --threads 2 --rows 1 2 8 --isa avx512` (README has the figures). */
+ * 1-16 (Q8_0: 2-16, Q6_K: 3-16). The float32 path it replaced widened each weight block to
+ * floats, then took two fused multiply-adds a block and row of x: `bench_simple_types.py --k
+ * 640 --mib 200 --threads 2 --rows 1 2 4 --isa avx512` against the build before (README and
+ * docs/speed-log.md have the figures). */
 #ifndef EMBER_VNNI_H
 #define EMBER_VNNI_H
 
