@@ -61,18 +61,11 @@ static void em_amx_prepare_row(uint8_t *prep, const float *xm, int64_t nb, int64
     for (int64_t b = 0; b < nb; b++, xm += EM_QK) {
         uint8_t *hi = prep + b * bb, *lo = hi + 8 * rb;
         float *ds = (float *)(lo + 8 * rb), *ss = ds + 16;
-        const __m512 x0 = _mm512_loadu_ps(xm), x1 = _mm512_loadu_ps(xm + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-        const float d = amax / 32767.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        const __m512i c0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
-        const __m512i c1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
-        const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
-        const __m256i c0w = _mm512_cvtepi32_epi16(c0), c1w = _mm512_cvtepi32_epi16(c1);
-        const __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(c0w), c1w, 1);
-        const __m256i h = _mm512_cvtepi16_epi8(_mm512_srai_epi16(c, 8)), l = _mm512_cvtepi16_epi8(c);
+        const em_q16_block512 q = em_quantize_block512(xm); /* vnni.h */
+        const __m256i h = _mm512_cvtepi16_epi8(_mm512_srai_epi16(q.c, 8)), l = _mm512_cvtepi16_epi8(q.c);
         _mm256_i32scatter_epi32(hi + m * 4, rows, h, 1);
         _mm256_i32scatter_epi32(lo + m * 4, rows, l, 1);
-        for (int64_t j = m; j < 16; j += nc) ds[j] = d, ss[j] = d * (float)sum;
+        for (int64_t j = m; j < 16; j += nc) ds[j] = q.d, ss[j] = q.d * (float)q.sum;
         if (m + 1 == M)
             for (int64_t a = M; a < nc; a++) {
                 _mm256_i32scatter_epi32(hi + a * 4, rows, _mm256_setzero_si256(), 1);

@@ -59,25 +59,37 @@ typedef struct {
     int32_t hi_sum, c_half, c_sum;
 } em_vnni_block;
 
+/* A block of 32 values of x as simple.h's em_quantize_row_q16 quantizes it: d, the codes as
+ * int16 (one register), the sum of the first 16 codes and of all 32 (amx.h lays out the same) */
+typedef struct {
+    __m512i c;
+    float d;
+    int half, sum;
+} em_q16_block512;
+static inline em_q16_block512 em_quantize_block512(const float *x) {
+    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    const float d = amax / 32767.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512i c0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
+    const __m512i c1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
+    em_q16_block512 q;
+    q.c = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(c0)), _mm512_cvtepi32_epi16(c1), 1);
+    q.d = d, q.half = _mm512_reduce_add_epi32(c0), q.sum = q.half + _mm512_reduce_add_epi32(c1);
+    return q;
+}
+
 /* Quantizes x's row (nb blocks) into xq, as simple.h's em_quantize_row_q16 (the same d, codes and
  * s) */
 static void em_vnni_prepare_row(em_vnni_block *xq, const float *xm, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, xm += EM_QK) {
-        const __m512 x0 = _mm512_loadu_ps(xm), x1 = _mm512_loadu_ps(xm + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-        const float d = amax / 32767.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        const __m512i c0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
-        const __m512i c1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
-        const int half = _mm512_reduce_add_epi32(c0), sum = half + _mm512_reduce_add_epi32(c1);
-        const __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(c0)),
-                                             _mm512_cvtepi32_epi16(c1), 1);
-        const __m512i h = _mm512_srai_epi16(c, 8);
+        const em_q16_block512 q = em_quantize_block512(xm);
+        const __m512i h = _mm512_srai_epi16(q.c, 8);
         _mm256_storeu_si256((__m256i *)xq[b].hi, _mm512_cvtepi16_epi8(h));
-        _mm256_storeu_si256((__m256i *)xq[b].lo, _mm512_cvtepi16_epi8(c));
+        _mm256_storeu_si256((__m256i *)xq[b].lo, _mm512_cvtepi16_epi8(q.c));
         const __m512i h32 = _mm512_add_epi32(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(h)),
                                              _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(h, 1)));
-        xq[b].d = d, xq[b].s = d * (float)sum;
-        xq[b].hi_sum = 32768 * _mm512_reduce_add_epi32(h32), xq[b].c_half = half, xq[b].c_sum = sum;
+        xq[b].d = q.d, xq[b].s = q.d * (float)q.sum;
+        xq[b].hi_sum = 32768 * _mm512_reduce_add_epi32(h32), xq[b].c_half = q.half, xq[b].c_sum = q.sum;
     }
 }
 
