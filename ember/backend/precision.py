@@ -22,8 +22,9 @@ INT8_PREFILL = frozenset(
 def float_activations(isa: str | None) -> bool:
     """Whether the 32-element types' kernels may take x as float32 on this ISA path (avx512
     and amx, simple.h's EM_FLOAT_X: IQ4_NL, and one row of Q8_0; the others take int16 codes
-    per 32 values there too, vnni.h) instead of int16 codes per 32 values (every other path,
-    all with the same bits)."""
+    per 32 values there too, vnni.h) instead of int16 codes per 32 values (every other path:
+    simple.h's kernels with the same bits on each, and rows8.h's for several rows on avx2 and
+    avxvnni, with vnni.h's bits)."""
     return isa in _AVX512
 
 

@@ -5,9 +5,10 @@ Every quantized type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS) 
 stays in memory as the file's bytes (a view of the memory map where the caller passes one). A
 call with at most NATIVE_ROWS rows (decode, small batches) runs the native kernel of the ISA
 chosen at load (activations quantized per block for the quantized types: int8 for the K types,
-int16 for the 32-element ones, and for Q4_K, Q5_K and Q6_K too on the avx512 and amx paths,
-where IQ4_NL and one row of Q8_0 read float32; float32 for F16/BF16); more rows (prefill) expand
-the weight to float32 in chunks of at most CHUNK_FLOATS values for a float32 matmul
+int16 for the 32-element ones, and for Q4_K, Q5_K and Q6_K too where the lane kernels take them
+(vnni.h on the avx512 and amx paths, rows8.h from 2-3 rows on avx2 and avxvnni), IQ4_NL and
+one row of Q8_0 reading float32 on the avx512 and amx paths; float32 for F16/BF16); more rows
+(prefill) expand the weight to float32 in chunks of at most CHUNK_FLOATS values for a float32 matmul
 (ember/backend/gemm.py), so prefill keeps a BLAS's speed and the memory stays bounded, except a
 K type taking one q8_K pass: its int8 kernel outruns that, and the MLP's gate and up on the
 avx512 and avx2 paths, whose prefill takes gemm8 (x in int8 per 32 values: 1.3-2x the float32

@@ -116,20 +116,27 @@ def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
     assert float((y.double() - exact).abs().max() / exact.abs().max()) < 1e-4
 
 
-VNNI_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+LANE_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+# the fewest rows of x that take the lane kernels (weight rows across a register's lanes, x as
+# int16 codes per 32 values): vnni.h on the avx512 and amx paths, rows8.h on avx2 and avxvnni
+LEAST_LANE_ROWS = {
+    "avx512": {QT.Q8_0: 2, QT.Q6_K: 3},
+    "avx2": {QT.Q4_0: 3, QT.Q4_1: 3, QT.Q5_0: 5, QT.Q5_1: 5, QT.Q6_K: 3},
+}
+LEAST_LANE_ROWS["amx"] = LEAST_LANE_ROWS["avx512"]
+LEAST_LANE_ROWS["avxvnni"] = LEAST_LANE_ROWS["avx2"]
 
 
-def least_int16_rows(qtype: QT) -> int:
-    """The fewest rows of x a weight of qtype takes as int16 codes on the avx512 and amx paths"""
-    return {QT.Q8_0: 2, QT.Q6_K: 3}.get(qtype, 1)
+def least_int16_rows(isa: str, qtype: QT) -> int:
+    """The fewest rows of x that meet a weight of qtype in the lane kernels on this ISA path"""
+    return LEAST_LANE_ROWS[isa].get(qtype, 1 if isa in ("avx512", "amx") else 2)
 
 
 def int16_rows(isa: str, rows: int, qtype: QT) -> bool:
-    """Whether these rows of x meet a weight of qtype as int16 codes per 32 values, 16 weight
-    rows at a time: with AVX512-VNNI (vnni.h), or on the amx path in AMX's tiles (amx.h: Q4_K
-    and Q5_K from 8 rows, the same bits)"""
-    takes = isa in ("avx512", "amx") and qtype in VNNI_TYPES
-    return takes and least_int16_rows(qtype) <= rows <= 16
+    """Whether these rows of x meet a weight of qtype as int16 codes per 32 values in the lane
+    kernels (on the amx path Q4_K and Q5_K from 8 rows in AMX's tiles, amx.h: the same bits)"""
+    takes = isa in LEAST_LANE_ROWS and qtype in LANE_TYPES
+    return takes and least_int16_rows(isa, qtype) <= rows <= 16
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -155,7 +162,7 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     if int16_rows(isa, rows, qtype):  # int16 codes, closer than one q8_K pass
         want = q16(x) @ w.double().t()
         assert ((y.double() - want).abs() <= 2e-6 * (q16(x).abs() @ w.double().abs().t())).all()
-        least = max(2, least_int16_rows(qtype))  # nor on its batch of 1-16
+        least = max(2, least_int16_rows(isa, qtype))  # nor on its batch of 1-16
         assert torch.equal(y[:1], lin(x[[0] * least])[:1])
         return
     want = xq @ w.double().t()
@@ -292,26 +299,46 @@ def test_a_row_does_not_depend_on_its_batch(isa: str, qtype: QT, k: int) -> None
     x = torch.randn(9, k)
     alone = torch.cat([lin(x[i : i + 1]) for i in range(9)])
     if int16_rows(isa, 9, qtype):
-        # avx512 and amx: 1-16 rows (Q8_0: 2-16, Q6_K: 3-16) as int16 codes, fewer as float32
-        # or q8_K: a row's bits are the same in any batch these take
-        least = least_int16_rows(qtype)
+        # the lane kernels take 1-16 rows (from least_int16_rows), fewer take float32 x, int16
+        # codes a weight row at a time or q8_K: a row's bits are the same in any batch these take
+        least = least_int16_rows(isa, qtype)
         alone = torch.cat([lin(x[[(i + j) % 9 for j in range(least)]])[:1] for i in range(9)])
     assert torch.equal(lin(x), alone)
 
 
 @pytest.mark.parametrize("qtype", SIMPLE + FLOAT, ids=lambda t: t.name)
-def test_every_isa_gives_the_same_bits(qtype: QT) -> None:
-    # every path takes the same float steps (int lanes of 4 products, no fused multiply-add),
-    # except the 32-element types on the avx512 path (float32 activations: test_quantized_matmul)
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_every_isa_gives_the_same_bits(qtype: QT, rows: int) -> None:
+    # simple.h's kernels take the same float steps on every path (int lanes of 4 products, no
+    # fused multiply-add), except the 32-element types on the avx512 path (float32 activations:
+    # test_quantized_matmul); rows the lane kernels take: the next test
     shape = (64, 32 * 11) if qtype in SIMPLE else (64, 357)
     raw, _ = weight(qtype, shape)
-    x = torch.randn(3, shape[1])
-    runnable = native.runnable_isas()
-    if qtype in SIMPLE:
-        runnable = [isa for isa in runnable if not float_activations(isa)]
+    x = torch.randn(rows, shape[1])
+    runnable = [
+        isa
+        for isa in native.runnable_isas()
+        if not (qtype in SIMPLE and float_activations(isa)) and not int16_rows(isa, rows, qtype)
+    ]
     ys = [NativeLinear(raw, qtype, *shape, kernels=native.kernels(i))(x) for i in runnable]
     for isa, y in zip(runnable[1:], ys[1:], strict=True):
         assert torch.equal(y, ys[0]), isa
+
+
+@pytest.mark.parametrize("qtype", LANE_TYPES, ids=lambda t: t.name)
+def test_the_lane_kernels_give_every_isa_the_same_bits(qtype: QT) -> None:
+    # rows8.h (8 weight rows a 256-bit register) and vnni.h (16 a 512-bit one; and amx.h's
+    # tiles) make each block's sum exact in int32, then take the same float steps
+    shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
+    raw, _ = weight(qtype, shape)
+    runnable = [isa for isa in native.runnable_isas() if isa in LEAST_LANE_ROWS]
+    if len(runnable) < 2:
+        pytest.skip("needs two ISA paths with lane kernels")
+    for rows in (5, 9, 16):
+        x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
+        ys = [NativeLinear(raw, qtype, *shape, kernels=native.kernels(i))(x) for i in runnable]
+        for isa, y in zip(runnable[1:], ys[1:], strict=True):
+            assert torch.equal(y, ys[0]), (isa, rows)
 
 
 @pytest.mark.skipif(

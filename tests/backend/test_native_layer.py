@@ -100,9 +100,12 @@ def test_one_activation_pass_stays_close(files, isa, monkeypatch):
     ones = decode(one_pass, native_on=True, kv="f32", tokens=tokens)
     gaps = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(ones, twos, strict=True)]
     assert max(gaps) <= 3e-2  # ~1.3% seen
-    # every step's q8_K passes show, but where 1-16 rows take int16 codes (vnni.h, amx.h) and the
-    # prompt float32 (oneDNN): there no pass applies
-    assert all(gaps) if isa not in ("avx512", "amx") else not any(gaps)
+    # every step's q8_K passes show, but not where the rows of x take the lane kernels' int16
+    # codes (Q4_K: vnni.h and amx.h from one row, rows8.h from two, as the last batch's three,
+    # whose first row still attends to keys the passes made) nor the avx512 and amx paths'
+    # prompt, float32 (oneDNN)
+    passes = {"avx512": 0, "amx": 0, "avx2": 6, "avxvnni": 6}.get(isa, len(gaps))
+    assert all(gaps[:passes]) and not any(gaps[passes:])
 
 
 def test_a_quantized_cache_takes_the_python_layers(files, monkeypatch):

@@ -78,9 +78,38 @@ static void em_block_size(int type, int *elems, int *bytes) {
     }
 }
 
+/* The lane kernels: a register's lanes are weight rows, and 1-16 rows of x meet them as int16
+ * codes per 32 values (vnni.h: 16 weight rows a 512-bit register, the avx512 and amx copies;
+ * rows8.h: 8 a 256-bit one, the avx2 and avxvnni copies). Both give a row the same bits. */
+#define EM_LANES_MAX_ROWS 16
+static inline int em_lanes_ktype(int type) {
+    return type == KQ_TYPE_Q4_K || type == KQ_TYPE_Q5_K || type == KQ_TYPE_Q6_K;
+}
+static inline int em_lanes_type(int type) {
+    return type == EM_Q4_0 || type == EM_Q4_1 || type == EM_Q5_0 || type == EM_Q5_1 || type == EM_Q8_0 ||
+           em_lanes_ktype(type);
+}
 #if defined(EM_FLOAT_X) && defined(__AVX512VNNI__)
 #define EM_VNNI 1
 #include "vnni.h"
+#define EM_LANES 1
+typedef em_vnni_block em_lanes_block;
+#define em_lanes_least_rows em_vnni_least_rows
+#define em_lanes_prepare_row em_vnni_prepare_row
+#define em_rows_lanes em_rows_vnni
+#elif defined(EM_X86) && !defined(EM_FLOAT_X)
+#include "rows8.h"
+#define EM_LANES 1
+typedef em_r8_block em_lanes_block;
+#define em_lanes_least_rows em_r8_least_rows
+#define em_lanes_prepare_row em_r8_prepare_row
+#define em_rows_lanes em_rows_r8
+#endif
+#if defined(EM_LANES)
+/* Whether M rows of x against a weight of `type` take the lane kernel */
+static int em_lanes_takes(int type, int64_t M) {
+    return em_lanes_type(type) && M >= em_lanes_least_rows(type) && M <= EM_LANES_MAX_ROWS;
+}
 #endif
 #if defined(EM_VNNI) && defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #define EM_AMX 1
@@ -146,10 +175,8 @@ static int em_team(int64_t work, int64_t least) {
  * projection's input (one pass put Gemma 3's ffn_down outputs 5% of their largest value off and
  * its logits outside the reference's tolerance; two passes are as close as int16). Which weight
  * takes which: ember/backend/precision.py's activation_passes. F16/BF16 read x as it is. */
-#if defined(EM_VNNI)
-typedef em_vnni_block em_vnni_block_t;
-#else
-typedef void em_vnni_block_t; /* copies without vnni.h: never set */
+#if !defined(EM_LANES)
+typedef void em_lanes_block; /* copies without lane kernels: never set */
 #endif
 typedef struct {
     int type, passes;
@@ -160,7 +187,7 @@ typedef struct {
                 * (groups, nb, [d of each row, then s of each]), for simple.h's em_dots_T */
     kq_block_q8_K *q8k; /* (passes M, nb): row passes m + i is x[m]'s pass i */
     uint8_t *amx; /* the amx copy's 8-16 rows of Q4_K and Q5_K: x as amx.h lays it out */
-    em_vnni_block_t *vnni; /* the avx512 and amx copies' 1-16 rows for vnni.h: x as it lays it out */
+    em_lanes_block *lanes; /* 1-16 rows for vnni.h or rows8.h: x as it lays it out */
 } em_prep;
 
 /* Floats of em_prep's xs for M rows of nb blocks: none for one row, nor for the portable and
@@ -191,8 +218,8 @@ static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
 #if defined(EM_AMX)
     if (em_amx_takes(type, M)) return (K / EM_QK) * em_amx_block_bytes(em_amx_cols(M));
 #endif
-#if defined(EM_VNNI)
-    if (em_vnni_takes(type, M)) return M * (K / EM_QK) * (int64_t)sizeof(em_vnni_block);
+#if defined(EM_LANES)
+    if (em_lanes_takes(type, M)) return M * (K / EM_QK) * (int64_t)sizeof(em_lanes_block);
 #endif
     if (elems == KQ_QK) return 2 * M * (K / KQ_QK) * (int64_t)sizeof(kq_block_q8_K);
 #if defined(EM_FLOAT_X)
@@ -208,7 +235,7 @@ static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t M, in
     int elems, bytes;
     em_block_size(type, &elems, &bytes);
     p->type = type, p->M = M, p->K = K, p->x = x, p->q16 = 0, p->xs = 0, p->q8k = 0, p->amx = 0;
-    p->vnni = 0;
+    p->lanes = 0;
     p->passes = passes == 1 ? 1 : 2;
     p->nb = K / elems, p->row_bytes = p->nb * bytes;
     if (type == EM_F16 || type == EM_BF16) return;
@@ -218,9 +245,9 @@ static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t M, in
         return;
     }
 #endif
-#if defined(EM_VNNI)
-    if (em_vnni_takes(type, M)) {
-        p->vnni = (em_vnni_block *)buf;
+#if defined(EM_LANES)
+    if (em_lanes_takes(type, M)) {
+        p->lanes = (em_lanes_block *)buf;
         return;
     }
 #endif
@@ -245,9 +272,9 @@ static void em_prepare_row(const em_prep *p, int64_t m) {
         return;
     }
 #endif
-#if defined(EM_VNNI)
-    if (p->vnni) {
-        em_vnni_prepare_row(p->vnni + m * (K / EM_QK), xm, K / EM_QK); /* blocks of 32, whatever the type's */
+#if defined(EM_LANES)
+    if (p->lanes) {
+        em_lanes_prepare_row(p->lanes + m * (K / EM_QK), xm, K / EM_QK); /* blocks of 32, whatever the type's */
         return;
     }
 #endif
@@ -378,9 +405,9 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
         return;
     }
 #endif
-#if defined(EM_VNNI)
-    if (p->vnni) { /* M <= 16 rows: m0 is 0 */
-        em_rows_vnni(p->type, p->vnni, W, p->row_bytes, K / EM_QK, M, ldy, n0, n1, y);
+#if defined(EM_LANES)
+    if (p->lanes) { /* M <= 16 rows: m0 is 0 */
+        em_rows_lanes(p->type, p->lanes, W, p->row_bytes, K / EM_QK, M, ldy, n0, n1, y);
         return;
     }
 #endif

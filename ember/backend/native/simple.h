@@ -17,7 +17,9 @@
  * products each (exact), then the same float operations in the same order with no fused
  * multiply-add, so every ISA gives the same bits. The AVX-512 copy alone takes float32
  * activations instead (em_dotsf_T below: fewer instructions a row there, 1.2-1.5x the int16
- * path's speed with 2 to 8 rows of x), so its 32-element products differ in the last places. */
+ * path's speed with 2 to 8 rows of x), so its 32-element products differ in the last places.
+ * Several rows of x take the lane kernels instead where kernels.c has them (vnni.h on the
+ * avx512 copy, rows8.h on avx2 and avxvnni from 2-5 rows: x's codes the same, their own bits). */
 #ifndef EMBER_SIMPLE_H
 #define EMBER_SIMPLE_H
 

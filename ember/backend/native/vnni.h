@@ -26,16 +26,6 @@
 #ifndef EMBER_VNNI_H
 #define EMBER_VNNI_H
 
-#define EM_VNNI_MAX_ROWS 16
-
-static int em_vnni_ktype(int type) {
-    return type == KQ_TYPE_Q4_K || type == KQ_TYPE_Q5_K || type == KQ_TYPE_Q6_K;
-}
-static int em_vnni_type(int type) {
-    return type == EM_Q4_0 || type == EM_Q4_1 || type == EM_Q5_0 || type == EM_Q5_1 || type == EM_Q8_0 ||
-           em_vnni_ktype(type);
-}
-
 /* The fewest rows of x this kernel takes for `type`. One row of Q8_0 (its float32 path reads it
  * from memory 1.2x as fast: 1.30 against 1.55-1.64 ns a block, 200 MiB of rows of 640 and 2,048)
  * and one or two of Q6_K (its q8_K kernel: 0.67-0.71 and 0.50 ns a block and row against 0.86-0.92
@@ -43,11 +33,6 @@ static int em_vnni_type(int type) {
  * unpacking, are the step there. */
 static int64_t em_vnni_least_rows(int type) {
     return type == EM_Q8_0 ? 2 : type == KQ_TYPE_Q6_K ? 3 : 1;
-}
-
-/* Whether M rows of x against a weight of `type` take this kernel */
-static int em_vnni_takes(int type, int64_t M) {
-    return em_vnni_type(type) && M >= em_vnni_least_rows(type) && M <= EM_VNNI_MAX_ROWS;
 }
 
 /* A row's prepared block: x's high bytes, low bytes, d, s, and the integer sums some types'
@@ -218,7 +203,7 @@ static void em_rows_vnni(int type, const em_vnni_block *xq, const uint8_t *W, in
     const __m512i at = _mm512_mullo_epi32(iota, _mm512_set1_epi32((int)row_bytes));
     const __mmask16 rows = (__mmask16)((1u << nr) - 1);
     const __m512i low4 = _mm512_set1_epi8(15);
-    float acc[EM_VNNI_MAX_ROWS][16] __attribute__((aligned(64)));
+    float acc[EM_LANES_MAX_ROWS][16] __attribute__((aligned(64)));
     for (int64_t m = 0; m < M; m++) _mm512_store_ps(acc[m], _mm512_setzero_ps());
     const uint8_t *w0 = W + n0 * row_bytes;
     /* the 16 rows are read side by side, a block of each at a time, which the hardware's prefetch
@@ -228,7 +213,7 @@ static void em_rows_vnni(int type, const em_vnni_block *xq, const uint8_t *W, in
 #define EM_VNNI_PREFETCH()                                                                         \
     for (int64_t i = 0; i < per_block; i++, next += 64) __builtin_prefetch(next)
     __m512i g[8], v[8], u[8];
-    if (em_vnni_ktype(type)) {
+    if (em_lanes_ktype(type)) {
         const int64_t sbytes = row_bytes / (nb / 8);
         float dw[16][16] __attribute__((aligned(64))), mw[8][16] __attribute__((aligned(64)));
         for (int64_t sb = 0; sb < nb / 8; sb++) {
