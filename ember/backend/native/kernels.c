@@ -7,7 +7,8 @@
  *       x (M, K) float32, y (M, N) float32. The M rows of x are quantized once (blocks:
  *       simple.h's int16 blocks for the 32-element types, kquants.h's q8_K for the K types:
  *       `passes` 2 (or 0) takes x then its rounding error, 1 takes x alone, as llama.cpp;
- *       F16/BF16 use them as they are); OpenMP splits W in chunks of rows, and each W row is
+ *       F16/BF16 use them as they are; the lane kernels' int16 blocks where they take the
+ *       rows, vnni.h's and rows8.h's); OpenMP splits W in chunks of rows, and each W row is
  *       used by all M rows of x while it sits in L1. Returns 0, or -1 for a type it lacks, -2
  *       for a K that is not whole blocks, -3 when out of memory.
  *   ember_dequant_<isa>(type, W, out, rows, K): out (rows, K) float32, bit-equal to gguf-py.

@@ -1,11 +1,12 @@
 /* The 32-element types Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and the K-quant mixes' Q4_K, Q5_K and
- * Q6_K, against 1-16 rows of x with 256-bit registers, 8 weight rows a register: the avx2 and
+ * Q6_K, against 2-16 rows of x with 256-bit registers, 8 weight rows a register: the avx2 and
  * avxvnni copies of kernels.c take these here (em_r8_least_rows says from how many rows). It is
  * vnni.h's layout on AVX2: vnni.h has 16 weight rows a 512-bit register, and needs AVX512-VNNI.
  *
  * A register's 8 lanes are 8 weight rows, each lane 2 codes of its row as int16. A block's 32
  * codes are 16 such registers, built from the 8 rows' bytes (loaded side by side and transposed
- * in registers: no gathers, which are slow on AMD's CPUs) and unpacked once for every row of x.
+ * in registers: no gathers, which are slow on AMD's CPUs) and unpacked once for every row of x,
+ * half a block (8 registers) at a time.
  * x is quantized as the int16 path quantizes it (simple.h's em_quantize_row_q16: per 32 values
  * d = max|x| / 32767, codes c, s = d * sum c), its codes laid out in the registers' pairs. Then
  * one vpmaddwd (AVX-VNNI: vpdpwssd) a register and row of x, its 2 codes of 8 weight rows times
