@@ -33,13 +33,16 @@ def float_activations(isa: str | None) -> bool:
 # the bundled models' and the 3B file's projections (GFLOPS, 2 threads, a Zen 5 EPYC:
 # `benchmarks/bench_gemm8.py`, several runs). avx512 (VNNI): 640-860 against oneDNN's 360-450
 # (Q6_K's 16-value units 540-590). avx2 (vpmaddubsw): 280-370 against oneDNN's AVX2 code's
-# 210-240; its Q6_K (two int16 sums a unit) 220-226, and its 8-bit codes would saturate: those
-# keep float32. avxvnni (AVX-VNNI's 256-bit vpdpbusd, exact for every code width; everything
-# else held to AVX2): 360-420 against 207-221, Q6_K 291, Q8_0 358.
+# 210-240; its 8-bit codes would saturate: those keep float32. avxvnni (AVX-VNNI's 256-bit
+# vpdpbusd, exact for every code width; everything else held to AVX2): 360-420 against 207-221,
+# Q6_K 291, Q8_0 358. Since gemm8.h's AVX2 code unrolls a unit (2026-11-28, an Intel Xeon:
+# avx2 Q5_0 262-302 against 207-231 before, Q6_K 208-218 against 147-168, oneDNN 180-208;
+# avxvnni 376-413 against 267-312), avx2's Q6_K (two int16 sums a unit) takes it too.
 _GEMM8_AVX2 = frozenset(
     {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K}
+    | {GGMLType.Q6_K}
 )
-_GEMM8_VNNI = _GEMM8_AVX2 | {GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q6_K}
+_GEMM8_VNNI = _GEMM8_AVX2 | {GGMLType.Q8_0, GGMLType.IQ4_NL}
 _GEMM8 = {"avx512": _GEMM8_VNNI, "amx": _GEMM8_VNNI, "avxvnni": _GEMM8_VNNI, "avx2": _GEMM8_AVX2}
 
 

@@ -349,7 +349,7 @@ def test_the_lane_kernels_give_every_isa_the_same_bits(qtype: QT) -> None:
 def test_avxvnni_gives_the_avx2_bits(qtype: QT, passes: int) -> None:
     # AVX-VNNI's vpdpwssd/vpdpbusd make the same exact int32 sums as vpmaddwd/vpmaddubsw and
     # their adds: every kernel (one row, several, a prompt's where both paths take the same
-    # one, and gemm8 where avx2 has it; avxvnni gives gemm8 Q8_0, IQ4_NL and Q6_K besides)
+    # one, and gemm8 where avx2 has it; avxvnni gives gemm8 Q8_0 and IQ4_NL besides)
     shape = (40, 256 * 3 if qtype in K_TYPES else 32 * 11)
     raw, _ = weight(qtype, shape)
     x = torch.randn(NATIVE_ROWS + 3, shape[1], generator=torch.Generator().manual_seed(5))

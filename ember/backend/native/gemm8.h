@@ -225,13 +225,23 @@ static inline __attribute__((always_inline)) void em_g8_tile(
     for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
 }
 
-static void em_g8_panel(const uint8_t *codes, const float *ps, const float *po, int U, int64_t K,
-                        const uint8_t *xq, int64_t xrb, int64_t M, float *y, int64_t ldy, int nr) {
-    const __mmask16 keep = (__mmask16)(nr >= EM_G8_NR ? 0xffff : (1u << nr) - 1);
+static inline __attribute__((always_inline)) void em_g8_rows(
+    const uint8_t *codes, const float *ps, const float *po, const int U, int64_t K,
+    const uint8_t *xq, int64_t xrb, int64_t M, float *y, int64_t ldy, __mmask16 keep) {
     int64_t m = 0;
     for (; m + EM_G8_MR <= M; m += EM_G8_MR)
         em_g8_tile(codes, ps, po, U, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, EM_G8_MR);
     for (; m < M; m++) em_g8_tile(codes, ps, po, U, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, 1);
+}
+
+/* the unit a constant in each copy, so that a unit's groups unroll */
+static void em_g8_panel(const uint8_t *codes, const float *ps, const float *po, int U, int64_t K,
+                        const uint8_t *xq, int64_t xrb, int64_t M, float *y, int64_t ldy, int nr) {
+    const __mmask16 keep = (__mmask16)(nr >= EM_G8_NR ? 0xffff : (1u << nr) - 1);
+    if (U == 32)
+        em_g8_rows(codes, ps, po, 32, K, xq, xrb, M, y, ldy, keep);
+    else
+        em_g8_rows(codes, ps, po, 16, K, xq, xrb, M, y, ldy, keep);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define EM_G8_FAST 1
@@ -250,9 +260,19 @@ static inline int em_g8_code_bits(int type) {
     }
 }
 
-#define EM_G8_MR2 6 /* rows of x a pass over half a panel */
+/* rows of x a pass over half a panel, its sums and accumulators in registers (fastest so on the
+ * Xeon: benchmarks/bench_gemm8.py) */
+#if defined(__AVXVNNI__)
+#define EM_G8_MR2 4
+#else
+#define EM_G8_MR2 3
+#endif
+/* mr rows of x against half a panel (8 weight rows). The unit U and `per` (groups of four
+ * values whose int16 sums add up before widening: at most 8 for 4-bit codes, 4 for 5-bit, 2 for
+ * 6-bit, to stay exact) are constants where inlined, so a unit's groups unroll into straight
+ * code. */
 static inline __attribute__((always_inline)) void em_g8_tile2(
-    const uint8_t *codes, const float *ps, const float *po, int U, int per, int64_t K,
+    const uint8_t *codes, const float *ps, const float *po, const int U, const int per, int64_t K,
     const uint8_t *xq, int64_t xrb, float *y, int64_t ldy, __m256i keep, const int mr) {
     const int64_t units = K / U;
     const int G = U / 4;
@@ -265,28 +285,30 @@ static inline __attribute__((always_inline)) void em_g8_tile2(
         const int64_t k0 = u * U;
         const uint8_t *cw = codes + k0 * EM_G8_NR;
         __m256i sum[EM_G8_MR2];
-        for (int i = 0; i < mr; i++) sum[i] = _mm256_setzero_si256();
         for (int g0 = 0; g0 < G; g0 += per) {
-#if !defined(__AVXVNNI__)
             __m256i part[EM_G8_MR2];
-            for (int i = 0; i < mr; i++) part[i] = _mm256_setzero_si256();
-#endif
-            for (int g = g0; g < g0 + per && g < G; g++) {
+            for (int g = g0; g < g0 + per; g++) {
                 const __m256i w = _mm256_load_si256((const __m256i *)(cw + g * 64));
                 for (int i = 0; i < mr; i++) {
                     int32_t four;
                     memcpy(&four, x[i].q + k0 + 4 * g, 4);
+                    const __m256i xb = _mm256_set1_epi32(four);
 #if defined(__AVXVNNI__) /* exact in int32 for every code width: no int16 sums */
-                    sum[i] = _mm256_dpbusd_avx_epi32(sum[i], w, _mm256_set1_epi32(four));
+                    sum[i] = g ? _mm256_dpbusd_avx_epi32(sum[i], w, xb)
+                               : _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, xb);
 #else
-                    part[i] = _mm256_add_epi16(part[i], _mm256_maddubs_epi16(w, _mm256_set1_epi32(four)));
+                    const __m256i p = _mm256_maddubs_epi16(w, xb);
+                    part[i] = g > g0 ? _mm256_add_epi16(part[i], p) : p;
 #endif
                 }
             }
 #if defined(__AVXVNNI__)
-            (void)ones;
+            (void)part, (void)ones;
 #else
-            for (int i = 0; i < mr; i++) sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(part[i], ones));
+            for (int i = 0; i < mr; i++) {
+                const __m256i wide = _mm256_madd_epi16(part[i], ones);
+                sum[i] = g0 ? _mm256_add_epi32(sum[i], wide) : wide;
+            }
 #endif
         }
         const __m256 s = _mm256_load_ps(ps + u * EM_G8_NR), o = _mm256_load_ps(po + u * EM_G8_NR);
@@ -299,18 +321,33 @@ static inline __attribute__((always_inline)) void em_g8_tile2(
     for (int i = 0; i < mr; i++) _mm256_maskstore_ps(y + i * ldy, keep, acc[i]);
 }
 
-static void em_g8_panel_avx2(const uint8_t *codes, const float *ps, const float *po, int U, int per,
-                             int64_t K, const uint8_t *xq, int64_t xrb, int64_t M, float *y,
-                             int64_t ldy, int nr) {
-    for (int h = 0; h < 2 && 8 * h < nr; h++) { /* the panel's halves: rows 0-7, 8-15 */
+/* A half panel against every row of x */
+static inline __attribute__((always_inline)) void em_g8_half_avx2(
+    const uint8_t *c, const float *s, const float *o, const int U, const int per, int64_t K,
+    const uint8_t *xq, int64_t xrb, int64_t M, float *y, int64_t ldy, __m256i keep) {
+    int64_t m = 0;
+    for (; m + EM_G8_MR2 <= M; m += EM_G8_MR2)
+        em_g8_tile2(c, s, o, U, per, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, EM_G8_MR2);
+    for (; m < M; m++) em_g8_tile2(c, s, o, U, per, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, 1);
+}
+
+/* The panel in two halves, rows 0-7 and 8-15; U and per as em_g8_panel_of finds them. (Taking
+ * K 512 values at a time, so that the panel's codes stay in L1, was slower.) */
+static void em_g8_panel_avx2(const uint8_t *codes, const float *ps, const float *po, int U,
+                             int per, int64_t K, const uint8_t *xq, int64_t xrb, int64_t M,
+                             float *y, int64_t ldy, int nr) {
+    for (int h = 0; h < 2 && 8 * h < nr; h++) {
         const int n = nr - 8 * h < 8 ? nr - 8 * h : 8;
         const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         const uint8_t *c = codes + 32 * h;
         const float *s = ps + 8 * h, *o = po + 8 * h;
-        int64_t m = 0;
-        for (; m + EM_G8_MR2 <= M; m += EM_G8_MR2)
-            em_g8_tile2(c, s, o, U, per, K, xq + m * xrb, xrb, y + m * ldy + 8 * h, ldy, keep, EM_G8_MR2);
-        for (; m < M; m++) em_g8_tile2(c, s, o, U, per, K, xq + m * xrb, xrb, y + m * ldy + 8 * h, ldy, keep, 1);
+        float *yh = y + 8 * h;
+        if (U == 32) /* 4 groups a widening (5-bit codes' most): 4-bit ones ran 15-25% slower with all 8 */
+            em_g8_half_avx2(c, s, o, 32, 4, K, xq, xrb, M, yh, ldy, keep);
+        else if (per >= 4)
+            em_g8_half_avx2(c, s, o, 16, 4, K, xq, xrb, M, yh, ldy, keep);
+        else
+            em_g8_half_avx2(c, s, o, 16, 2, K, xq, xrb, M, yh, ldy, keep);
     }
 }
 
