@@ -1,8 +1,10 @@
 """A prompt's causal attention (one sequence), a layer at a time: torch's SDPA in blocks of 64
-queries (ember/nn/attention.py's fallback) against the two oneDNN products a block
-(ember/nn/prompt_attention.py), for the bundled models' head shapes and a 3B one.
+queries (ember/nn/attention.py's fallback), the two oneDNN products a block and the native
+kernel (ember/nn/prompt_attention.py's paths), for the bundled models' head shapes and a 3B one.
 
     .venv/bin/python benchmarks/bench_prompt_attention.py --tokens 512 --earlier 0
+    EMBER_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+        .venv/bin/python benchmarks/bench_prompt_attention.py
 
 Each figure is the median of --repeat calls, in ms a layer.
 """
@@ -75,8 +77,16 @@ def main() -> None:
         keys, values = (torch.randn(kv_heads, cells, dim, generator=g) for _ in range(2))
         inputs = (q, keys, values, dim**-0.5)
         sdpa = median_ms(functools.partial(sdpa_blocks, *inputs), args.repeat)
-        ours = median_ms(functools.partial(prompt_attention.causal_attention, *inputs), args.repeat)
-        print(f"{name:<20} SDPA {sdpa:7.2f}  oneDNN {ours:7.2f}")
+        onednn = median_ms(
+            functools.partial(prompt_attention.matmul_attention, *inputs), args.repeat
+        )
+        if prompt_attention.native_attention(*inputs) is None:
+            print(f"{name:<20} SDPA {sdpa:7.2f}  oneDNN {onednn:7.2f}  (no native kernel here)")
+            continue
+        kernel = median_ms(
+            functools.partial(prompt_attention.native_attention, *inputs), args.repeat
+        )
+        print(f"{name:<20} SDPA {sdpa:7.2f}  oneDNN {onednn:7.2f}  native {kernel:7.2f}")
 
 
 if __name__ == "__main__":

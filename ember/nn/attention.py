@@ -1,7 +1,8 @@
 """Attention over the KV cache: stores the batch's keys and values, attends to what it shows (the
 cells the cache's range covers: the used length, never the whole allocation), in float32. One
 token (decode) takes the native kernel over the cache as stored (ember/backend/attend.py) where
-it can; the rest is torch."""
+it can, and one sequence's prompt under a plain causal mask ember/nn/prompt_attention.py's (on
+x86 a native kernel too); the rest is torch."""
 
 from collections.abc import Callable
 
@@ -57,8 +58,9 @@ def attention(
         out = F.scaled_dot_product_attention(
             q4, keys4, values4, attn_mask=mask, scale=scale, enable_gqa=gqa
         )  # (1, H, T, D_v)
-    elif prompt_attention.available() and (
-        prompt_attention.scores_bytes(num_heads, num_kv_heads, keys.shape[1]) <= SCORES_BYTES
+    elif prompt_attention.native_runs() or (
+        prompt_attention.available()
+        and prompt_attention.scores_bytes(num_heads, num_kv_heads, keys.shape[1]) <= SCORES_BYTES
     ):
         return prompt_attention.causal_attention(q, keys, values, scale)
     else:

@@ -1,14 +1,17 @@
-"""A prompt's causal attention through oneDNN's products (ember/nn/prompt_attention.py): SDPA's
-results up to accumulation order, for grouped and plain heads, prompts after cached cells, and
-lengths that are not whole blocks; the products only ever see a small set of shapes."""
+"""A prompt's causal attention (ember/nn/prompt_attention.py), by the native kernel on every ISA
+path this CPU runs and by oneDNN's products: SDPA's results up to accumulation order, for
+grouped and plain heads, prompts after cached cells, lengths that are not whole blocks or tiles,
+and scores large enough that a running softmax must rescale; the products only ever see a
+small set of shapes."""
 
+import ctypes
 import importlib
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from ember.backend import gemm
+from ember.backend import gemm, native
 from ember.batch import Batch
 from ember.kvcache import CausalCache
 from ember.nn import prompt_attention
@@ -32,27 +35,97 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
     return out[0].transpose(0, 1).flatten(1)
 
 
-@needs_onednn
-@pytest.mark.parametrize(
-    ("heads", "kv_heads", "dim", "earlier", "tokens"),
-    [
-        (4, 1, 256, 0, 512),
-        (4, 1, 256, 0, 2),
-        (9, 3, 64, 0, 150),
-        (14, 2, 64, 20, 65),
-        (6, 6, 32, 70, 3),
-        (8, 2, 128, 1000, 130),  # past 1,024 cells: rounded to steps of 64 or more
-    ],
-)
-@pytest.mark.parametrize("scale", [0.3, 1.0])
-def test_equals_sdpa(heads, kv_heads, dim, earlier, tokens, scale):
+SHAPES = [  # heads, KV heads, head size, earlier cells, tokens
+    (4, 1, 256, 0, 512),
+    (4, 1, 256, 0, 2),
+    (9, 3, 64, 0, 150),
+    (14, 2, 64, 20, 65),
+    (6, 6, 32, 70, 3),
+    (8, 2, 128, 1000, 130),  # past 1,024 cells: rounded to steps of 64 or more
+    (3, 1, 40, 5, 37),  # a head size and lengths that are not whole registers or blocks
+]
+
+
+def inputs(heads, kv_heads, dim, earlier, tokens, dim_v=None):
     g = torch.Generator().manual_seed(tokens + earlier)
     cells = earlier + tokens
     q = torch.randn(tokens, heads, dim, generator=g)
-    keys, values = (torch.randn(kv_heads, cells, dim, generator=g) for _ in range(2))
-    got = prompt_attention.causal_attention(q, keys, values, scale)
-    assert got.shape == (tokens, heads * dim)
-    torch.testing.assert_close(got, sdpa(q, keys, values, scale), rtol=1e-5, atol=1e-4)
+    keys = torch.randn(kv_heads, cells, dim, generator=g)
+    return q, keys, torch.randn(kv_heads, cells, dim_v or dim, generator=g)
+
+
+def kernel_attention(isa, q, keys, values, scale):
+    """The native kernel of one ISA path, called straight (the portable C included)."""
+    tokens, heads, dim = q.shape
+    kv_heads, cells, dim_v = values.shape
+    out = torch.empty(tokens, heads * dim_v)
+    rc = native.kernels(isa).prompt_attend(
+        q.data_ptr(), tokens, heads, dim, keys.data_ptr(), values.data_ptr(), kv_heads, cells,
+        dim_v, ctypes.c_float(scale), out.data_ptr(),
+    )  # fmt: skip
+    assert rc == 0
+    return out
+
+
+@needs_onednn
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "earlier", "tokens"), SHAPES)
+@pytest.mark.parametrize("scale", [0.3, 1.0])
+def test_equals_sdpa(heads, kv_heads, dim, earlier, tokens, scale):
+    q, keys, values = inputs(heads, kv_heads, dim, earlier, tokens)
+    want = sdpa(q, keys, values, scale)
+    for path in (prompt_attention.causal_attention, prompt_attention.matmul_attention):
+        got = path(q, keys, values, scale)
+        assert got.shape == (tokens, heads * dim)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa", native.runnable_isas())
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "earlier", "tokens"), SHAPES)
+def test_the_native_kernel_equals_sdpa_on_every_isa_path(
+    isa, heads, kv_heads, dim, earlier, tokens
+):
+    q, keys, values = inputs(heads, kv_heads, dim, earlier, tokens, dim_v=dim + 16)
+    got = kernel_attention(isa, q, keys, values, 0.3)
+    torch.testing.assert_close(got, sdpa(q, keys, values, 0.3), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa", native.runnable_isas())
+def test_the_running_softmax_holds_scores_far_apart(isa):
+    # scores in the hundreds, rising along the cells: each block's maximum outgrows the last
+    # one's, so every row rescales what it has summed (exp of the old maximum's distance)
+    q, keys, values = inputs(5, 1, 64, 30, 70)
+    keys = keys + torch.linspace(0, 3, keys.shape[1])[None, :, None]
+    got = kernel_attention(isa, q * 8, keys, values, 1.0)
+    torch.testing.assert_close(got, sdpa(q * 8, keys, values, 1.0), rtol=1e-5, atol=1e-4)
+    assert torch.isfinite(got).all()
+
+
+@pytest.mark.skipif(not native.available(), reason="no native kernels")
+def test_the_native_kernel_refuses_bad_shapes():
+    kern = native.kernels()
+    q, keys, values = inputs(4, 2, 16, 0, 8)
+    out = torch.empty(8, 64)
+
+    def call(tokens, heads, kv_heads, cells):
+        return kern.prompt_attend(
+            q.data_ptr(), tokens, heads, 16, keys.data_ptr(), values.data_ptr(), kv_heads,
+            cells, 16, ctypes.c_float(1.0), out.data_ptr(),
+        )  # fmt: skip
+
+    assert call(8, 4, 2, 8) == 0
+    assert call(8, 4, 2, 7) == -2  # fewer cells than tokens
+    assert call(8, 4, 3, 8) == -2  # heads not a multiple of the KV heads
+    assert call(0, 4, 2, 8) == -2
+
+
+def test_x86_paths_take_the_native_kernel(monkeypatch):
+    kern = native.usable_kernels()
+    q, keys, values = inputs(4, 2, 16, 3, 8)
+    native_path = kern is not None and kern.isa in {"avx2", "avxvnni", "avx512", "amx"}
+    assert (prompt_attention.native_attention(q, keys, values, 0.5) is not None) == native_path
+    monkeypatch.setattr(prompt_attention, "matmul_attention", None)  # never reached there
+    if native_path:
+        prompt_attention.causal_attention(q, keys, values, 0.5)
 
 
 def test_cells_come_in_few_sizes():
@@ -77,7 +150,8 @@ def test_the_products_see_a_bounded_set_of_shapes(monkeypatch):
     for earlier, tokens in prompts:
         q = torch.randn(tokens, 4, 16, generator=g)
         keys = torch.randn(2, earlier + tokens, 16, generator=g)
-        prompt_attention.causal_attention(q, keys, keys, 0.25)
+        prompt_attention.matmul_attention(q, keys, keys, 0.25)
+    assert shapes
     # queries always one block of each of the group's 2 heads; cells a multiple of 64 to 384
     rows = prompt_attention.block_for(2) * 2
     assert shapes <= {((rows, 16), (n, 16)) for n in range(64, 385, 64)} | {

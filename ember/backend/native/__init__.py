@@ -49,6 +49,9 @@ class Kernels:
         rows of q8_row_bytes(K) bytes) for gemm8
     gemm8(type, W, xq, M, N, K, y, ldy) -> 0 | -1 | -2 | -3: y (M, N; rows ldy floats apart) =
         x @ W^T in int8, x as q8_rows made it (gemm8.h; fast on avx512 alone)
+    prompt_attend(q, T, H, D, k, v, H_kv, S, D_v, scale, out) -> 0 | -2 | -3: out (T, H, D_v) =
+        one sequence's prompt attention under a plain causal mask, all float32 and contiguous
+        (prompt_attend.h)
     """
 
     isa: str
@@ -62,6 +65,7 @@ class Kernels:
     qk_rope: ctypes._CFuncPtr  # type: ignore[name-defined]
     q8_rows: ctypes._CFuncPtr  # type: ignore[name-defined]
     gemm8: ctypes._CFuncPtr  # type: ignore[name-defined]
+    prompt_attend: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def supports(self, ggml_type: int) -> bool:
         return self.block_elems(int(ggml_type)) > 0
@@ -171,10 +175,12 @@ def _kernels_of(isa: str) -> Kernels:
     q8_rows.argtypes = [_ptr, _i64, _i64, _ptr]
     gemm8 = getattr(lib, f"ember_gemm8_{isa}")
     gemm8.argtypes = [_int, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64]
+    prompt_attend = getattr(lib, f"ember_prompt_attend_{isa}")
+    prompt_attend.argtypes = [_ptr, *[_i64] * 3, _ptr, _ptr, *[_i64] * 3, ctypes.c_float, _ptr]
     return Kernels(
         isa,
         *(matmul, dequant, block_elems, attend, layer, act_mul, rms_norm, qk_rope),
-        *(q8_rows, gemm8),
+        *(q8_rows, gemm8, prompt_attend),
     )
 
 

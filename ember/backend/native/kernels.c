@@ -15,6 +15,8 @@
  *   ember_block_elems_<isa>(type): elements of a block, 0 for a type it lacks.
  *   ember_attend_<isa>(...): one token's attention over a float KV cache range (attend.h);
  *       returns 0, -1 for a cache type it lacks, -2 for a bad shape, -3 when out of memory.
+ *   ember_prompt_attend_<isa>(q, T, H, D, k, v, H_kv, S, D_v, scale, out): one sequence's prompt
+ *       attention under a plain causal mask (prompt_attend.h); 0, -2 bad shape, -3 memory.
  *   ember_layer_<isa>(layer, threads): one decoder layer for a few tokens (layer.h).
  *   ember_act_mul_<isa>(act, gu, M, F, ld, out, ldo): a gated MLP's act(gate) * up for M rows.
  *   ember_rms_norm_<isa>(x, M, n, ldx, w, eps, out, ldo): RMSNorm over M rows (a prompt's).
@@ -29,6 +31,7 @@ extern int ember_pf_row_min;  /* dispatch.c: rows at least this long ask as the 
 #define KQ_PF_AHEAD ember_kq_pf_ahead
 
 #include "attend.h"
+#include "prompt_attend.h"
 #include "gemm8.h"
 #include "kquants.h"
 #include "simple.h"
@@ -607,6 +610,43 @@ int EM_EXPORT(ember_attend)(int kv_type, const float *q, int64_t H, int64_t D, c
     }
     free(scores);
     return 0;
+}
+
+/* out (T, H, Dv) = one sequence's prompt attention under a plain causal mask (prompt_attend.h):
+ * q (T, H, D), k (Hkv, S, D) and v (Hkv, S, Dv) contiguous float32, token t seeing cells
+ * 0..S - T + t. One KV head at a time: its keys transposed once, then its query heads' tiles of
+ * tokens shared among the threads, the latest (the most cells) first. */
+int EM_EXPORT(ember_prompt_attend)(const float *q, int64_t T, int64_t H, int64_t D, const float *k,
+                                   const float *v, int64_t Hkv, int64_t S, int64_t Dv, float scale,
+                                   float *out) {
+    if (T <= 0 || H <= 0 || Hkv <= 0 || H % Hkv || D <= 0 || Dv <= 0 || S < T) return -2;
+    const int64_t group = H / Hkv, Sp = (S + EM_PA_KB - 1) / EM_PA_KB * EM_PA_KB;
+    const int64_t tiles = (T + EM_PA_RT - 1) / EM_PA_RT, units = group * tiles;
+    float *kt = (float *)em_alloc_lines((size_t)(D * Sp) * sizeof(float));
+    if (!kt) return -3;
+    const int nth = em_team(T * S * (D + Dv) * group / 2, 1 << 17);
+    int failed = 0;
+    for (int64_t g = 0; g < Hkv && !failed; g++) {
+        em_pa_transpose(k + g * S * D, S, D, Sp, kt);
+        #pragma omp parallel num_threads(nth) if (nth > 1)
+        {
+            float *o = (float *)em_alloc_lines((size_t)(EM_PA_RT * (Dv + EM_PA_KB)) * sizeof(float));
+            if (!o) {
+                #pragma omp atomic write
+                failed = 1;
+            }
+            #pragma omp for schedule(dynamic, 1)
+            for (int64_t u = 0; u < units; u++) {
+                if (!o) continue;
+                const int64_t h = g * group + u % group, tile = tiles - 1 - u / group;
+                em_pa_head(q + h * D, H * D, T, D, kt, Sp, v + g * S * Dv, Dv, S - T, scale, o,
+                           o + EM_PA_RT * Dv, out + h * Dv, H * Dv, tile);
+            }
+            free(o);
+        }
+    }
+    free(kt);
+    return failed ? -3 : 0;
 }
 
 #include "layer.h" /* after the matmul pieces it uses */

@@ -1,0 +1,161 @@
+/* prompt_attend.h: one sequence's prompt attention under a plain causal mask, in one pass over
+ * its keys: blocks of EM_PA_KB keys, each met by a tile of EM_PA_RT query rows (one query head,
+ * consecutive tokens), with a running maximum and sum per row (flash attention's order), so no
+ * row of scores is ever stored whole and nothing but the tile's weights leaves the registers.
+ *
+ * em_pa_head(q, qs, T, D, kt, Sp, v, Dv, first, scale, o, p, out, os, tile): the rows of query
+ * tile `tile` (tokens EM_PA_RT * tile and on, T in all; q rows qs floats apart, D each) against
+ * one KV head: kt its keys transposed (D rows of Sp >= S floats, see em_pa_transpose), v its
+ * values (S rows of Dv floats); token t sees cells 0..first + t; o (EM_PA_RT * Dv floats) and p
+ * (EM_PA_RT * EM_PA_KB) are scratch; out rows os floats apart.
+ *
+ * Float32 throughout, with attend.h's exp (within 2 ulp of expf): results match torch's float32
+ * attention to ~1e-6 relative, not bit for bit. */
+#ifndef EMBER_PROMPT_ATTEND_H
+#define EMBER_PROMPT_ATTEND_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "attend.h"
+
+#define EM_PA_KB 16 /* keys a block: two registers of scores a row */
+#if defined(__AVX512F__)
+#define EM_PA_RT 8 /* query rows a tile: 16 of AVX-512's 32 registers hold their scores */
+#else
+#define EM_PA_RT 4 /* 8 of AVX2's 16 */
+#endif
+
+/* kt (D, Sp) = k (S, D) transposed, cells S..Sp zero; 8 cells at a time, so that each pass over
+ * the D columns reads 8 rows */
+static void em_pa_transpose(const float *k, int64_t S, int64_t D, int64_t Sp, float *kt) {
+    for (int64_t s0 = 0; s0 < Sp; s0 += 8) {
+        const int64_t n = S - s0 < 8 ? (S - s0 > 0 ? S - s0 : 0) : 8;
+        for (int64_t d = 0; d < D; d++) {
+            float *row = kt + d * Sp + s0;
+            for (int64_t i = 0; i < n; i++) row[i] = k[(s0 + i) * D + d];
+            for (int64_t i = n; i < 8; i++) row[i] = 0.0f;
+        }
+    }
+}
+
+static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const float *kt, int64_t Sp,
+                       const float *v, int64_t Dv, int64_t first, float scale, float *o, float *p,
+                       float *out, int64_t os, int64_t tile) {
+    const int64_t t0 = tile * EM_PA_RT;
+    const int nr = T - t0 < EM_PA_RT ? (int)(T - t0) : EM_PA_RT;
+    const float *qr[EM_PA_RT]; /* rows past nr repeat the last: computed, never stored */
+    for (int r = 0; r < EM_PA_RT; r++) qr[r] = q + (t0 + (r < nr ? r : nr - 1)) * qs;
+    const int64_t lim0 = first + t0, last = lim0 + nr - 1; /* row r sees cells 0..lim0 + r */
+    float m[EM_PA_RT], l[EM_PA_RT], corr[EM_PA_RT];
+    for (int r = 0; r < EM_PA_RT; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    for (int64_t i = 0; i < EM_PA_RT * Dv; i++) o[i] = 0.0f;
+    for (int64_t j0 = 0; j0 <= last; j0 += EM_PA_KB) {
+        const int whole = j0 + EM_PA_KB - 1 <= lim0; /* every row sees every cell of the block */
+#if defined(EM_X86)
+        __m256 acc[EM_PA_RT][2];
+        for (int r = 0; r < EM_PA_RT; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d++) {
+            const float *kd = kt + d * Sp + j0;
+            const __m256 k0 = _mm256_loadu_ps(kd), k1 = _mm256_loadu_ps(kd + 8);
+            for (int r = 0; r < EM_PA_RT; r++) {
+                const __m256 b = _mm256_set1_ps(qr[r][d]);
+                acc[r][0] = _mm256_fmadd_ps(b, k0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(b, k1, acc[r][1]);
+            }
+        }
+        const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+        const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+        for (int r = 0; r < EM_PA_RT; r++) {
+            __m256 s0 = _mm256_mul_ps(acc[r][0], vs), s1 = _mm256_mul_ps(acc[r][1], vs);
+            if (!whole) { /* -inf past the row's own cell */
+                const __m256 lim = _mm256_set1_ps((float)(lim0 + r - j0));
+                s0 = _mm256_blendv_ps(s0, ninf, _mm256_cmp_ps(lane, lim, _CMP_GT_OQ));
+                s1 = _mm256_blendv_ps(s1, ninf, _mm256_cmp_ps(_mm256_add_ps(lane, _mm256_set1_ps(8.0f)), lim, _CMP_GT_OQ));
+            }
+            __m256 mx = _mm256_max_ps(s0, s1);
+            mx = _mm256_max_ps(mx, _mm256_permute2f128_ps(mx, mx, 1));
+            mx = _mm256_max_ps(mx, _mm256_shuffle_ps(mx, mx, 0x4e));
+            mx = _mm256_max_ps(mx, _mm256_shuffle_ps(mx, mx, 0xb1));
+            const float bmax = _mm256_cvtss_f32(mx);
+            float *pr = p + r * EM_PA_KB;
+            if (bmax == -INFINITY) { /* a row whose cells all come later */
+                _mm256_storeu_ps(pr, _mm256_setzero_ps()), _mm256_storeu_ps(pr + 8, _mm256_setzero_ps());
+                corr[r] = 1.0f;
+                continue;
+            }
+            const float mnew = bmax > m[r] ? bmax : m[r];
+            corr[r] = expf(m[r] - mnew); /* 0 at the first block the row sees */
+            const __m256 mv = _mm256_set1_ps(mnew);
+            const __m256 e0 = em_exp8(_mm256_sub_ps(s0, mv)), e1 = em_exp8(_mm256_sub_ps(s1, mv));
+            _mm256_storeu_ps(pr, e0), _mm256_storeu_ps(pr + 8, e1);
+            l[r] = l[r] * corr[r] + em_hsum8(_mm256_add_ps(e0, e1));
+            m[r] = mnew;
+        }
+#else
+        float s[EM_PA_RT][EM_PA_KB];
+        for (int r = 0; r < EM_PA_RT; r++)
+            for (int j = 0; j < EM_PA_KB; j++) s[r][j] = 0.0f;
+        for (int64_t d = 0; d < D; d++)
+            for (int r = 0; r < EM_PA_RT; r++)
+                for (int j = 0; j < EM_PA_KB; j++) s[r][j] += qr[r][d] * kt[d * Sp + j0 + j];
+        for (int r = 0; r < EM_PA_RT; r++) {
+            float bmax = -INFINITY;
+            for (int j = 0; j < EM_PA_KB; j++) {
+                s[r][j] = whole || j0 + j <= lim0 + r ? s[r][j] * scale : -INFINITY;
+                bmax = s[r][j] > bmax ? s[r][j] : bmax;
+            }
+            float *pr = p + r * EM_PA_KB;
+            if (bmax == -INFINITY) {
+                for (int j = 0; j < EM_PA_KB; j++) pr[j] = 0.0f;
+                corr[r] = 1.0f;
+                continue;
+            }
+            const float mnew = bmax > m[r] ? bmax : m[r];
+            corr[r] = expf(m[r] - mnew);
+            float sum = 0.0f;
+            for (int j = 0; j < EM_PA_KB; j++) sum += pr[j] = expf(s[r][j] - mnew);
+            l[r] = l[r] * corr[r] + sum;
+            m[r] = mnew;
+        }
+#endif
+        /* o = o * corr + p v over the block's cells (none past `last`, the last row's own) */
+        const int64_t nk = last - j0 + 1 < EM_PA_KB ? last - j0 + 1 : EM_PA_KB;
+        const float *vb = v + j0 * Dv;
+        int64_t c = 0;
+#if defined(EM_X86)
+        for (; c + 16 <= Dv; c += 16) {
+            __m256 a[EM_PA_RT][2];
+            for (int r = 0; r < EM_PA_RT; r++) {
+                const __m256 f = _mm256_set1_ps(corr[r]);
+                a[r][0] = _mm256_mul_ps(_mm256_loadu_ps(o + r * Dv + c), f);
+                a[r][1] = _mm256_mul_ps(_mm256_loadu_ps(o + r * Dv + c + 8), f);
+            }
+            for (int64_t j = 0; j < nk; j++) {
+                const __m256 v0 = _mm256_loadu_ps(vb + j * Dv + c), v1 = _mm256_loadu_ps(vb + j * Dv + c + 8);
+                for (int r = 0; r < EM_PA_RT; r++) {
+                    const __m256 w = _mm256_set1_ps(p[r * EM_PA_KB + j]);
+                    a[r][0] = _mm256_fmadd_ps(w, v0, a[r][0]);
+                    a[r][1] = _mm256_fmadd_ps(w, v1, a[r][1]);
+                }
+            }
+            for (int r = 0; r < EM_PA_RT; r++) {
+                _mm256_storeu_ps(o + r * Dv + c, a[r][0]);
+                _mm256_storeu_ps(o + r * Dv + c + 8, a[r][1]);
+            }
+        }
+#endif
+        for (; c < Dv; c++)
+            for (int r = 0; r < EM_PA_RT; r++) {
+                float a = o[r * Dv + c] * corr[r];
+                for (int64_t j = 0; j < nk; j++) a += p[r * EM_PA_KB + j] * vb[j * Dv + c];
+                o[r * Dv + c] = a;
+            }
+    }
+    for (int r = 0; r < nr; r++) { /* every row sees cell 0: l > 0 */
+        const float inv = 1.0f / l[r];
+        for (int64_t c = 0; c < Dv; c++) out[(t0 + r) * os + c] = o[r * Dv + c] * inv;
+    }
+}
+
+#endif
