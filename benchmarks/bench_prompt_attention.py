@@ -81,7 +81,8 @@ def main() -> None:
             functools.partial(prompt_attention.matmul_attention, *inputs), args.repeat
         )
         if prompt_attention.native_attention(*inputs) is None:
-            print(f"{name:<20} SDPA {sdpa:7.2f}  oneDNN {onednn:7.2f}  (no native kernel here)")
+            skipped = "(native: not on this path, or past its cells)"
+            print(f"{name:<20} SDPA {sdpa:7.2f}  oneDNN {onednn:7.2f}  {skipped}")
             continue
         kernel = median_ms(
             functools.partial(prompt_attention.native_attention, *inputs), args.repeat

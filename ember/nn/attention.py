@@ -58,7 +58,7 @@ def attention(
         out = F.scaled_dot_product_attention(
             q4, keys4, values4, attn_mask=mask, scale=scale, enable_gqa=gqa
         )  # (1, H, T, D_v)
-    elif prompt_attention.native_runs() or (
+    elif prompt_attention.native_runs(keys.shape[1]) or (
         prompt_attention.available()
         and prompt_attention.scores_bytes(num_heads, num_kv_heads, keys.shape[1]) <= SCORES_BYTES
     ):

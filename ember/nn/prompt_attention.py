@@ -6,10 +6,9 @@ queries, through oneDNN (ember/backend/gemm.py), with the mask and softmax in to
 A layer's attention over a 512-token prompt, 2 threads, the Xeon of README's Speed section,
 ms, the native kernel against the matmuls and torch's SDPA in 64-query blocks
 (`benchmarks/bench_prompt_attention.py`; oneDNN held to AVX2 for the avx2 path): avx512 path
-SmolLM2 2.34 against 4.38 and 2.81, Gemma 3 3.36 against 3.51 and 3.73, Qwen 0.5B 3.55 against
-6.22 and 3.65, a 3B shape 12.1 against 17.8 and 15.3; avx2 path 2.53 against 4.88 and 3.13,
-3.85 against 4.78 and 4.04, 3.88 against 7.47 and 4.19, 12.9 against 20.3 and 16.1. Its memory
-is one KV head's keys, transposed: linear in the cells at any length.
+SmolLM2 1.5 against 4.4 and 2.8, Gemma 3 2.2 against 3.5 and 3.7, Qwen 0.5B 2.3 against 6.2 and 3.7,
+a 3B shape 7.5 against 17.8 and 15.3; avx2 path 2.5 against 4.9 and 3.1, 3.9 against 4.8 and
+4.0, 3.9 against 7.5 and 4.2, 12.9 against 20.3 and 16.1. It takes up to NATIVE_CELLS cells.
 
 torch's flash kernel makes its products with MKL's sgemm, which takes its AVX2 code on AMD
 CPUs; oneDNN runs AVX-512 there. A layer's attention over a 512-token prompt, 2 threads, a
@@ -118,12 +117,17 @@ def matmul_attention(
 
 # the native kernel's paths: its portable C (generic, NEON) is slower than the matmuls
 _NATIVE_ISAS = frozenset({"avx2", "avxvnni", "avx512", "amx"})
+# The most cells it takes. Each tile of 4-8 rows reads all the cells' keys and values again,
+# from L2 while they fit: past 512 cells (a second batch of a long prompt) it fell behind the
+# products and SDPA, at 1,024 cells on three of the four shapes of bench_prompt_attention.py
+# (--earlier 512: Gemma 3's 14.0 ms against 8.3), at 2,048 on all (45 against 19).
+NATIVE_CELLS = 512
 
 
-def native_runs() -> bool:
-    """Whether causal_attention takes the native kernel here (at any number of cells)."""
+def native_runs(num_cells: int) -> bool:
+    """Whether causal_attention takes the native kernel here for a sequence of num_cells."""
     kern = native.usable_kernels()
-    return kern is not None and kern.isa in _NATIVE_ISAS
+    return kern is not None and kern.isa in _NATIVE_ISAS and num_cells <= NATIVE_CELLS
 
 
 def native_attention(
@@ -131,7 +135,7 @@ def native_attention(
 ) -> torch.Tensor | None:
     """causal_attention by the native kernel (prompt_attend.h), or None where it does not run."""
     kern = native.usable_kernels()
-    if not native_runs() or not q.dtype == keys.dtype == values.dtype == torch.float32:
+    if not native_runs(keys.shape[1]) or not q.dtype == keys.dtype == values.dtype == torch.float32:
         return None
     assert kern is not None
     q, keys, values = q.contiguous(), keys.contiguous(), values.contiguous()

@@ -118,13 +118,16 @@ def test_the_native_kernel_refuses_bad_shapes():
     assert call(0, 4, 2, 8) == -2
 
 
-def test_x86_paths_take_the_native_kernel(monkeypatch):
+def test_x86_paths_take_the_native_kernel_up_to_its_cells(monkeypatch):
     kern = native.usable_kernels()
-    q, keys, values = inputs(4, 2, 16, 3, 8)
+    q, keys, values = inputs(4, 2, 16, prompt_attention.NATIVE_CELLS - 8, 8)
     native_path = kern is not None and kern.isa in {"avx2", "avxvnni", "avx512", "amx"}
     assert (prompt_attention.native_attention(q, keys, values, 0.5) is not None) == native_path
+    q, keys, values = inputs(4, 2, 16, prompt_attention.NATIVE_CELLS - 7, 8)  # one cell more
+    assert prompt_attention.native_attention(q, keys, values, 0.5) is None
     monkeypatch.setattr(prompt_attention, "matmul_attention", None)  # never reached there
     if native_path:
+        q, keys, values = inputs(4, 2, 16, 3, 8)
         prompt_attention.causal_attention(q, keys, values, 0.5)
 
 
