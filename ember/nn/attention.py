@@ -1,8 +1,8 @@
 """Attention over the KV cache: stores the batch's keys and values, attends to what it shows (the
 cells the cache's range covers: the used length, never the whole allocation), in float32. One
 token (decode) takes the native kernel over the cache as stored (ember/backend/attend.py) where
-it can, and one sequence's prompt under a plain causal mask ember/nn/prompt_attention.py's (on
-x86 a native kernel too); the rest is torch."""
+it can; one sequence's prompt under a plain causal mask takes ember/nn/prompt_attention.py (on
+x86, up to 512 cells, a native kernel too); the rest is torch."""
 
 from collections.abc import Callable
 
