@@ -199,15 +199,19 @@ class Engine:
                     self._cond.wait()
                 if self._closed:
                     break
-                self._admit()
+                cached = self._admit()
+            for seq in cached:
+                self._start_cached(seq)
             parts = self.scheduler.next_batch(self._active)
             if parts:
                 self._step(parts)
         for seq in [*self._active, *self._waiting]:
             seq.fail("the model was unloaded")
 
-    def _admit(self) -> None:
-        """Gives waiting sequences free slots, first come first served (under _cond)."""
+    def _admit(self) -> list[Sequence]:
+        """Gives waiting sequences free slots, first come first served (under _cond). Returns
+        those whose whole prompt the cache holds with the logits after it (_start_cached)."""
+        cached = []
         while self._waiting and self.inputs.has_free_slot():
             seq = self._waiting.popleft()
             if seq.cancelled:
@@ -222,6 +226,24 @@ class Engine:
                 seq.groups[0] = len(seq.pending) - 1  # an encoder sees its whole input at once
             seq.position_shifts = image_shifts(self.model, seq.multimodal)
             self._active.append(seq)
+            if not seq.pending:
+                cached.append(seq)
+        return cached
+
+    def _start_cached(self, seq: Sequence) -> None:
+        """Draws the first token of a sequence whose prompt is wholly cached from the logits its
+        slot kept after that prompt: the draw an evaluation in the prompt's batch had, so the
+        same seed repeats an answer (InputCache.load)."""
+        assert seq.slot.logits is not None
+        row = seq.slot.logits.clone()  # the kept logits stay as they are for the next request
+        mask = [seq.grammar.mask() if seq.grammar is not None else None]
+        try:
+            token = sample_rows([seq.sampler], row[None], mask)[0]
+        except Exception as err:  # as a failed forward pass: the sequence ends, not the loop
+            log.exception("sampling failed")
+            self._fail(seq, f"sampling failed: {err}")
+            return
+        self._emit(seq, row, token)
 
     def _step(self, parts: list[Part]) -> None:
         batch = make_batch(parts)
@@ -254,6 +276,8 @@ class Engine:
             first_rows = logits if len(rows) == len(gen) else logits[firsts]
             tokens = sample_rows([p.seq.sampler for p in gen], first_rows, gen_masks)
             for first, p, token in zip(firsts, gen, tokens, strict=True):
+                if not p.seq.generated:  # its prompt's end: kept for a request of the same
+                    p.seq.slot.keep_logits(logits[first])
                 if p.draft:
                     self._verify(p, logits[first : first + 1 + len(p.draft)], token)
                 else:
@@ -361,7 +385,7 @@ class Engine:
 
     def _fail(self, seq: Sequence, message: str) -> None:
         self.cache.remove(seq.slot.id, 0, None)  # its cells may hold half a batch
-        seq.slot.inputs.clear()
+        seq.slot.cut(0)
         self._release(seq)
         seq.fail(message)
 

@@ -4,11 +4,18 @@ cells hold, so that a new request reuses the longest cached prefix of its prompt
 A slot's id is its sequence id in the KV cache. Optional multi-user mode (Ollama's
 OLLAMA_MULTIUSER_CACHE) shares a prefix between slots with copy_prefix instead of evaluating it
 again.
+
+A slot also keeps the logits that followed its last prompt. Ollama evaluates a wholly cached
+prompt's last token again; here a request for the same prompt draws its first token from the
+kept logits instead. Evaluated again, alone, that token took another kernel path than in its
+prompt's batch (logits ~0.003 apart), so the same seed could draw another answer.
 """
 
 import itertools
 from dataclasses import dataclass, field
 from typing import TypeVar
+
+import torch
 
 from ember.errors import EmberError
 from ember.kvcache import Cache, CacheFullError
@@ -29,6 +36,25 @@ class Slot:
     images: dict[int, int] = field(default_factory=dict)
     in_use: bool = False
     last_used: int = 0  # a use counter: higher is more recent
+    # the logits after the first `logits_at` inputs (a prompt's end; 0: none), while the cache
+    # holds those inputs as they were
+    logits: torch.Tensor | None = None
+    logits_at: int = 0
+
+    def keep_logits(self, logits: torch.Tensor) -> None:
+        """Keeps a copy of the logits after the inputs the slot holds now (in one buffer the
+        slot keeps from its first prompt on)."""
+        if self.logits is None or self.logits.shape != logits.shape:
+            self.logits = torch.empty_like(logits)
+        self.logits.copy_(logits)
+        self.logits_at = len(self.inputs)
+
+    def cut(self, length: int) -> None:
+        """Drops the inputs from `length` on (the caller drops their cells); the kept logits
+        go with them when they followed a dropped input."""
+        del self.inputs[length:]
+        if self.logits_at > length:
+            self.logits_at = 0
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -84,8 +110,10 @@ class InputCache:
         self, prompt: list[int], *, reuse: bool = True, images: dict[int, int] | None = None
     ) -> tuple[Slot, int]:
         """Takes a free slot for prompt; returns it and how many leading prompt tokens its
-        cache already holds (at least the last token is always evaluated again). `images`
-        maps the position where each of the prompt's images begins to the image's hash."""
+        cache already holds: all of them where the slot kept the logits after exactly this
+        prompt (slot.logits: the first token is drawn from them), else at most all but the last,
+        which is evaluated again. `images` maps the position where each of the prompt's images
+        begins to the image's hash."""
         images = images or {}
         free = [s for s in self.slots if not s.in_use]
         if not free:
@@ -97,11 +125,12 @@ class InputCache:
         else:
             slot = max(free, key=lambda s: (matching_prefix(s, prompt, images), -s.id))
             num_past = matching_prefix(slot, prompt, images)
-        num_past = max(0, min(num_past, len(prompt) - 1))  # 0, not -1, for an empty prompt
+        whole = reuse and num_past == len(prompt) == slot.logits_at > 0
+        num_past = max(0, min(num_past, len(prompt) - (0 if whole else 1)))  # 0 for no prompt
         if not self.cache.can_resume(slot.id, num_past):
             num_past = 0
         self.cache.remove(slot.id, num_past, None)
-        del slot.inputs[num_past:]
+        slot.cut(num_past)
         slot.images = {i: h for i, h in slot.images.items() if i < num_past}
         slot.images.update((i, h) for i, h in images.items() if i >= num_past)
         slot.in_use, slot.last_used = True, next(self._clock)
@@ -120,6 +149,7 @@ class InputCache:
         slot = min(free, key=lambda s: s.last_used)
         if source is not slot and longest > lengths[slot.id]:
             self.cache.copy_prefix(source.id, slot.id, longest)
+            slot.cut(0)
             slot.inputs = source.inputs[:longest]
             slot.images = {i: h for i, h in source.images.items() if i < longest}
         return slot, matching_prefix(slot, prompt, images)
@@ -136,12 +166,13 @@ class InputCache:
         its images at the positions they will be evaluated at."""
         discard = shift_discard(len(slot.inputs), self.num_ctx, num_keep, groups)
         slot.images = without_cut(slot.images, num_keep, discard)
+        slot.logits_at = 0  # the cells after the cut move: the logits no longer follow them
         try:
             self.cache.remove(slot.id, num_keep, num_keep + discard)
         except (CacheFullError, NotImplementedError):
             kept = slot.inputs[:num_keep] + slot.inputs[num_keep + discard :]
             self.cache.remove(slot.id, 0, None)
-            slot.inputs = []
+            slot.cut(0)
             return kept
         del slot.inputs[num_keep : num_keep + discard]
         return []

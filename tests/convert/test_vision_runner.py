@@ -139,7 +139,7 @@ def test_a_repeated_prompt_with_its_image_evaluates_only_the_new_tokens(loaded):
         e.close()
     assert swapped.tokens == req.inputs  # the same tokens: only the image differs
     assert done.prompt_eval_count == len(req.inputs)
-    assert repeated.prompt_eval_count == 1  # only the last prompt token runs again
+    assert repeated.prompt_eval_count == 0  # all cached, with the logits after it
     assert again == first
     assert changed.prompt_eval_count == len(req.inputs) - start  # from the image's span on
 

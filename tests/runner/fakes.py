@@ -2,9 +2,10 @@
 
 Token i (0..25) is the text of letter i written twice ("aa", "bb", ...); EOS is 26. The model
 predicts, greedily, the successor of a sequence's last token ((t + 1) mod 26), or EOS after
-`eos_after`. Through a real CausalCache it stores each token's position as its key and its id as
-its value, and records, for every output row, the context its attention saw: so a test can
-check sequences, causality, prefix reuse and shifts with plain lists.
+`eos_after`; with `batch_dependent`, (t + n) mod 26 for a token in a batch of n tokens. Through
+a real CausalCache it stores each token's position as its key and its id as its value, and
+records, for every output row, the context its attention saw: so a test can check sequences,
+causality, prefix reuse and shifts with plain lists.
 """
 
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class Seen:
 @dataclass
 class FakeModel:
     eos_after: int | None = None
+    batch_dependent: bool = False
     context_length: int = 1 << 16
     vocab_size: int = VOCAB
     batches: list[Batch] = field(default_factory=list)
@@ -78,12 +80,15 @@ class FakeModel:
                 )
             )
         rows = [[float(batch.tokens[o]), float(batch.positions[o])] for o in batch.outputs]
+        if self.batch_dependent:  # (a third column: the logits read it)
+            rows = [[*row, float(len(batch.tokens))] for row in rows]
         return torch.tensor(rows)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         out = torch.full((hidden.shape[0], VOCAB), -10.0)
-        for r, token in enumerate(hidden[:, 0].long().tolist()):
-            nxt = EOS if token == self.eos_after else (token + 1) % 26
+        steps = hidden[:, 2].long().tolist() if hidden.shape[1] > 2 else [1] * hidden.shape[0]
+        for r, (token, step) in enumerate(zip(hidden[:, 0].long().tolist(), steps, strict=True)):
+            nxt = EOS if token == self.eos_after else (token + step) % 26
             out[r, nxt] = 10.0
         return out
 

@@ -141,9 +141,30 @@ def test_prefix_is_reused_and_one_token_always_evaluated(make):
     assert model.batches[0].tokens == (20, 21) and model.batches[0].positions == (8, 9)
     assert (done.prompt_eval_count, done.prompt_cached_count, done.prompt_count) == (2, 8, 10)
     model.clear()
-    collect(engine.submit(Request([*prompt[:8], 20, 21], opts(num_predict=1))))
-    assert model.batches[0].tokens == (21,)  # all cached: the last one runs again for logits
-    assert model.seen[0].tokens == [*prompt[:8], 20, 21]
+    text, done = collect(engine.submit(Request([*prompt[:8], 20, 21], opts(num_predict=3))))
+    # all cached, with the logits after it: its first token is drawn from those, nothing runs
+    # again; the next batch decodes that token
+    assert (text, done.prompt_eval_count, done.prompt_cached_count) == ("wwxxyy", 0, 10)
+    assert model.batches[0].tokens == (22,) and model.batches[0].positions == (10,)
+    assert model.seen[0].tokens == [*prompt[:8], 20, 21, 22]
+    model.clear()
+    for _ in range(2):
+        collect(engine.submit(Request([*prompt[:8], 20], opts(num_predict=1))))
+    # a shorter prompt is not the one whose logits were kept: its last token runs again, once
+    assert [b.tokens for b in model.batches] == [(20,)]
+
+
+def test_a_repeated_prompt_draws_from_the_logits_of_its_first_evaluation(make):
+    # logits that depend on the batch, as real kernels' last places do: a token evaluated
+    # again alone would predict another successor than in its prompt's batch
+    engine, _ = make(FakeModel(batch_dependent=True))
+    first, _ = collect(engine.submit(Request([1, 2, 3], opts(num_predict=4))))
+    again, done = collect(engine.submit(Request([1, 2, 3], opts(num_predict=4))))
+    assert first == again == "gghhiijj" and done.prompt_eval_count == 0
+    sampled = opts(num_predict=8, temperature=1.0, seed=7)
+    first, _ = collect(engine.submit(Request([4, 5, 6, 7], sampled)))
+    again, _ = collect(engine.submit(Request([4, 5, 6, 7], sampled)))
+    assert first == again
 
 
 def test_usage_counts_slots_and_the_kv_cells_sequences_hold(make):
@@ -195,9 +216,9 @@ def test_multiuser_cache_shares_a_prefix_between_slots(make):
     assert model.batches[0].sequences == (1, 1) and model.batches[0].positions == (10, 11)
     assert model.seen[0].tokens == [*prompt[:10], 25, 24]
     model.clear()
-    # the first slot still holds its own context
-    collect(engine.submit(Request(prompt, opts(num_predict=1))))
-    assert model.batches[0].sequences == (0,) and model.batches[0].tokens == (11,)
+    # the first slot still holds its own context, and the logits after it: nothing runs
+    text, done = collect(engine.submit(Request(prompt, opts(num_predict=1))))
+    assert (text, done.prompt_cached_count, model.batches) == ("mm", 12, [])
 
 
 def test_parallel_sequences_get_what_they_get_alone(make):

@@ -58,6 +58,56 @@ def test_a_fully_cached_prompt_still_evaluates_its_last_token():
     assert num_past == 2 and slot.inputs == [1, 2]
 
 
+def kept(ic: InputCache, slot_id: int, at: int) -> torch.Tensor:
+    """Logits kept in a slot after its first `at` inputs, as the engine keeps a prompt's."""
+    slot = ic.slots[slot_id]
+    held, slot.inputs = slot.inputs, slot.inputs[:at]
+    logits = torch.arange(5.0) + at
+    slot.keep_logits(logits)
+    slot.inputs = held
+    return logits
+
+
+def test_a_whole_prompt_with_its_kept_logits_evaluates_nothing():
+    ic = filled(1, [[1, 2, 3, 4, 5]])  # a prompt of 3, then 2 generated tokens
+    logits = kept(ic, 0, 3)
+    slot, num_past = ic.load([1, 2, 3])
+    assert (num_past, slot.inputs, slot.logits_at) == (3, [1, 2, 3], 3)
+    assert torch.equal(slot.logits, logits)
+    ic.release(slot)
+    slot, num_past = ic.load([1, 2, 3])  # and again: kept for every request of that prompt
+    assert (num_past, slot.logits_at) == (3, 3)
+
+
+@pytest.mark.parametrize("prompt", [[1, 2], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6], [1, 9, 3]])
+def test_kept_logits_serve_only_the_prompt_they_followed(prompt):
+    ic = filled(1, [[1, 2, 3, 4, 5]])
+    kept(ic, 0, 3)
+    slot, num_past = ic.load(prompt)
+    assert num_past == min(len(prompt) - 1, common_prefix(prompt, [1, 2, 3, 4, 5]))
+    # cut before the input they followed, they go; cut after it, they still follow [1, 2, 3]
+    assert slot.logits_at == (3 if num_past >= 3 else 0)
+
+
+def test_a_shift_drops_the_kept_logits():
+    ic = filled(1, [list(range(1, 31))])
+    kept(ic, 0, 30)
+    ic.shift(ic.slots[0], num_keep=4)
+    assert ic.slots[0].logits_at == 0
+    inputs = list(ic.slots[0].inputs)
+    _, num_past = ic.load(inputs)  # the same inputs, their cells moved: the last runs again
+    assert num_past == len(inputs) - 1
+
+
+def test_multiuser_takes_kept_logits_only_where_they_stay():
+    ic = filled(2, [[1, 2, 3], []], multiuser=True)
+    kept(ic, 0, 3)
+    slot, num_past = ic.load([1, 2, 3])
+    assert (slot.id, num_past) == (0, 3)
+    other, num_past = ic.load([1, 2, 3])  # slot 0 is busy: its prefix is copied, not its logits
+    assert (other.id, num_past, other.logits_at) == (1, 2, 0)
+
+
 def test_an_empty_prompt_reuses_nothing_and_keeps_no_input():
     # it had found -1 cached tokens (the last token evaluated again, of none), which dropped
     # the slot's last input and failed the server's prefix-hit counter

@@ -75,7 +75,9 @@ def test_drafted_tokens_equal_plain_decoding_in_fewer_steps(fake_engine: Engine)
     model.clear()
     drafted = run(fake_engine, Request(prompt, greedy(num_predict=40, draft_ngram=8)))
     assert drafted[:2] == plain[:2]
-    assert (drafted[2].draft_proposed, drafted[2].draft_accepted) == (35, 35)
+    # its first token drawn from the logits the plain run kept after the same prompt; of the
+    # other 39, 34 drafted and accepted, 5 drawn from the steps' own rows
+    assert (drafted[2].draft_proposed, drafted[2].draft_accepted) == (34, 34)
     assert plain[2].draft_proposed is None
     assert len(model.batches) < plain_steps / 4
     assert_cache_holds_slot_inputs(fake_engine)
