@@ -1,14 +1,16 @@
 """One sequence's prompt attention (a plain causal mask): on x86 the native kernel
-(ember/backend/native/prompt_attend.h: blocks of 16 keys met by tiles of a query head's tokens,
-with a running softmax, in one pass over the keys); elsewhere two float32 matmuls a block of
-queries, through oneDNN (ember/backend/gemm.py), with the mask and softmax in torch between.
+(ember/backend/native/prompt_attend.h: blocks of 16 keys, 32 on AVX-512, met by tiles of a
+query head's tokens, with a running softmax, in one pass over the keys); elsewhere two float32
+matmuls a block of queries, through oneDNN (ember/backend/gemm.py), with the mask and softmax in
+torch between.
 
 A layer's attention over a 512-token prompt, 2 threads, the Xeon of README's Speed section,
 ms, the native kernel against the matmuls and torch's SDPA in 64-query blocks
-(`benchmarks/bench_prompt_attention.py`; oneDNN held to AVX2 for the avx2 path): avx512 path
-SmolLM2 2.3 against 4.4 and 2.8, Gemma 3 3.4 against 3.5 and 3.7, Qwen 0.5B 3.6 against 6.2 and 3.7,
-a 3B shape 12.1 against 17.8 and 15.3; avx2 path 2.5 against 4.9 and 3.1, 3.9 against 4.8 and
-4.0, 3.9 against 7.5 and 4.2, 12.9 against 20.3 and 16.1. It takes up to NATIVE_CELLS cells.
+(`benchmarks/bench_prompt_attention.py`; oneDNN held to AVX2 for the avx2 path; 2026-11-28):
+avx512 path SmolLM2 1.5 against 4.4 and 2.8, Gemma 3 2.2 against 3.5 and 3.7, Qwen 0.5B 2.3
+against 6.2 and 3.7, a 3B shape 7.5 against 17.8 and 15.3; avx2 path 2.5 against 4.9 and 3.1,
+3.9 against 4.8 and 4.0, 3.9 against 7.5 and 4.2, 12.9 against 20.3 and 16.1. It takes up to
+NATIVE_CELLS cells.
 
 torch's flash kernel makes its products with MKL's sgemm, which takes its AVX2 code on AMD
 CPUs; oneDNN runs AVX-512 there. A layer's attention over a 512-token prompt, 2 threads, a

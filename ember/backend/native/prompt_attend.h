@@ -19,11 +19,34 @@
 
 #include "attend.h"
 
-#define EM_PA_KB 16 /* keys a block: two registers of scores a row */
 #if defined(__AVX512F__)
-#define EM_PA_RT 8 /* query rows a tile: 16 of AVX-512's 32 registers hold their scores */
+#define EM_PA_KB 32 /* keys a block: two registers of scores a row */
+#define EM_PA_RT 8  /* query rows a tile: 16 of AVX-512's 32 registers hold their scores */
 #else
+#define EM_PA_KB 16
 #define EM_PA_RT 4 /* 8 of AVX2's 16 */
+#endif
+
+#if defined(EM_X86) && defined(__AVX512F__)
+/* attend.h's em_exp8 on 16 lanes */
+EM_INLINE __m512 em_exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.0f);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, lo);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+}
 #endif
 
 /* kt (D, Sp) = k (S, D) transposed, cells S..Sp zero; 8 cells at a time, so that each pass over
@@ -52,7 +75,43 @@ static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const f
     for (int64_t i = 0; i < EM_PA_RT * Dv; i++) o[i] = 0.0f;
     for (int64_t j0 = 0; j0 <= last; j0 += EM_PA_KB) {
         const int whole = j0 + EM_PA_KB - 1 <= lim0; /* every row sees every cell of the block */
-#if defined(EM_X86)
+#if defined(EM_X86) && defined(__AVX512F__)
+        __m512 acc[EM_PA_RT][2];
+        for (int r = 0; r < EM_PA_RT; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d++) {
+            const float *kd = kt + d * Sp + j0;
+            const __m512 k0 = _mm512_loadu_ps(kd), k1 = _mm512_loadu_ps(kd + 16);
+            for (int r = 0; r < EM_PA_RT; r++) {
+                const __m512 b = _mm512_set1_ps(qr[r][d]);
+                acc[r][0] = _mm512_fmadd_ps(b, k0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(b, k1, acc[r][1]);
+            }
+        }
+        const __m512 vs = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+        const __m512 lane = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        for (int r = 0; r < EM_PA_RT; r++) {
+            __m512 s0 = _mm512_mul_ps(acc[r][0], vs), s1 = _mm512_mul_ps(acc[r][1], vs);
+            if (!whole) { /* -inf past the row's own cell */
+                const __m512 lim = _mm512_set1_ps((float)(lim0 + r - j0));
+                s0 = _mm512_mask_mov_ps(s0, _mm512_cmp_ps_mask(lane, lim, _CMP_GT_OQ), ninf);
+                s1 = _mm512_mask_mov_ps(s1, _mm512_cmp_ps_mask(_mm512_add_ps(lane, _mm512_set1_ps(16.0f)), lim, _CMP_GT_OQ), ninf);
+            }
+            const float bmax = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+            float *pr = p + r * EM_PA_KB;
+            if (bmax == -INFINITY) { /* a row whose cells all come later */
+                _mm512_storeu_ps(pr, _mm512_setzero_ps()), _mm512_storeu_ps(pr + 16, _mm512_setzero_ps());
+                corr[r] = 1.0f;
+                continue;
+            }
+            const float mnew = bmax > m[r] ? bmax : m[r];
+            corr[r] = expf(m[r] - mnew); /* 0 at the first block the row sees */
+            const __m512 mv = _mm512_set1_ps(mnew);
+            const __m512 e0 = em_exp16(_mm512_sub_ps(s0, mv)), e1 = em_exp16(_mm512_sub_ps(s1, mv));
+            _mm512_storeu_ps(pr, e0), _mm512_storeu_ps(pr + 16, e1);
+            l[r] = l[r] * corr[r] + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+            m[r] = mnew;
+        }
+#elif defined(EM_X86)
         __m256 acc[EM_PA_RT][2];
         for (int r = 0; r < EM_PA_RT; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; d++) {
@@ -123,6 +182,28 @@ static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const f
         const int64_t nk = last - j0 + 1 < EM_PA_KB ? last - j0 + 1 : EM_PA_KB;
         const float *vb = v + j0 * Dv;
         int64_t c = 0;
+#if defined(EM_X86) && defined(__AVX512F__)
+        for (; c + 32 <= Dv; c += 32) {
+            __m512 a[EM_PA_RT][2];
+            for (int r = 0; r < EM_PA_RT; r++) {
+                const __m512 f = _mm512_set1_ps(corr[r]);
+                a[r][0] = _mm512_mul_ps(_mm512_loadu_ps(o + r * Dv + c), f);
+                a[r][1] = _mm512_mul_ps(_mm512_loadu_ps(o + r * Dv + c + 16), f);
+            }
+            for (int64_t j = 0; j < nk; j++) {
+                const __m512 v0 = _mm512_loadu_ps(vb + j * Dv + c), v1 = _mm512_loadu_ps(vb + j * Dv + c + 16);
+                for (int r = 0; r < EM_PA_RT; r++) {
+                    const __m512 w = _mm512_set1_ps(p[r * EM_PA_KB + j]);
+                    a[r][0] = _mm512_fmadd_ps(w, v0, a[r][0]);
+                    a[r][1] = _mm512_fmadd_ps(w, v1, a[r][1]);
+                }
+            }
+            for (int r = 0; r < EM_PA_RT; r++) {
+                _mm512_storeu_ps(o + r * Dv + c, a[r][0]);
+                _mm512_storeu_ps(o + r * Dv + c + 16, a[r][1]);
+            }
+        }
+#endif
 #if defined(EM_X86)
         for (; c + 16 <= Dv; c += 16) {
             __m256 a[EM_PA_RT][2];
