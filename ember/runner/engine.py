@@ -185,6 +185,8 @@ class Engine:
             )
             if self.draft is not None:
                 self.kv_bytes += self.draft.reserve(self.kv_type)
+            for slot in self.inputs.slots:
+                slot.reserve_logits(self.model.vocab_size)
         except BaseException as err:
             self._failure = err
             return

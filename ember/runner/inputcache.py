@@ -41,9 +41,13 @@ class Slot:
     logits: torch.Tensor | None = None
     logits_at: int = 0
 
+    def reserve_logits(self, width: int) -> None:
+        """Allocates the slot's row of kept logits now (at load: never mid-generation)."""
+        self.logits = torch.empty(width)
+
     def keep_logits(self, logits: torch.Tensor) -> None:
-        """Keeps a copy of the logits after the inputs the slot holds now (in one buffer the
-        slot keeps from its first prompt on)."""
+        """Keeps a copy of the logits after the inputs the slot holds now (in the buffer
+        reserve_logits made, where it fits)."""
         if self.logits is None or self.logits.shape != logits.shape:
             self.logits = torch.empty_like(logits)
         self.logits.copy_(logits)

@@ -71,7 +71,8 @@ def reserve(
     cells = num_parallel * num_ctx
     mask = num_batch * cells * 4  # the additive mask of a full batch over every cell
     outputs = min(max(num_outputs, num_parallel), num_batch)
-    logits = outputs * model.vocab_size * 4
+    # a batch's logits, and the row each slot keeps after its prompt (InputCache.load)
+    logits = (outputs + num_parallel) * model.vocab_size * 4
     bound: Activations | None = getattr(model, "activations", None)
     activations = 0 if bound is None else bound.nbytes(num_batch, cells)
     need = (kv + mask + logits + activations) * _MARGIN

@@ -154,6 +154,15 @@ def test_prefix_is_reused_and_one_token_always_evaluated(make):
     assert [b.tokens for b in model.batches] == [(20,)]
 
 
+def test_each_slot_reserves_its_row_of_kept_logits_at_load(make):
+    engine, _ = make(num_parallel=2)
+    rows = [slot.logits for slot in engine.inputs.slots]
+    assert all(r is not None and r.shape == (FakeModel.vocab_size,) for r in rows)
+    collect(engine.submit(Request([1, 2, 3], opts(num_predict=2))))
+    slot = next(s for s in engine.inputs.slots if s.logits_at)
+    assert slot.logits_at == 3 and any(slot.logits is r for r in rows)  # kept in place
+
+
 def test_a_repeated_prompt_draws_from_the_logits_of_its_first_evaluation(make):
     # logits that depend on the batch, as real kernels' last places do: a token evaluated
     # again alone would predict another successor than in its prompt's batch
