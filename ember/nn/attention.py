@@ -2,7 +2,8 @@
 cells the cache's range covers: the used length, never the whole allocation), in float32. One
 token (decode) takes the native kernel over the cache as stored (ember/backend/attend.py) where
 it can; one sequence's prompt under a plain causal mask takes ember/nn/prompt_attention.py (on
-x86, up to 512 cells, a native kernel too); the rest is torch."""
+x86, up to 512 cells or, on AVX-512, 1 MiB of a KV head's keys and values, a native kernel
+too); the rest is torch."""
 
 from collections.abc import Callable
 
@@ -58,7 +59,7 @@ def attention(
         out = F.scaled_dot_product_attention(
             q4, keys4, values4, attn_mask=mask, scale=scale, enable_gqa=gqa
         )  # (1, H, T, D_v)
-    elif prompt_attention.native_runs(keys.shape[1]) or (
+    elif prompt_attention.native_runs(keys.shape[1], keys.shape[2] + values.shape[2]) or (
         prompt_attention.available()
         and prompt_attention.scores_bytes(num_heads, num_kv_heads, keys.shape[1]) <= SCORES_BYTES
     ):

@@ -10,7 +10,7 @@ ms, the native kernel against the matmuls and torch's SDPA in 64-query blocks
 avx512 path SmolLM2 1.5 against 4.4 and 2.8, Gemma 3 2.2 against 3.5 and 3.7, Qwen 0.5B 2.3
 against 6.2 and 3.7, a 3B shape 7.5 against 17.8 and 15.3; avx2 path 2.5 against 4.9 and 3.1,
 3.9 against 4.8 and 4.0, 3.9 against 7.5 and 4.2, 12.9 against 20.3 and 16.1. It takes up to
-NATIVE_CELLS cells.
+NATIVE_CELLS cells, and on AVX-512's paths up to NATIVE_KV_BYTES of a KV head's keys and values.
 
 torch's flash kernel makes its products with MKL's sgemm, which takes its AVX2 code on AMD
 CPUs; oneDNN runs AVX-512 there. A layer's attention over a 512-token prompt, 2 threads, a
@@ -119,17 +119,32 @@ def matmul_attention(
 
 # the native kernel's paths: its portable C (generic, NEON) is slower than the matmuls
 _NATIVE_ISAS = frozenset({"avx2", "avxvnni", "avx512", "amx"})
-# The most cells it takes. Each tile of 4-8 rows reads all the cells' keys and values again,
-# from L2 while they fit: past 512 cells (a second batch of a long prompt) it fell behind the
-# products and SDPA, at 1,024 cells on three of the four shapes of bench_prompt_attention.py
-# (--earlier 512: Gemma 3's 14.0 ms against 8.3), at 2,048 on all (45 against 19).
+# The most cells it takes on every path. Each tile of 4-8 rows reads all the cells' keys and
+# values again, from L2 while they fit: past 512 cells (a second batch of a long prompt) the
+# kernel on 256-bit registers fell behind the products and SDPA, at 1,024 cells on three of the
+# four shapes of bench_prompt_attention.py (--earlier 512: Gemma 3's 14.0 ms against 8.3), at
+# 2,048 on all (45 against 19); the avx2 path's still does (2026-11-29: Gemma 3 18.4 against 11.9
+# at 1,024, the 3B shape 39.0 against 33.2).
 NATIVE_CELLS = 512
+# Past them, on AVX-512's paths, while a KV head's keys and values take at most this: there
+# (tiles of 8 rows, 512-bit registers) the kernel led up to 1 MiB and fell behind past it
+# (bench_prompt_attention.py --earlier E, ms a layer, native against the better of SDPA and the
+# products, the Xeon, 2026-11-29): 1,024 cells SmolLM2 4.9 against 8.3, Qwen 0.5B 7.5 against
+# 10.7, the 3B shape (1 MiB) 25.1 against 36.6, Gemma 3 (2 MiB) 11.4 against 8.6; 2,048 cells
+# SmolLM2 (1 MiB) 10.4 against 14.7, Qwen 0.5B 17.0 against 24.8, Gemma 3 33.6 against 17.4,
+# the 3B shape (2 MiB) 82.0 against 73.2.
+NATIVE_KV_BYTES = 1 << 20
+_WIDE_ISAS = frozenset({"avx512", "amx"})
 
 
-def native_runs(num_cells: int) -> bool:
-    """Whether causal_attention takes the native kernel here for a sequence of num_cells."""
+def native_runs(num_cells: int, kv_dims: int) -> bool:
+    """Whether causal_attention takes the native kernel here for a sequence of num_cells whose
+    keys and values have kv_dims values a cell together (D + D_v)."""
     kern = native.usable_kernels()
-    return kern is not None and kern.isa in _NATIVE_ISAS and num_cells <= NATIVE_CELLS
+    if kern is None or kern.isa not in _NATIVE_ISAS:
+        return False
+    wide = kern.isa in _WIDE_ISAS and num_cells * kv_dims * 4 <= NATIVE_KV_BYTES
+    return num_cells <= NATIVE_CELLS or wide
 
 
 def native_attention(
@@ -137,7 +152,8 @@ def native_attention(
 ) -> torch.Tensor | None:
     """causal_attention by the native kernel (prompt_attend.h), or None where it does not run."""
     kern = native.usable_kernels()
-    if not native_runs(keys.shape[1]) or not q.dtype == keys.dtype == values.dtype == torch.float32:
+    floats = q.dtype == keys.dtype == values.dtype == torch.float32
+    if not floats or not native_runs(keys.shape[1], keys.shape[2] + values.shape[2]):
         return None
     assert kern is not None
     q, keys, values = q.contiguous(), keys.contiguous(), values.contiguous()

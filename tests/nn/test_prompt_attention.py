@@ -120,11 +120,19 @@ def test_the_native_kernel_refuses_bad_shapes():
 
 def test_x86_paths_take_the_native_kernel_up_to_its_cells(monkeypatch):
     kern = native.usable_kernels()
-    q, keys, values = inputs(4, 2, 16, prompt_attention.NATIVE_CELLS - 8, 8)
     native_path = kern is not None and kern.isa in {"avx2", "avxvnni", "avx512", "amx"}
+    wide = native_path and kern is not None and kern.isa in {"avx512", "amx"}
+    cells, limit = prompt_attention.NATIVE_CELLS, prompt_attention.NATIVE_KV_BYTES
+    # up to NATIVE_CELLS on every x86 path, whatever the heads' size
+    q, keys, values = inputs(4, 2, 16, cells - 8, 8)
     assert (prompt_attention.native_attention(q, keys, values, 0.5) is not None) == native_path
-    q, keys, values = inputs(4, 2, 16, prompt_attention.NATIVE_CELLS - 7, 8)  # one cell more
-    assert prompt_attention.native_attention(q, keys, values, 0.5) is None
+    assert prompt_attention.native_runs(cells, 1024) == native_path
+    assert not prompt_attention.native_runs(cells + 1, limit // 4 // (cells + 1) + 1)
+    # past it, on AVX-512's paths alone, while a KV head's keys and values fit NATIVE_KV_BYTES
+    q, keys, values = inputs(4, 2, 16, cells - 7, 8)  # one cell more, 128 bytes a cell
+    assert (prompt_attention.native_attention(q, keys, values, 0.5) is not None) == wide
+    assert prompt_attention.native_runs(limit // 128, 32) == wide
+    assert not prompt_attention.native_runs(limit // 128 + 1, 32)
     monkeypatch.setattr(prompt_attention, "matmul_attention", None)  # never reached there
     if native_path:
         q, keys, values = inputs(4, 2, 16, 3, 8)
