@@ -2,8 +2,8 @@
 cells the cache's range covers: the used length, never the whole allocation), in float32. One
 token (decode) takes the native kernel over the cache as stored (ember/backend/attend.py) where
 it can; one sequence's prompt under a plain causal mask takes ember/nn/prompt_attention.py (on
-x86, up to 512 cells or, on AVX-512, 1 MiB of a KV head's keys and values, a native kernel
-too); the rest is torch."""
+x86, up to 512 cells or, on AVX-512, half the L2 cache of a KV head's keys and values, a native
+kernel too); the rest is torch."""
 
 from collections.abc import Callable
 

@@ -10,7 +10,7 @@ ms, the native kernel against the matmuls and torch's SDPA in 64-query blocks
 avx512 path SmolLM2 1.5 against 4.4 and 2.8, Gemma 3 2.2 against 3.5 and 3.7, Qwen 0.5B 2.3
 against 6.2 and 3.7, a 3B shape 7.5 against 17.8 and 15.3; avx2 path 2.5 against 4.9 and 3.1,
 3.9 against 4.8 and 4.0, 3.9 against 7.5 and 4.2, 12.9 against 20.3 and 16.1. It takes up to
-NATIVE_CELLS cells, and on AVX-512's paths up to NATIVE_KV_BYTES of a KV head's keys and values.
+NATIVE_CELLS cells, and on AVX-512's paths up to half the L2 cache of a KV head's keys and values.
 
 torch's flash kernel makes its products with MKL's sgemm, which takes its AVX2 code on AMD
 CPUs; oneDNN runs AVX-512 there. A layer's attention over a 512-token prompt, 2 threads, a
@@ -28,6 +28,7 @@ and the padded queries' rows dropped.
 
 import ctypes
 import functools
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -133,8 +134,32 @@ NATIVE_CELLS = 512
 # 10.7, the 3B shape (1 MiB) 25.1 against 36.6, Gemma 3 (2 MiB) 11.4 against 8.6; 2,048 cells
 # SmolLM2 (1 MiB) 10.4 against 14.7, Qwen 0.5B 17.0 against 24.8, Gemma 3 33.6 against 17.4,
 # the 3B shape (2 MiB) 82.0 against 73.2.
+# That is half this Xeon's L2 (2 MiB a core), where the keys and values stay while the tiles
+# reread them; a CPU with another L2 takes half of its own (not measured on one: a smaller L2,
+# as Zen 4's and Zen 5's 1 MiB, only lowers the limit, and 512 cells always stay).
 NATIVE_KV_BYTES = 1 << 20
 _WIDE_ISAS = frozenset({"avx512", "amx"})
+
+
+def half_of_cache(size: str) -> int:
+    """Half of a cache size as Linux writes it ("2048K", "1M"), NATIVE_KV_BYTES where unreadable."""
+    units = {"K": 1 << 10, "M": 1 << 20}
+    size = size.strip()
+    try:
+        total = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size)
+    except ValueError:
+        return NATIVE_KV_BYTES
+    return total // 2 if total > 0 else NATIVE_KV_BYTES
+
+
+@functools.cache
+def native_kv_bytes() -> int:
+    """The most bytes of a KV head's keys and values the kernel takes past NATIVE_CELLS on
+    AVX-512's paths: half this CPU's L2."""
+    try:
+        return half_of_cache(Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text())
+    except OSError:
+        return NATIVE_KV_BYTES
 
 
 def native_runs(num_cells: int, kv_dims: int) -> bool:
@@ -143,7 +168,7 @@ def native_runs(num_cells: int, kv_dims: int) -> bool:
     kern = native.usable_kernels()
     if kern is None or kern.isa not in _NATIVE_ISAS:
         return False
-    wide = kern.isa in _WIDE_ISAS and num_cells * kv_dims * 4 <= NATIVE_KV_BYTES
+    wide = kern.isa in _WIDE_ISAS and num_cells * kv_dims * 4 <= native_kv_bytes()
     return num_cells <= NATIVE_CELLS or wide
 
 

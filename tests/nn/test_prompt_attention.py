@@ -122,7 +122,7 @@ def test_x86_paths_take_the_native_kernel_up_to_its_cells(monkeypatch):
     kern = native.usable_kernels()
     native_path = kern is not None and kern.isa in {"avx2", "avxvnni", "avx512", "amx"}
     wide = native_path and kern is not None and kern.isa in {"avx512", "amx"}
-    cells, limit = prompt_attention.NATIVE_CELLS, prompt_attention.NATIVE_KV_BYTES
+    cells, limit = prompt_attention.NATIVE_CELLS, prompt_attention.native_kv_bytes()
     # up to NATIVE_CELLS on every x86 path, whatever the heads' size
     q, keys, values = inputs(4, 2, 16, cells - 8, 8)
     assert (prompt_attention.native_attention(q, keys, values, 0.5) is not None) == native_path
@@ -137,6 +137,15 @@ def test_x86_paths_take_the_native_kernel_up_to_its_cells(monkeypatch):
     if native_path:
         q, keys, values = inputs(4, 2, 16, 3, 8)
         prompt_attention.causal_attention(q, keys, values, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("size", "limit"),
+    [("2048K", 1 << 20), ("1M\n", 1 << 19), ("512K", 1 << 18), ("", 1 << 20), ("big", 1 << 20)],
+)
+def test_the_kv_limit_is_half_the_l2_cache(size, limit):
+    assert prompt_attention.NATIVE_KV_BYTES == 1 << 20  # where the size cannot be read
+    assert prompt_attention.half_of_cache(size) == limit
 
 
 def test_cells_come_in_few_sizes():
