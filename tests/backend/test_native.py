@@ -93,6 +93,7 @@ def test_dequant_is_bit_exact(isa: str, qtype: QT) -> None:
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", SIMPLE + K_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.usefixtures("gathers")
 def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
     # N not a multiple of the 16-row chunks, K an odd number of blocks
     shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
@@ -125,10 +126,30 @@ LEAST_LANE_ROWS = {
 }
 LEAST_LANE_ROWS["amx"] = LEAST_LANE_ROWS["avx512"]
 LEAST_LANE_ROWS["avxvnni"] = LEAST_LANE_ROWS["avx2"]
+# vnni.h where the CPU's gathers are slow (dispatch.c's ember_slow_gathers: AMD's CPUs); others 2
+LEAST_VNNI_ROWS_SLOW_GATHERS = {QT.Q8_0: 8, QT.Q6_K: 6, QT.Q5_K: 1}
+
+
+def slow_gathers_knob() -> ctypes.c_int:
+    lib = native.library()
+    assert lib is not None
+    return ctypes.c_int.in_dll(lib, "ember_slow_gathers")
+
+
+@pytest.fixture(params=[0, 1], ids=["fast_gathers", "slow_gathers"])
+def gathers(request: pytest.FixtureRequest):
+    """Runs a test with vnni.h's choice of rows for each kind of CPU (on this machine)"""
+    knob = slow_gathers_knob()
+    chosen = knob.value
+    knob.value = request.param
+    yield request.param
+    knob.value = chosen
 
 
 def least_int16_rows(isa: str, qtype: QT) -> int:
     """The fewest rows of x that meet a weight of qtype in the lane kernels on this ISA path"""
+    if isa in ("avx512", "amx") and slow_gathers_knob().value:
+        return LEAST_VNNI_ROWS_SLOW_GATHERS.get(qtype, 2)
     return LEAST_LANE_ROWS[isa].get(qtype, 1 if isa in ("avx512", "amx") else 2)
 
 
@@ -293,6 +314,7 @@ def test_float_matmul(isa: str, qtype: QT, rows: int) -> None:
     "qtype", [QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.F16, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name
 )
 @pytest.mark.parametrize("k", [256, 2048])  # rows past 1,024 values: avx512 pairs weight rows
+@pytest.mark.usefixtures("gathers")
 def test_a_row_does_not_depend_on_its_batch(isa: str, qtype: QT, k: int) -> None:
     raw, _ = weight(qtype, (301, k))  # big enough for the parallel loop; an odd row count
     lin = NativeLinear(raw, qtype, 301, k, kernels=native.kernels(isa))
@@ -326,6 +348,7 @@ def test_every_isa_gives_the_same_bits(qtype: QT, rows: int) -> None:
 
 
 @pytest.mark.parametrize("qtype", LANE_TYPES, ids=lambda t: t.name)
+@pytest.mark.usefixtures("gathers")
 def test_the_lane_kernels_give_every_isa_the_same_bits(qtype: QT) -> None:
     # rows8.h (8 weight rows a 256-bit register) and vnni.h (16 a 512-bit one; and amx.h's
     # tiles) make each block's sum exact in int32, then take the same float steps
@@ -335,6 +358,8 @@ def test_the_lane_kernels_give_every_isa_the_same_bits(qtype: QT) -> None:
     if len(runnable) < 2:
         pytest.skip("needs two ISA paths with lane kernels")
     for rows in (5, 9, 16):
+        if not all(int16_rows(isa, rows, qtype) for isa in runnable):
+            continue
         x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
         ys = [NativeLinear(raw, qtype, *shape, kernels=native.kernels(i))(x) for i in runnable]
         for isa, y in zip(runnable[1:], ys[1:], strict=True):
@@ -469,7 +494,8 @@ def test_prefetch_choices_follow_the_cpu_vendor() -> None:
     """dispatch.c's prefetch choices: on Intel's CPUs the K types ask 2 KiB ahead (4 KiB
     elsewhere), the int16-code kernels ask for each weight row with several rows of x too, and
     one row of x asks as the products go for rows of any length (elsewhere from 1.5 KiB); hints
-    only, so a product's bits are the same either way, on every ISA path."""
+    only, so a product's bits are the same either way, on every ISA path. Gathers count as slow
+    everywhere but on Intel's CPUs."""
     lib = native.library()
     assert lib is not None
     ahead = ctypes.c_int.in_dll(lib, "ember_kq_pf_ahead")
@@ -478,7 +504,9 @@ def test_prefetch_choices_follow_the_cpu_vendor() -> None:
     chosen = ahead.value, batches.value, row_min.value
     vendors = _cpuinfo("vendor_id")
     if vendors:
-        assert chosen == ((2048, 1, 0) if vendors[0] == "GenuineIntel" else (4096, 0, 1536))
+        intel = vendors[0] == "GenuineIntel"
+        assert chosen == ((2048, 1, 0) if intel else (4096, 0, 1536))
+        assert slow_gathers_knob().value == (0 if intel else 1)
     cases = [(QT.Q4_K, 1), (QT.Q4_K, 3), (QT.Q4_1, 1), (QT.Q4_1, 3), (QT.Q8_0, 1), (QT.Q8_0, 8)]
     for isa in native.runnable_isas():
         for qtype, rows in cases:
