@@ -507,6 +507,7 @@ def test_prefetch_choices_follow_the_cpu_vendor() -> None:
         intel = vendors[0] == "GenuineIntel"
         assert chosen == ((2048, 1, 0) if intel else (4096, 0, 1536))
         assert slow_gathers_knob().value == (0 if intel else 1)
+        assert native.cpu_is_intel() == intel
     cases = [(QT.Q4_K, 1), (QT.Q4_K, 3), (QT.Q4_1, 1), (QT.Q4_1, 3), (QT.Q8_0, 1), (QT.Q8_0, 8)]
     for isa in native.runnable_isas():
         for qtype, rows in cases:

@@ -118,21 +118,35 @@ def test_the_native_kernel_refuses_bad_shapes():
     assert call(0, 4, 2, 8) == -2
 
 
-def test_x86_paths_take_the_native_kernel_up_to_its_cells(monkeypatch):
+@pytest.fixture(params=[True, False], ids=["intel", "amd"])
+def intel(request, monkeypatch):
+    """The cell limit as chosen on an Intel CPU, and on another"""
+    monkeypatch.setattr(native, "cpu_is_intel", lambda: request.param)
+    prompt_attention.native_kv_bytes.cache_clear()
+    yield request.param
+    prompt_attention.native_kv_bytes.cache_clear()
+
+
+def test_x86_paths_take_the_native_kernel_up_to_its_cells(monkeypatch, intel):
     kern = native.usable_kernels()
     native_path = kern is not None and kern.isa in {"avx2", "avxvnni", "avx512", "amx"}
     wide = native_path and kern is not None and kern.isa in {"avx512", "amx"}
     cells, limit = prompt_attention.NATIVE_CELLS, prompt_attention.native_kv_bytes()
+    assert (limit is not None) == intel
     # up to NATIVE_CELLS on every x86 path, whatever the heads' size
     q, keys, values = inputs(4, 2, 16, cells - 8, 8)
     assert (prompt_attention.native_attention(q, keys, values, 0.5) is not None) == native_path
     assert prompt_attention.native_runs(cells, 1024) == native_path
-    assert not prompt_attention.native_runs(cells + 1, limit // 4 // (cells + 1) + 1)
-    # past it, on AVX-512's paths alone, while a KV head's keys and values fit NATIVE_KV_BYTES
+    # past it, on AVX-512's paths alone: on Intel's CPUs while a KV head's keys and values fit
+    # half the L2, on others at any length
     q, keys, values = inputs(4, 2, 16, cells - 7, 8)  # one cell more, 128 bytes a cell
     assert (prompt_attention.native_attention(q, keys, values, 0.5) is not None) == wide
-    assert prompt_attention.native_runs(limit // 128, 32) == wide
-    assert not prompt_attention.native_runs(limit // 128 + 1, 32)
+    if limit is None:
+        assert prompt_attention.native_runs(65536, 1024) == wide
+    else:
+        assert not prompt_attention.native_runs(cells + 1, limit // 4 // (cells + 1) + 1)
+        assert prompt_attention.native_runs(limit // 128, 32) == wide
+        assert not prompt_attention.native_runs(limit // 128 + 1, 32)
     monkeypatch.setattr(prompt_attention, "matmul_attention", None)  # never reached there
     if native_path:
         q, keys, values = inputs(4, 2, 16, 3, 8)

@@ -118,6 +118,12 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_is_intel() -> bool:
+    """Whether the CPU is Intel's (cpuid's vendor, as the library read it when it loaded)."""
+    lib = library()
+    return lib is not None and ctypes.c_int.in_dll(lib, "ember_cpu_intel").value == 1
+
+
 def cpu_features() -> str:
     """The CPU's SIMD features that matter to the kernels ("avx2 fma f16c"), as detected."""
     lib = library()

@@ -75,12 +75,17 @@ EM_API int ember_pf_row_min = 1536;
  * em_vnni_least_rows); a kernel choice, so a row's bits may differ from the other setting's. */
 EM_API int ember_slow_gathers = 1;
 
+/* 1 on Intel's CPUs, for the choices made in Python (prompt_attention.py's cell limit) */
+EM_API int ember_cpu_intel = 0;
+
 #if defined(__x86_64__) || defined(__i386__)
 __attribute__((constructor)) static void em_pick_by_vendor(void) {
     unsigned a, vendor[3];
     if (__get_cpuid(0, &a, &vendor[0], &vendor[2], &vendor[1]) &&
-        memcmp(vendor, "GenuineIntel", 12) == 0)
+        memcmp(vendor, "GenuineIntel", 12) == 0) {
         ember_kq_pf_ahead = 2048, ember_pf_batches = 1, ember_pf_row_min = 0, ember_slow_gathers = 0;
+        ember_cpu_intel = 1;
+    }
 }
 #endif
 
