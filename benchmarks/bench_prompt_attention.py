@@ -3,6 +3,7 @@ queries (ember/nn/attention.py's fallback), the two oneDNN products a block and 
 kernel (ember/nn/prompt_attention.py's paths), for the bundled models' head shapes and a 3B one.
 
     .venv/bin/python benchmarks/bench_prompt_attention.py --tokens 512 --earlier 0
+    .venv/bin/python benchmarks/bench_prompt_attention.py --earlier 1536 --any-length
     EMBER_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
         .venv/bin/python benchmarks/bench_prompt_attention.py
 
@@ -67,8 +68,16 @@ def main() -> None:
     parser.add_argument("--earlier", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument(
+        "--any-length",
+        action="store_true",
+        help="run the native kernel past the cells it takes here (where its limit should be)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.any_length:
+        on_path = prompt_attention.native_runs(1, 1)  # whether it runs on this path at all
+        prompt_attention.native_runs = lambda num_cells, kv_dims: on_path
     print(f"{args.tokens} tokens after {args.earlier} cells, {args.threads} threads, ms a layer")
     for name, (heads, kv_heads, dim) in SHAPES.items():
         g = torch.Generator().manual_seed(0)

@@ -5,7 +5,7 @@ larger than the caches, so read from memory as a decode step reads it (Gemma 3's
 is 179 MB of rows of 640), for each thread count; and ns a block and row of x.
 
     .venv/bin/python benchmarks/bench_simple_types.py [--k 640] [--mib 100] [--types Q8_0 ...]
-        [--rows 1 4 8] [--isa avx2]
+        [--rows 1 4 8] [--isa avx2] [--slow-gathers 0|1]
 """
 
 import argparse
@@ -32,10 +32,19 @@ def main() -> None:
     parser.add_argument("--types", nargs="+", default=TYPES, choices=[*TYPES, *K_QUANTIZERS])
     parser.add_argument("--rows", type=int, nargs="+", default=[1], help="rows of x")
     parser.add_argument("--isa", help="a lower ISA path than this CPU's best (EMBER_CPU_ISA)")
+    parser.add_argument(
+        "--slow-gathers",
+        type=int,
+        choices=[0, 1],
+        help="vnni.h's rows as chosen where gathers are slow (1: AMD's) or not (0: Intel's); "
+        "default: this CPU's",
+    )
     args = parser.parse_args()
     kernels = native.kernels(args.isa)
     if kernels is None:
         raise SystemExit("the native library was not built")
+    if args.slow_gathers is not None:
+        native.set_slow_gathers(bool(args.slow_gathers))
     print(f"kernels={kernels.isa}, K={args.k}, best of {args.runs}")
     rng = np.random.default_rng(0)
     for name in args.types:

@@ -138,8 +138,8 @@ NATIVE_CELLS = 512
 # That is half this Xeon's L2 (2 MiB a core), where the keys and values stay while the tiles
 # reread them; another Intel CPU takes half of its own L2. The Zen 5 EPYC of README's Speed
 # section (1 MiB of L2 a core, 32 MiB of L3) reread them fast enough from L3: there the kernel
-# led at every length measured, to 8,192 cells (2026-11-29, the same command, limit lifted, ms a
-# layer, native against the better of SDPA and the products: 2,048 cells SmolLM2 6.4 against
+# led at every length measured, to 8,192 cells (2026-11-29, the same command with --any-length,
+# ms a layer, native against the better of SDPA and the products: 2,048 cells SmolLM2 6.4 against
 # 7.5, Gemma 3 (4 MiB) 8.9 against 9.4, Qwen 0.5B 9.5 against 18.0, the 3B shape 37.8 against
 # 44.7; 8,192 cells 30.7 against 56.9, 64.8 against 62.8, 46.7 against 70.8, 156 against 180), so
 # on AMD's CPUs it takes any length.

@@ -124,6 +124,14 @@ def cpu_is_intel() -> bool:
     return lib is not None and ctypes.c_int.in_dll(lib, "ember_cpu_intel").value == 1
 
 
+def set_slow_gathers(slow: bool) -> None:
+    """Makes vnni.h choose its rows as where gathers are slow (AMD's CPUs) or not (Intel's), as
+    dispatch.c chose them by the CPU's vendor; for benchmarks and tests."""
+    lib = library()
+    if lib is not None:
+        ctypes.c_int.in_dll(lib, "ember_slow_gathers").value = int(slow)
+
+
 def cpu_features() -> str:
     """The CPU's SIMD features that matter to the kernels ("avx2 fma f16c"), as detected."""
     lib = library()
