@@ -31,13 +31,13 @@
  * 640 and 2,048) and one or two of Q6_K (its q8_K kernel: 0.67-0.71 and 0.50 ns a block and row
  * against 0.86-0.92 and 0.54, K = 2,048) keep their other kernels: this one's gathers across 16
  * rows, and Q6_K's unpacking, are the step there. Where gathers are slow (dispatch.c's
- * ember_slow_gathers: the Zen 5) the other kernels lead further: one row of every type but Q5_K
- * (Q4_0 0.46-0.51 against 0.64-0.67 ns a block and row, K = 640; Q4_K 0.41-0.42 against
- * 0.62-0.63, K = 3,072; Q5_K 0.75-0.85 against 0.75-0.78), Q8_0 to 7 rows (K = 640: 0.41 against
- * 0.55 at 2, 0.21-0.22 against 0.22 at 8, where whole models' 8-sequence steps went 2-4% faster
- * on this kernel, 0.21 against 0.15 at 16) and Q6_K to 5 (K = 1,024:
- * 0.26 against 0.31 at 4, 0.26 against 0.23 at 6); `bench_simple_types.py --mib 100 --threads 2
- * --slow-gathers 0` and `1`. */
+ * ember_slow_gathers: the Zen 5) the other kernels lead further (their ns a block and row
+ * against this one's): one row of every type but Q5_K (Q4_0 0.46-0.51 against 0.64-0.67, K = 640;
+ * Q4_K 0.41-0.42 against 0.62-0.63, K = 3,072; but Q5_K 0.84-0.85 against 0.75-0.78), Q8_0 to 7
+ * rows (K = 640: 0.41 against 0.55 at 2, 0.21-0.22 against 0.22 at 8, where whole models'
+ * 8-sequence steps went 2-4% faster on this kernel, 0.21 against 0.15 at 16) and Q6_K to 5
+ * (K = 1,024: 0.26 against 0.31 at 4, 0.26 against 0.23 at 6); `bench_simple_types.py --mib 100
+ * --threads 2 --slow-gathers 0` and `1`. */
 static int64_t em_vnni_least_rows(int type) {
     if (ember_slow_gathers)
         return type == EM_Q8_0 ? 8 : type == KQ_TYPE_Q6_K ? 6 : type == KQ_TYPE_Q5_K ? 1 : 2;
