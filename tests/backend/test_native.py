@@ -130,25 +130,9 @@ LEAST_LANE_ROWS["avxvnni"] = LEAST_LANE_ROWS["avx2"]
 LEAST_VNNI_ROWS_SLOW_GATHERS = {QT.Q8_0: 8, QT.Q6_K: 6, QT.Q5_K: 1}
 
 
-def slow_gathers_knob() -> ctypes.c_int:
-    lib = native.library()
-    assert lib is not None
-    return ctypes.c_int.in_dll(lib, "ember_slow_gathers")
-
-
-@pytest.fixture(params=[0, 1], ids=["fast_gathers", "slow_gathers"])
-def gathers(request: pytest.FixtureRequest):
-    """Runs a test with vnni.h's choice of rows for each kind of CPU (on this machine)"""
-    knob = slow_gathers_knob()
-    chosen = knob.value
-    knob.value = request.param
-    yield request.param
-    knob.value = chosen
-
-
 def least_int16_rows(isa: str, qtype: QT) -> int:
     """The fewest rows of x that meet a weight of qtype in the lane kernels on this ISA path"""
-    if isa in ("avx512", "amx") and slow_gathers_knob().value:
+    if isa in ("avx512", "amx") and native.slow_gathers():
         return LEAST_VNNI_ROWS_SLOW_GATHERS.get(qtype, 2)
     return LEAST_LANE_ROWS[isa].get(qtype, 1 if isa in ("avx512", "amx") else 2)
 
@@ -506,7 +490,7 @@ def test_prefetch_choices_follow_the_cpu_vendor() -> None:
     if vendors:
         intel = vendors[0] == "GenuineIntel"
         assert chosen == ((2048, 1, 0) if intel else (4096, 0, 1536))
-        assert slow_gathers_knob().value == (0 if intel else 1)
+        assert native.slow_gathers() == (not intel)
         assert native.cpu_is_intel() == intel
     cases = [(QT.Q4_K, 1), (QT.Q4_K, 3), (QT.Q4_1, 1), (QT.Q4_1, 3), (QT.Q8_0, 1), (QT.Q8_0, 8)]
     for isa in native.runnable_isas():

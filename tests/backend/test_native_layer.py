@@ -3,8 +3,6 @@ same logits to float32 rounding for decode steps and small batches of several se
 every ISA path this CPU runs, over f32, f16 and bf16 caches; a cache it cannot read (q8_0)
 leaves the step to the Python layers."""
 
-import ctypes
-
 import pytest
 import torch
 from tinymodels import write_tiny_gguf
@@ -91,18 +89,8 @@ def test_native_layers_equal_the_python_layers(files, arch, kv, isa, monkeypatch
         assert (a - b).abs().max() <= TOLERANCE[kv] * b.abs().max()
 
 
-@pytest.fixture(params=[0, 1], ids=["fast_gathers", "slow_gathers"])
-def slow_gathers(request):
-    """vnni.h's choice of rows as on Intel's CPUs, and as where gathers are slow (dispatch.c)"""
-    knob = ctypes.c_int.in_dll(native.library(), "ember_slow_gathers")
-    chosen = knob.value
-    knob.value = request.param
-    yield request.param
-    knob.value = chosen
-
-
 @pytest.mark.parametrize("isa", ISAS)
-def test_one_activation_pass_stays_close(files, isa, monkeypatch, slow_gathers):
+def test_one_activation_pass_stays_close(files, isa, monkeypatch, gathers):
     # qwen2's Q4_K q/k/v and gate/up take one q8_K pass by default (attn_output and down two),
     # in the 20-token prefill too; both runs are fed the same tokens (random weights have
     # near-ties that 1% moves)
@@ -117,7 +105,7 @@ def test_one_activation_pass_stays_close(files, isa, monkeypatch, slow_gathers):
     # one row, or two where gathers are slow, rows8.h from two, as the last batch's three, whose
     # first row still attends to keys the passes made)
     passes = len(gaps)  # the prompt, 4 one-row steps, the batch's 3 rows
-    if isa in ("avx2", "avxvnni") or (isa in ("avx512", "amx") and slow_gathers):
+    if isa in ("avx2", "avxvnni") or (isa in ("avx512", "amx") and gathers):
         passes = 6
     elif isa in ("avx512", "amx"):
         passes = 0
