@@ -5,7 +5,7 @@ larger than the caches, so read from memory as a decode step reads it (Gemma 3's
 is 179 MB of rows of 640), for each thread count; and ns a block and row of x.
 
     .venv/bin/python benchmarks/bench_simple_types.py [--k 640] [--mib 100] [--types Q8_0 ...]
-        [--rows 1 4 8] [--isa avx2] [--slow-gathers 0|1]
+        [--rows 1 4 8] [--isa avx2] [--slow-gathers 0|1] [--passes 1|2] [--lanes-x8 0|1]
 """
 
 import argparse
@@ -14,6 +14,7 @@ import time
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, quants
+from kernel_choices import add_kernel_choices, apply_kernel_choices
 
 from ember.backend import native
 from ember.store.kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
@@ -33,19 +34,20 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1], help="rows of x")
     parser.add_argument("--isa", help="a lower ISA path than this CPU's best (EMBER_CPU_ISA)")
     parser.add_argument(
-        "--slow-gathers",
+        "--passes",
         type=int,
-        choices=[0, 1],
-        help="vnni.h's rows as chosen where gathers are slow (1: AMD's) or not (0: Intel's); "
-        "default: this CPU's",
+        choices=[1, 2],
+        default=2,
+        help="the weight's activation passes (1: a one-pass weight, as q/k/v and gate/up: a K "
+        "type's x then takes one q8_K pass)",
     )
+    add_kernel_choices(parser)
     args = parser.parse_args()
     kernels = native.kernels(args.isa)
     if kernels is None:
         raise SystemExit("the native library was not built")
-    if args.slow_gathers is not None:
-        native.set_slow_gathers(bool(args.slow_gathers))
-    print(f"kernels={kernels.isa}, K={args.k}, best of {args.runs}")
+    apply_kernel_choices(args)
+    print(f"kernels={kernels.isa}, K={args.k}, passes {args.passes}, best of {args.runs}")
     rng = np.random.default_rng(0)
     for name in args.types:
         qtype = GGMLQuantizationType[name]
@@ -64,7 +66,14 @@ def main() -> None:
                 for _ in range(args.runs):
                     start = time.perf_counter()
                     kernels.matmul(
-                        int(qtype), w.ctypes.data, x.data_ptr(), y.data_ptr(), rows, n, args.k, 2
+                        int(qtype),
+                        w.ctypes.data,
+                        x.data_ptr(),
+                        y.data_ptr(),
+                        rows,
+                        n,
+                        args.k,
+                        args.passes,
                     )
                     best = min(best, time.perf_counter() - start)
                 per_block = best * 1e9 / (n * args.k // 32 * rows)

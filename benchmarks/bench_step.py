@@ -15,8 +15,8 @@ import argparse
 import time
 
 import torch
+from kernel_choices import add_kernel_choices, apply_kernel_choices
 
-from ember.backend import native
 from ember.batch import Batch
 from ember.catalog import resolve_model
 from ember.gguf import GGUFFile
@@ -56,16 +56,10 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--caches", type=int, default=1, help="fresh caches a count runs on")
-    parser.add_argument(
-        "--slow-gathers",
-        type=int,
-        choices=[0, 1],
-        help="vnni.h's rows as chosen where gathers are slow (1: AMD's) or not (0: Intel's)",
-    )
+    add_kernel_choices(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if args.slow_gathers is not None:
-        native.set_slow_gathers(bool(args.slow_gathers))
+    apply_kernel_choices(args)
     model = load_model(GGUFFile.open(resolve_model(args.model)))
     for n in args.sequences:
         rates = [

@@ -44,6 +44,17 @@ def weight(qtype: QT, shape: tuple[int, int], seed: int = 0) -> tuple[torch.Tens
     return torch.from_numpy(raw.copy()), gguf_reference(raw, qtype, shape)
 
 
+def largest_codes(qtype: QT, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight's bytes with every code (and sub-block scale) at its largest, its f16 scales
+    sane, and its gguf-py dequantization"""
+    blocks = random_blocks(qtype, shape).reshape(-1, quants.GGML_QUANT_SIZES[qtype][1])
+    full = blocks.copy()
+    full[:] = 0xFF
+    for offset in F16_FIELDS[qtype]:
+        full[:, offset : offset + 2] = blocks[:, offset : offset + 2]
+    return torch.from_numpy(full.reshape(-1).copy()), gguf_reference(full.reshape(-1), qtype, shape)
+
+
 def q16(x: torch.Tensor) -> torch.Tensor:
     """x as the 32-block kernels see it: per 32 values d = max|x| / 32767, codes rounded half
     to even."""
@@ -144,6 +155,17 @@ def int16_rows(isa: str, rows: int, qtype: QT) -> bool:
     return takes and least_int16_rows(isa, qtype) <= rows <= 16
 
 
+# rows8.h takes a one-pass K-type weight's x as q8_K's int8 codes (kernels.c's em_lanes_x8):
+# on the avx2 and avxvnni paths, Q4_K and Q5_K from 2 rows, Q6_K from 3
+LEAST_Q8K_LANE_ROWS = {QT.Q4_K: 2, QT.Q5_K: 2, QT.Q6_K: 3}
+
+
+def q8k_lane_rows(isa: str, rows: int, qtype: QT) -> bool:
+    """Whether these rows of x meet a one-pass weight of qtype as q8_K codes in rows8.h"""
+    least = LEAST_Q8K_LANE_ROWS.get(qtype, 17)
+    return isa in ("avx2", "avxvnni") and least <= rows <= 16
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [1, 2, 7, 16, 130])
@@ -164,7 +186,8 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     xq = (codes.double() * d.double()).reshape(x.shape)
     if lin.takes_int8(rows):  # gemm8 takes the prompt where it has fast code for the type
         xq = q8_0(x)
-    if int16_rows(isa, rows, qtype):  # int16 codes, closer than one q8_K pass
+    if int16_rows(isa, rows, qtype) and not q8k_lane_rows(isa, rows, qtype):
+        # vnni.h's int16 codes, closer than one q8_K pass (rows8.h takes q8_K's codes)
         want = q16(x) @ w.double().t()
         assert ((y.double() - want).abs() <= 2e-6 * (q16(x).abs() @ w.double().abs().t())).all()
         least = max(2, least_int16_rows(isa, qtype))  # nor on its batch of 1-16
@@ -181,6 +204,13 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     if lin.takes_int8(rows):  # nor with gemm8, for any batch it takes (above NATIVE_ROWS)
         assert torch.equal(y[1 : NATIVE_ROWS + 2], lin(x[1 : NATIVE_ROWS + 2]))
         assert torch.equal(y[-NATIVE_ROWS - 1 :], lin(x[-NATIVE_ROWS - 1 :]))
+    elif q8k_lane_rows(isa, rows, qtype):  # nor in rows8.h's batches (from its least rows)
+        least = LEAST_Q8K_LANE_ROWS[qtype]
+        assert torch.equal(y[1:2], lin(x[[1] + [0] * (least - 1)])[:1])
+        assert torch.equal(y[-1:], lin(x[[rows - 1] * least])[:1])
+        # and its codes are one row's: the sums as exact, only the float steps' order differs
+        alone = torch.cat([lin(x[i : i + 1]) for i in range(rows)]).double()
+        assert ((y.double() - alone).abs() <= 2e-6 * scale + 1e-30).all()
     elif rows > 1:  # a row does not depend on its batch, nor on its tile
         assert torch.equal(y[1:2], lin(x[1:2]))
         assert torch.equal(y[-1:], lin(x[-1:]))
@@ -227,13 +257,7 @@ def test_gemm8_sums_hold_the_largest_codes_exactly(isa: str, qtype: QT) -> None:
     # every code at its largest and every x at +-127 after rounding: the AVX2 path adds
     # several vpmaddubsw results in int16 before widening them, which must not wrap
     shape = (32, 256 if qtype in K_TYPES else 64)
-    blocks = random_blocks(qtype, shape).reshape(-1, quants.GGML_QUANT_SIZES[qtype][1])
-    full = blocks.copy()
-    full[:] = 0xFF
-    for offset in F16_FIELDS[qtype]:  # keep the sane scales
-        full[:, offset : offset + 2] = blocks[:, offset : offset + 2]
-    raw = torch.from_numpy(full.reshape(-1).copy())
-    w = gguf_reference(full.reshape(-1), qtype, shape)
+    raw, w = largest_codes(qtype, shape)
     x = torch.ones(18, shape[1])
     x[1::2] = -1.0
     lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), prefill_int8=True)
@@ -241,6 +265,22 @@ def test_gemm8_sums_hold_the_largest_codes_exactly(isa: str, qtype: QT) -> None:
     lin.int8_into(lin.quantize_rows(x), 0, shape[0], y)
     want = q8_0(x) @ w.double().t()
     assert ((y.double() - want).abs() <= 2e-6 * (q8_0(x).abs() @ w.double().abs().t())).all()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda t: t.name)
+def test_one_pass_lanes_hold_the_largest_codes_exactly(isa: str, qtype: QT) -> None:
+    # every code at its largest and x at +-127 after rounding: rows8.h adds vpmaddubsw's int16
+    # pairs before widening them (four of 4- and 5-bit codes, two of Q6_K's), which must not wrap
+    shape = (32, 512)
+    raw, w = largest_codes(qtype, shape)
+    x = torch.ones(9, shape[1])
+    x[1::2] = -1.0
+    lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), activation_passes=1)
+    codes, d = q8_k(x)  # +-127 (and the lane kernels' int16 codes: x itself)
+    xq = (codes.double() * d.double()).reshape(x.shape) if q8k_lane_rows(isa, 9, qtype) else q16(x)
+    want = xq @ w.double().t()
+    assert ((lin(x).double() - want).abs() <= 2e-6 * (xq.abs() @ w.double().abs().t())).all()
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -139,6 +139,14 @@ def set_slow_gathers(slow: bool) -> None:
         ctypes.c_int.in_dll(lib, "ember_slow_gathers").value = int(slow)
 
 
+def set_lanes_x8(x8: bool) -> None:
+    """Makes rows8.h (the avx2 and avxvnni paths' 2-16 rows) take a one-pass K type's x as
+    q8_K's int8 codes (the default) or as int16 ones; for benchmarks."""
+    lib = library()
+    if lib is not None:
+        ctypes.c_int.in_dll(lib, "ember_lanes_x8").value = int(x8)
+
+
 def cpu_features() -> str:
     """The CPU's SIMD features that matter to the kernels ("avx2 fma f16c"), as detected."""
     lib = library()

@@ -8,9 +8,10 @@
  *       simple.h's int16 blocks for the 32-element types, kquants.h's q8_K for the K types:
  *       `passes` 2 (or 0) takes x then its rounding error, 1 takes x alone, as llama.cpp;
  *       F16/BF16 use them as they are; the lane kernels' int16 blocks where they take the
- *       rows, vnni.h's and rows8.h's); OpenMP splits W in chunks of rows, and each W row is
- *       used by all M rows of x while it sits in L1. Returns 0, or -1 for a type it lacks, -2
- *       for a K that is not whole blocks, -3 when out of memory.
+ *       rows, vnni.h's and rows8.h's, or rows8.h's q8_K ones for a one-pass K type); OpenMP
+ *       splits W in chunks of rows, and each W row is used by all M rows of x while it sits in
+ *       L1. Returns 0, or -1 for a type it lacks, -2 for a K that is not whole blocks, -3
+ *       when out of memory.
  *   ember_dequant_<isa>(type, W, out, rows, K): out (rows, K) float32, bit-equal to gguf-py.
  *   ember_block_elems_<isa>(type): elements of a block, 0 for a type it lacks.
  *   ember_attend_<isa>(...): one token's attention over a float KV cache range (attend.h);
@@ -28,6 +29,7 @@
 extern int ember_kq_pf_ahead; /* dispatch.c: the K types' prefetch distance for this CPU */
 extern int ember_pf_batches;  /* dispatch.c: 1 where the int16-code kernels ask with any rows */
 extern int ember_pf_row_min;  /* dispatch.c: rows at least this long ask as the products go */
+extern int ember_lanes_x8;    /* dispatch.c: 1 unless a benchmark compares int16 codes */
 extern int ember_slow_gathers; /* dispatch.c: 1 where gathers are slow (AMD's CPUs) */
 #define KQ_PF_AHEAD ember_kq_pf_ahead
 
@@ -85,7 +87,9 @@ static void em_block_size(int type, int *elems, int *bytes) {
 
 /* The lane kernels: a register's lanes are weight rows, and 1-16 rows of x meet them as int16
  * codes per 32 values (vnni.h: 16 weight rows a 512-bit register, the avx512 and amx copies;
- * rows8.h: 8 a 256-bit one, the avx2 and avxvnni copies). Both give a row the same bits. */
+ * rows8.h: 8 a 256-bit one, the avx2 and avxvnni copies). Both give a row the same bits.
+ * rows8.h takes a K type's one-pass weight's x (passes 1: q/k/v, gate/up, the head) as q8_K's
+ * int8 codes instead (em_lanes_x8), as one row of it and llama.cpp round it. */
 #define EM_LANES_MAX_ROWS 16
 static inline int em_lanes_ktype(int type) {
     return type == KQ_TYPE_Q4_K || type == KQ_TYPE_Q5_K || type == KQ_TYPE_Q6_K;
@@ -101,7 +105,7 @@ static inline int em_lanes_type(int type) {
 typedef em_vnni_block em_lanes_block;
 #define em_lanes_least_rows em_vnni_least_rows
 #define em_lanes_prepare_row em_vnni_prepare_row
-#define em_rows_lanes em_rows_vnni
+#define em_rows_lanes(type, x8, ...) em_rows_vnni(type, __VA_ARGS__) /* int16 codes only */
 #elif defined(EM_X86) && !defined(EM_FLOAT_X)
 #include "rows8.h"
 #define EM_LANES 1
@@ -109,11 +113,29 @@ typedef em_r8_block em_lanes_block;
 #define em_lanes_least_rows em_r8_least_rows
 #define em_lanes_prepare_row em_r8_prepare_row
 #define em_rows_lanes em_rows_r8
+#define EM_LANES_X8 1 /* rows8.h also takes x as int8 codes (em_prep's x8) */
 #endif
 #if defined(EM_LANES)
+/* Whether x takes int8 codes in the lane kernels (em_prep's x8): a K type's one-pass weight
+ * (NativeLinear's activation_passes 1), whose x one row rounds to q8_K's int8 codes anyway */
+static int em_lanes_x8(int type, int passes) {
+#if defined(EM_LANES_X8)
+    return ember_lanes_x8 && passes == 1 && em_lanes_ktype(type);
+#else
+    (void)type;
+    (void)passes;
+    return 0;
+#endif
+}
 /* Whether M rows of x against a weight of `type` take the lane kernel */
-static int em_lanes_takes(int type, int64_t M) {
-    return em_lanes_type(type) && M >= em_lanes_least_rows(type) && M <= EM_LANES_MAX_ROWS;
+static int em_lanes_takes(int type, int64_t M, int passes) {
+    int64_t least = em_lanes_least_rows(type);
+#if defined(EM_LANES_X8)
+    if (em_lanes_x8(type, passes)) least = em_r8_least_rows_x8(type);
+#else
+    (void)passes;
+#endif
+    return em_lanes_type(type) && M >= least && M <= EM_LANES_MAX_ROWS;
 }
 #endif
 #if defined(EM_VNNI) && defined(__AMX_INT8__) && defined(__AMX_TILE__)
@@ -193,6 +215,7 @@ typedef struct {
     kq_block_q8_K *q8k; /* (passes M, nb): row passes m + i is x[m]'s pass i */
     uint8_t *amx; /* the amx copy's 8-16 rows of Q4_K and Q5_K: x as amx.h lays it out */
     em_lanes_block *lanes; /* 1-16 rows for vnni.h or rows8.h: x as it lays it out */
+    int x8; /* lanes holds x as int8 codes per 32 values (rows8.h's em_r8_prepare_row8), not int16 */
 } em_prep;
 
 /* Floats of em_prep's xs for M rows of nb blocks: none for one row, nor for the portable and
@@ -214,7 +237,7 @@ static float *em_xs_group(const em_prep *p, int64_t m) {
 
 /* Bytes of the buffer em_prepare needs; -1 for a type this library lacks, -2 for a K that is
  * not whole blocks. */
-static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
+static int64_t em_prep_bytes(int type, int64_t M, int64_t K, int passes) {
     int elems, bytes;
     em_block_size(type, &elems, &bytes);
     if (!elems) return -1;
@@ -224,7 +247,7 @@ static int64_t em_prep_bytes(int type, int64_t M, int64_t K) {
     if (em_amx_takes(type, M)) return (K / EM_QK) * em_amx_block_bytes(em_amx_cols(M));
 #endif
 #if defined(EM_LANES)
-    if (em_lanes_takes(type, M)) return M * (K / EM_QK) * (int64_t)sizeof(em_lanes_block);
+    if (em_lanes_takes(type, M, passes)) return M * (K / EM_QK) * (int64_t)sizeof(em_lanes_block);
 #endif
     if (elems == KQ_QK) return 2 * M * (K / KQ_QK) * (int64_t)sizeof(kq_block_q8_K);
 #if defined(EM_FLOAT_X)
@@ -240,7 +263,7 @@ static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t M, in
     int elems, bytes;
     em_block_size(type, &elems, &bytes);
     p->type = type, p->M = M, p->K = K, p->x = x, p->q16 = 0, p->xs = 0, p->q8k = 0, p->amx = 0;
-    p->lanes = 0;
+    p->lanes = 0, p->x8 = 0;
     p->passes = passes == 1 ? 1 : 2;
     p->nb = K / elems, p->row_bytes = p->nb * bytes;
     if (type == EM_F16 || type == EM_BF16) return;
@@ -251,8 +274,9 @@ static void em_prepare_setup(em_prep *p, int type, const float *x, int64_t M, in
     }
 #endif
 #if defined(EM_LANES)
-    if (em_lanes_takes(type, M)) {
+    if (em_lanes_takes(type, M, passes)) {
         p->lanes = (em_lanes_block *)buf;
+        p->x8 = em_lanes_x8(type, passes);
         return;
     }
 #endif
@@ -278,8 +302,14 @@ static void em_prepare_row(const em_prep *p, int64_t m) {
     }
 #endif
 #if defined(EM_LANES)
-    if (p->lanes) {
-        em_lanes_prepare_row(p->lanes + m * (K / EM_QK), xm, K / EM_QK); /* blocks of 32, whatever the type's */
+    if (p->lanes) { /* blocks of 32, whatever the type's */
+#if defined(EM_LANES_X8)
+        if (p->x8) {
+            em_r8_prepare_row_q8k(p->lanes + m * (K / EM_QK), xm, K / EM_QK);
+            return;
+        }
+#endif
+        em_lanes_prepare_row(p->lanes + m * (K / EM_QK), xm, K / EM_QK);
         return;
     }
 #endif
@@ -412,7 +442,7 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
 #endif
 #if defined(EM_LANES)
     if (p->lanes) { /* M <= 16 rows: m0 is 0 */
-        em_rows_lanes(p->type, p->lanes, W, p->row_bytes, K / EM_QK, M, ldy, n0, n1, y);
+        em_rows_lanes(p->type, p->x8, p->lanes, W, p->row_bytes, K / EM_QK, M, ldy, n0, n1, y);
         return;
     }
 #endif
@@ -475,7 +505,7 @@ int omp_get_thread_num(void);
 
 int EM_EXPORT(ember_matmul)(int type, const void *w, const float *x, float *y, int64_t M,
                             int64_t N, int64_t K, int passes) {
-    const int64_t need = em_prep_bytes(type, M, K);
+    const int64_t need = em_prep_bytes(type, M, K, passes);
     if (need < 0) return (int)need;
     if (M < 0 || N < 0) return -2;
     if (M == 0 || N == 0) return 0;

@@ -165,7 +165,7 @@ int EM_EXPORT(ember_layer)(const em_layer *L, int threads) {
     const em_lin *lins[7] = {&L->qkv[0], &L->qkv[1], &L->qkv[2], &L->gate_up[0], &L->gate_up[1], &L->out, &L->down};
     for (int i = 0; i < 7; i++) {
         if (!lins[i]->n) continue;
-        const int64_t b = em_prep_bytes(lins[i]->type, M, lins[i]->k);
+        const int64_t b = em_prep_bytes(lins[i]->type, M, lins[i]->k, lins[i]->passes);
         if (b < 0) return (int)b;
         prep = b > prep ? b : prep;
     }

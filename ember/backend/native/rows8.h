@@ -20,7 +20,24 @@
  * Against simple.h's em_dots_T (2-4 rows of x, a weight row at a time, the codes in int16 too):
  * there each weight row and row of x took its own int32 lanes, their conversion to float and
  * a multiply-add a block; here 8 weight rows share them, and a block's codes are unpacked once
- * for 8-16 rows of x instead of 4 (README and docs/speed-log.md have the figures). */
+ * for 8-16 rows of x instead of 4 (README and docs/speed-log.md have the figures).
+ *
+ * A K type's one-pass weight (kernels.c's em_lanes_x8: q/k/v, gate/up and the head, whose
+ * input is a normalized hidden state) takes x as q8_K's int8 codes instead, as its one-row
+ * kernel and llama.cpp round it (em_r8_prepare_row_q8k): the half block's codes stay bytes, 4 a
+ * lane, and meet x's 4 codes a lane in one vpmaddubsw (AVX-VNNI: vpdpbusd) where int16 took two
+ * vpmaddwd, with no widening to pairs. The sums are exact again, so a row's bits do not depend
+ * on its batch, and its codes are those it has alone: only the float steps' order differs (the
+ * int16 codes had put a sequence in a batch int8's rounding away from itself alone). ns a block
+ * and row from memory, one pass with int16 codes (or kquants.h's q8_K kernel below
+ * em_r8_least_rows) against q8_K codes here (`bench_simple_types.py --k 2048 --mib 200 --rows 2
+ * 3 4 8 16 --passes 1 --lanes-x8 0|1 --isa avx2 --types Q4_K Q5_K Q6_K --runs 8`, 2 threads,
+ * the Zen 5 EPYC): Q4_K 2 rows 0.38 -> 0.30, 4 0.29 -> 0.20, 8 0.23 -> 0.15, 16 0.20 -> 0.13; Q5_K
+ * 0.46 -> 0.36, 0.32 -> 0.24, 0.24 -> 0.17, 0.21 -> 0.14; Q6_K 3 rows 0.40 -> 0.31, 8 0.26 -> 0.19,
+ * 16 0.22 -> 0.17, but at 2 rows its q8_K kernel's 0.31-0.33 against 0.39 here (a build taking
+ * them from 2 rows: em_r8_least_rows_x8). The 32-element types keep int16 codes: where they
+ * take int8 (x's q8_0 rounding, gemm8's) from 2 rows, Gemma 3's 15-token chat prompt, whose
+ * prefill takes these kernels, left the reference's first logits by 12% of the largest. */
 #ifndef EMBER_ROWS8_H
 #define EMBER_ROWS8_H
 
@@ -41,6 +58,11 @@ static int64_t em_r8_least_rows(int type) {
     default: return 2; /* Q8_0, Q4_K, Q5_K */
     }
 }
+
+/* The fewest rows of x this kernel takes with x8 (a one-pass K type: x as q8_K's int8 codes),
+ * where the rows it leaves take kquants.h's q8_K kernel: at 2 rows Q6_K's was the faster, Q4_K's
+ * and Q5_K's not (the figures are at the top) */
+static int64_t em_r8_least_rows_x8(int type) { return type == KQ_TYPE_Q6_K ? 3 : 2; }
 
 /* A row's prepared block: x's codes in the registers' pairs (dword 2t + p holds the codes of
  * elements 4t + p and 4t + p + 2), d, s, and what the codes' offsets take from the sums (read
@@ -77,6 +99,26 @@ static void em_r8_prepare_row(em_r8_block *xq, const float *xm, int64_t nb) {
         _mm256_storeu_si256((__m256i *)(xq[b].pair + 8),
                             _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(c1, 0xd8), 0xd8));
         xq[b].d = q.d, xq[b].s = q.s;
+    }
+}
+
+/* x's row as a one-pass K-type weight's kernels take it at one row (kquants.h's q8_K: int8 codes
+ * per 256 values, llama.cpp's rounding), laid out for the int8 lanes (x8): a superblock's codes
+ * in order, 32 to each of its 8 blocks (dword 4h + t of pair: elements 16h + 4t .. 16h + 4t + 3
+ * of the block, as a half's registers hold a weight row's), d the superblock's, s = d * sum c
+ * of the block, and Q6_K's offset sums of each half. nb: blocks of 32 (whole superblocks). */
+static void em_r8_prepare_row_q8k(em_r8_block *xq, const float *xm, int64_t nb) {
+    for (int64_t sb = 0; sb < nb / 8; sb++, xm += KQ_QK) {
+        kq_block_q8_K q;
+        kq_quantize_row_q8_K(xm, &q, KQ_QK);
+        for (int j = 0; j < 8; j++) {
+            em_r8_block *b = xq + 8 * sb + j;
+            memcpy(b->pair, q.qs + 32 * j, 32);
+            const int32_t first = q.bsums[2 * j], last = q.bsums[2 * j + 1];
+            b->less[EM_R8_LESS_Q4_0] = b->less[EM_R8_LESS_Q5_0] = 0; /* no K type reads them */
+            b->less[EM_R8_LESS_Q6_K] = 32 * first, b->less[EM_R8_LESS_Q6_K + 1] = 32 * last;
+            b->d = q.d, b->s = q.d * (float)(first + last);
+        }
     }
 }
 
@@ -176,6 +218,61 @@ static inline __attribute__((always_inline)) void em_r8_q6_half(const __m256i *w
     }
 }
 
+/* Half a block's unsigned codes as bytes (v[0..3], byte i of a lane: element 4t + i of the
+ * half, at most 63) times x's int8 codes (xc: that half's 4 dwords, at most 127 in size): int32
+ * lanes of 8 weight rows, exact. vpmaddubsw's pairs stay below 2^15 (2 * 63 * 127); four of
+ * them summed in int16 would not for Q6_K's 6-bit codes (q6), which widen two at a time (4- and
+ * 5-bit codes: 4 * 2 * 31 * 127 < 2^15). */
+static inline __attribute__((always_inline)) __m256i em_r8_dot8(const __m256i *v, const int32_t *xc, int q6) {
+#if defined(__AVXVNNI__)
+    (void)q6;
+    __m256i a = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), v[0], _mm256_set1_epi32(xc[0]));
+    __m256i b = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), v[1], _mm256_set1_epi32(xc[1]));
+    a = _mm256_dpbusd_avx_epi32(a, v[2], _mm256_set1_epi32(xc[2]));
+    b = _mm256_dpbusd_avx_epi32(b, v[3], _mm256_set1_epi32(xc[3]));
+    return _mm256_add_epi32(a, b);
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(v[0], _mm256_set1_epi32(xc[0])),
+                                         _mm256_maddubs_epi16(v[1], _mm256_set1_epi32(xc[1])));
+    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(v[2], _mm256_set1_epi32(xc[2])),
+                                         _mm256_maddubs_epi16(v[3], _mm256_set1_epi32(xc[3])));
+    if (q6) return _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones));
+    return _mm256_madd_epi16(_mm256_add_epi16(p01, p23), ones);
+#endif
+}
+
+/* em_r8_half_rows for Q4_K and Q5_K with x's int8 codes: v the half's codes as bytes (no int16
+ * pairs), then the same float steps */
+static inline __attribute__((always_inline)) void em_r8_half_rows8(const __m256i *v, int h, __m256 dw, __m256 mw,
+                                                                  const em_r8_block *xb, int64_t nb, int64_t M,
+                                                                  __m256i *part, float (*acc)[8]) {
+    for (int64_t m = 0; m < M; m++, xb += nb) {
+        const __m256i dot = em_r8_dot8(v, xb->pair + 4 * h, 0);
+        if (!h) {
+            part[m] = dot;
+            continue;
+        }
+        __m256 a = _mm256_load_ps(acc[m]);
+        a = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(_mm256_add_epi32(part[m], dot)), a);
+        a = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), a);
+        _mm256_store_ps(acc[m], a);
+    }
+}
+
+/* em_r8_q6_half with x's int8 codes */
+static inline __attribute__((always_inline)) void em_r8_q6_half8(const __m256i *v, int h, __m256 dw,
+                                                                const em_r8_block *xb, int64_t nb, int64_t M,
+                                                                float (*acc)[8]) {
+    for (int64_t m = 0; m < M; m++, xb += nb) {
+        const __m256i sum =
+            _mm256_sub_epi32(em_r8_dot8(v, xb->pair + 4 * h, 1), _mm256_set1_epi32(xb->less[EM_R8_LESS_Q6_K + h]));
+        __m256 a = _mm256_load_ps(acc[m]);
+        a = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(sum), a);
+        _mm256_store_ps(acc[m], a);
+    }
+}
+
 /* the low (high = 0) or high halves of 8 dwords as floats (f16 bits) */
 static inline __m256 em_r8_f16(__m256i v, int high) {
     const __m256i halves = _mm256_shuffle_epi8(
@@ -237,8 +334,10 @@ static inline __m256i em_r8_fifth(__m256i qh, int at, int shift) {
 
 /* y[m * ldy + n] = W[n] . x[m] for the M rows of x prepared in xq (M rows of nb blocks) and the
  * weight rows n0..n1 (at most 8) */
-static void em_rows_r8_group(int type, const em_r8_block *xq, const uint8_t *W, int64_t row_bytes, int64_t nb,
-                             int64_t M, int64_t ldy, int64_t n0, int64_t n1, float *y) {
+static inline __attribute__((always_inline)) void em_rows_r8_group(int type, int x8, const em_r8_block *xq,
+                                                                   const uint8_t *W, int64_t row_bytes, int64_t nb,
+                                                                   int64_t M, int64_t ldy, int64_t n0, int64_t n1,
+                                                                   float *y) {
     const int64_t nr = n1 - n0;
     const uint8_t *rp[8]; /* rows past nr read row n0 (in bounds), their sums not kept */
     for (int r = 0; r < 8; r++) rp[r] = W + (n0 + (r < nr ? r : 0)) * row_bytes;
@@ -276,6 +375,10 @@ static void em_rows_r8_group(int type, const em_r8_block *xq, const uint8_t *W, 
                                                                         _mm256_set1_epi8(3));
                                     v[t] = _mm256_or_si256(q4, _mm256_slli_epi32(q2, 4));
                                 }
+                                if (x8) {
+                                    em_r8_q6_half8(v, half, _mm256_load_ps(dw[2 * j + half]), xb + j, nb, M, acc);
+                                    continue;
+                                }
                                 em_r8_pairs(v, w);
                                 em_r8_q6_half(w, half, _mm256_load_ps(dw[2 * j + half]), xb + j, nb, M, acc);
                             }
@@ -300,6 +403,11 @@ static void em_rows_r8_group(int type, const em_r8_block *xq, const uint8_t *W, 
                                     v[t], _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(q5[4 * half + t], j),
                                                                              _mm256_set1_epi8(1)),
                                                             4));
+                        }
+                        if (x8) {
+                            em_r8_half_rows8(v, half, _mm256_load_ps(dw[j]), _mm256_load_ps(mw[j]), xb + j, nb, M,
+                                             part, acc);
+                            continue;
                         }
                         em_r8_pairs(v, w);
                         em_r8_half_rows(w, half, _mm256_load_ps(dw[j]), _mm256_load_ps(mw[j]), 1, -1, xb + j, nb, M,
@@ -351,10 +459,15 @@ static void em_rows_r8_group(int type, const em_r8_block *xq, const uint8_t *W, 
 }
 
 /* y[m * ldy + n] = W[n] . x[m] for the weight rows n0..n1 (a chunk: at most 16), 8 at a time */
-static void em_rows_r8(int type, const em_r8_block *xq, const uint8_t *W, int64_t row_bytes, int64_t nb,
-                       int64_t M, int64_t ldy, int64_t n0, int64_t n1, float *y) {
-    for (int64_t g0 = n0; g0 < n1; g0 += 8)
-        em_rows_r8_group(type, xq, W, row_bytes, nb, M, ldy, g0, g0 + 8 < n1 ? g0 + 8 : n1, y);
+static void em_rows_r8(int type, int x8, const em_r8_block *xq, const uint8_t *W, int64_t row_bytes,
+                       int64_t nb, int64_t M, int64_t ldy, int64_t n0, int64_t n1, float *y) {
+    for (int64_t g0 = n0; g0 < n1; g0 += 8) {
+        const int64_t g1 = g0 + 8 < n1 ? g0 + 8 : n1;
+        if (x8) /* two copies of the group's code, each with its one kind of x */
+            em_rows_r8_group(type, 1, xq, W, row_bytes, nb, M, ldy, g0, g1, y);
+        else
+            em_rows_r8_group(type, 0, xq, W, row_bytes, nb, M, ldy, g0, g1, y);
+    }
 }
 
 #endif /* EMBER_ROWS8_H */
