@@ -1,5 +1,6 @@
 """The native kernels' run-time choices a benchmark may set, to compare both sides of one in
-separate runs: vnni.h's rows where gathers are slow, rows8.h's codes for a one-pass K type."""
+separate runs: vnni.h's rows where gathers are slow, the lane kernels' codes for a one-pass K
+type."""
 
 import argparse
 
@@ -12,8 +13,8 @@ def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
         type=int,
         choices=[0, 1],
         default=1,
-        help="rows8.h (the avx2 and avxvnni paths' 2-16 rows) takes a one-pass K type's x as "
-        "q8_K's int8 codes (1, the default) or int16 ones (0)",
+        help="the lane kernels (rows8.h, and vnni.h on the avx512 path) take a one-pass K "
+        "type's x as q8_K's int8 codes (1, the default) or int16 ones (0)",
     )
     parser.add_argument(
         "--slow-gathers",

@@ -97,8 +97,8 @@ class NativeLinear:
         """raw: the tensor's bytes (shared, not copied); kernels: True for the chosen ISA's,
         a native.Kernels for that ISA's, False/None for the torch path; activation_passes: the
         q8_K passes over x of a K type's native kernel (2: x and its rounding error, ~int16
-        precision; 1: x alone, llama.cpp's precision, ~2/3 of the time, in rows8.h's lanes too
-        on the avx2 and avxvnni paths; see activation_passes)."""
+        precision; 1: x alone, llama.cpp's precision, ~2/3 of the time, in the lane kernels too
+        but on the amx path; see activation_passes)."""
         if activation_passes not in (1, 2):
             raise QuantError(f"activation_passes is 1 or 2, got {activation_passes}")
         self.activation_passes = activation_passes

@@ -155,15 +155,25 @@ def int16_rows(isa: str, rows: int, qtype: QT) -> bool:
     return takes and least_int16_rows(isa, qtype) <= rows <= 16
 
 
-# rows8.h takes a one-pass K-type weight's x as q8_K's int8 codes (kernels.c's em_lanes_x8):
-# on the avx2 and avxvnni paths, Q4_K and Q5_K from 2 rows, Q6_K from 3
+# The lane kernels take a one-pass K-type weight's x as q8_K's int8 codes (kernels.c's
+# em_lanes_x8): rows8.h on the avx2 and avxvnni paths (Q4_K and Q5_K from 2 rows, Q6_K from
+# 3), vnni.h on the avx512 path from its usual rows; not the amx path (its tiles take int16)
 LEAST_Q8K_LANE_ROWS = {QT.Q4_K: 2, QT.Q5_K: 2, QT.Q6_K: 3}
 
 
+def least_q8k_lane_rows(isa: str, qtype: QT) -> int:
+    """The fewest rows of x that meet a one-pass weight of qtype as q8_K codes in the lane
+    kernels (17: never)"""
+    if qtype not in LEAST_Q8K_LANE_ROWS:
+        return 17
+    if isa in ("avx2", "avxvnni"):
+        return LEAST_Q8K_LANE_ROWS[qtype]
+    return least_int16_rows(isa, qtype) if isa == "avx512" else 17
+
+
 def q8k_lane_rows(isa: str, rows: int, qtype: QT) -> bool:
-    """Whether these rows of x meet a one-pass weight of qtype as q8_K codes in rows8.h"""
-    least = LEAST_Q8K_LANE_ROWS.get(qtype, 17)
-    return isa in ("avx2", "avxvnni") and least <= rows <= 16
+    """Whether these rows of x meet a one-pass weight of qtype as q8_K codes in the lanes"""
+    return least_q8k_lane_rows(isa, qtype) <= rows <= 16
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -187,7 +197,7 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     if lin.takes_int8(rows):  # gemm8 takes the prompt where it has fast code for the type
         xq = q8_0(x)
     if int16_rows(isa, rows, qtype) and not q8k_lane_rows(isa, rows, qtype):
-        # vnni.h's int16 codes, closer than one q8_K pass (rows8.h takes q8_K's codes)
+        # amx.h's and the amx path's vnni.h's int16 codes, closer than one q8_K pass
         want = q16(x) @ w.double().t()
         assert ((y.double() - want).abs() <= 2e-6 * (q16(x).abs() @ w.double().abs().t())).all()
         least = max(2, least_int16_rows(isa, qtype))  # nor on its batch of 1-16
@@ -204,10 +214,10 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     if lin.takes_int8(rows):  # nor with gemm8, for any batch it takes (above NATIVE_ROWS)
         assert torch.equal(y[1 : NATIVE_ROWS + 2], lin(x[1 : NATIVE_ROWS + 2]))
         assert torch.equal(y[-NATIVE_ROWS - 1 :], lin(x[-NATIVE_ROWS - 1 :]))
-    elif q8k_lane_rows(isa, rows, qtype):  # nor in rows8.h's batches (from its least rows)
-        least = LEAST_Q8K_LANE_ROWS[qtype]
-        assert torch.equal(y[1:2], lin(x[[1] + [0] * (least - 1)])[:1])
-        assert torch.equal(y[-1:], lin(x[[rows - 1] * least])[:1])
+    elif q8k_lane_rows(isa, rows, qtype):  # nor in the lanes' batches (from their least rows)
+        least, last = least_q8k_lane_rows(isa, qtype), rows - 1
+        assert torch.equal(y[:1], lin(x[[0] + [last] * (least - 1)])[:1])
+        assert torch.equal(y[-1:], lin(x[[last] * least])[:1])
         # and its codes are one row's: the sums as exact, only the float steps' order differs
         alone = torch.cat([lin(x[i : i + 1]) for i in range(rows)]).double()
         assert ((y.double() - alone).abs() <= 2e-6 * scale + 1e-30).all()
@@ -386,6 +396,27 @@ def test_the_lane_kernels_give_every_isa_the_same_bits(qtype: QT) -> None:
             continue
         x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
         ys = [NativeLinear(raw, qtype, *shape, kernels=native.kernels(i))(x) for i in runnable]
+        for isa, y in zip(runnable[1:], ys[1:], strict=True):
+            assert torch.equal(y, ys[0]), (isa, rows)
+
+
+@pytest.mark.parametrize("qtype", list(LEAST_Q8K_LANE_ROWS), ids=lambda t: t.name)
+@pytest.mark.usefixtures("gathers")
+def test_the_lane_kernels_give_a_one_pass_weight_the_same_bits(qtype: QT) -> None:
+    # with q8_K's codes too (rows8.h and vnni.h; not amx.h's int16 tiles)
+    shape = (77, 256 * 3)
+    raw, _ = weight(qtype, shape)
+    runnable = [isa for isa in native.runnable_isas() if least_q8k_lane_rows(isa, qtype) <= 16]
+    if len(runnable) < 2:
+        pytest.skip("needs two ISA paths whose lane kernels take q8_K's codes")
+    for rows in (6, 9, 16):
+        if not all(q8k_lane_rows(isa, rows, qtype) for isa in runnable):
+            continue
+        x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
+        ys = [
+            NativeLinear(raw, qtype, *shape, kernels=native.kernels(i), activation_passes=1)(x)
+            for i in runnable
+        ]
         for isa, y in zip(runnable[1:], ys[1:], strict=True):
             assert torch.equal(y, ys[0]), (isa, rows)
 

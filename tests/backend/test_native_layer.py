@@ -101,15 +101,12 @@ def test_one_activation_pass_stays_close(files, isa, monkeypatch, gathers):
     gaps = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(ones, twos, strict=True)]
     assert max(gaps) <= 3e-2  # ~1.3% seen
     # every step's q8_K passes show (the prompt's too: its logits are the head's one row; and
-    # the last batch's three rows on the avx2 and avxvnni paths, where rows8.h takes q8_K's
-    # codes), but not where the rows of x take vnni.h's int16 codes (Q4_K from one row, or two
-    # where gathers are slow, as the batch's three, whose first row still attends to keys the
-    # passes made)
+    # the lane kernels', which take q8_K's codes), but not where the amx path's rows of x take
+    # vnni.h's int16 codes (Q4_K from one row, or two where gathers are slow, as the batch's
+    # three, whose first row still attends to keys the passes made)
     passes = len(gaps)  # the prompt, 4 one-row steps, the batch's 3 rows
-    if isa in ("avx512", "amx") and gathers:
-        passes = 6
-    elif isa in ("avx512", "amx"):
-        passes = 0
+    if isa == "amx":
+        passes = 6 if gathers else 0
     assert all(gaps[:passes]) and not any(gaps[passes:]), gaps
 
 

@@ -140,8 +140,8 @@ def set_slow_gathers(slow: bool) -> None:
 
 
 def set_lanes_x8(x8: bool) -> None:
-    """Makes rows8.h (the avx2 and avxvnni paths' 2-16 rows) take a one-pass K type's x as
-    q8_K's int8 codes (the default) or as int16 ones; for benchmarks."""
+    """Makes the lane kernels (rows8.h; vnni.h on the avx512 path) take a one-pass K type's x
+    as q8_K's int8 codes (the default) or as int16 ones; for benchmarks."""
     lib = library()
     if lib is not None:
         ctypes.c_int.in_dll(lib, "ember_lanes_x8").value = int(x8)

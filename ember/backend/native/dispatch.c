@@ -75,8 +75,8 @@ EM_API int ember_pf_row_min = 1536;
  * em_vnni_least_rows); a kernel choice, so a row's bits may differ from the other setting's. */
 EM_API int ember_slow_gathers = 1;
 
-/* Whether rows8.h takes a one-pass K type's x as q8_K's int8 codes (kernels.c's em_lanes_x8),
- * not int16; 0 only for benchmarks that compare the two */
+/* Whether the lane kernels (rows8.h; vnni.h in the avx512 copy) take a one-pass K type's x as
+ * q8_K's int8 codes (kernels.c's em_lanes_x8), not int16; 0 only for benchmarks that compare */
 EM_API int ember_lanes_x8 = 1;
 
 /* 1 on Intel's CPUs, for the choices made in Python (prompt_attention.py's cell limit) */

@@ -8,7 +8,7 @@
  *       simple.h's int16 blocks for the 32-element types, kquants.h's q8_K for the K types:
  *       `passes` 2 (or 0) takes x then its rounding error, 1 takes x alone, as llama.cpp;
  *       F16/BF16 use them as they are; the lane kernels' int16 blocks where they take the
- *       rows, vnni.h's and rows8.h's, or rows8.h's q8_K ones for a one-pass K type); OpenMP
+ *       rows, vnni.h's and rows8.h's, or q8_K's there for a one-pass K type); OpenMP
  *       splits W in chunks of rows, and each W row is used by all M rows of x while it sits in
  *       L1. Returns 0, or -1 for a type it lacks, -2 for a K that is not whole blocks, -3
  *       when out of memory.
@@ -88,8 +88,9 @@ static void em_block_size(int type, int *elems, int *bytes) {
 /* The lane kernels: a register's lanes are weight rows, and 1-16 rows of x meet them as int16
  * codes per 32 values (vnni.h: 16 weight rows a 512-bit register, the avx512 and amx copies;
  * rows8.h: 8 a 256-bit one, the avx2 and avxvnni copies). Both give a row the same bits.
- * rows8.h takes a K type's one-pass weight's x (passes 1: q/k/v, gate/up, the head) as q8_K's
- * int8 codes instead (em_lanes_x8), as one row of it and llama.cpp round it. */
+ * Both take a K type's one-pass weight's x (passes 1: q/k/v, gate/up, the head) as q8_K's int8
+ * codes instead (em_lanes_x8), as kquants.h and llama.cpp round it; not the amx copy, whose
+ * tiles take int16 codes from 8 rows. */
 #define EM_LANES_MAX_ROWS 16
 static inline int em_lanes_ktype(int type) {
     return type == KQ_TYPE_Q4_K || type == KQ_TYPE_Q5_K || type == KQ_TYPE_Q6_K;
@@ -105,7 +106,12 @@ static inline int em_lanes_type(int type) {
 typedef em_vnni_block em_lanes_block;
 #define em_lanes_least_rows em_vnni_least_rows
 #define em_lanes_prepare_row em_vnni_prepare_row
-#define em_rows_lanes(type, x8, ...) em_rows_vnni(type, __VA_ARGS__) /* int16 codes only */
+#define em_rows_lanes em_rows_vnni
+#if !(defined(__AMX_INT8__) && defined(__AMX_TILE__)) /* amx.h's tiles take int16 codes: not there */
+#define EM_LANES_X8 1 /* vnni.h also takes a one-pass K type's x as q8_K's codes (em_prep's x8) */
+#define em_lanes_prepare_row_q8k em_vnni_prepare_row_q8k
+#define em_lanes_least_rows_x8 em_vnni_least_rows
+#endif
 #elif defined(EM_X86) && !defined(EM_FLOAT_X)
 #include "rows8.h"
 #define EM_LANES 1
@@ -113,7 +119,9 @@ typedef em_r8_block em_lanes_block;
 #define em_lanes_least_rows em_r8_least_rows
 #define em_lanes_prepare_row em_r8_prepare_row
 #define em_rows_lanes em_rows_r8
-#define EM_LANES_X8 1 /* rows8.h also takes x as int8 codes (em_prep's x8) */
+#define EM_LANES_X8 1 /* rows8.h also takes a one-pass K type's x as q8_K's codes (em_prep's x8) */
+#define em_lanes_prepare_row_q8k em_r8_prepare_row_q8k
+#define em_lanes_least_rows_x8 em_r8_least_rows_x8
 #endif
 #if defined(EM_LANES)
 /* Whether x takes int8 codes in the lane kernels (em_prep's x8): a K type's one-pass weight
@@ -131,7 +139,7 @@ static int em_lanes_x8(int type, int passes) {
 static int em_lanes_takes(int type, int64_t M, int passes) {
     int64_t least = em_lanes_least_rows(type);
 #if defined(EM_LANES_X8)
-    if (em_lanes_x8(type, passes)) least = em_r8_least_rows_x8(type);
+    if (em_lanes_x8(type, passes)) least = em_lanes_least_rows_x8(type);
 #else
     (void)passes;
 #endif
@@ -305,7 +313,7 @@ static void em_prepare_row(const em_prep *p, int64_t m) {
     if (p->lanes) { /* blocks of 32, whatever the type's */
 #if defined(EM_LANES_X8)
         if (p->x8) {
-            em_r8_prepare_row_q8k(p->lanes + m * (K / EM_QK), xm, K / EM_QK);
+            em_lanes_prepare_row_q8k(p->lanes + m * (K / EM_QK), xm, K / EM_QK);
             return;
         }
 #endif

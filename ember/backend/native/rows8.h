@@ -23,14 +23,14 @@
  * for 8-16 rows of x instead of 4 (README and docs/speed-log.md have the figures).
  *
  * A K type's one-pass weight (kernels.c's em_lanes_x8: q/k/v, gate/up and the head, whose
- * input is a normalized hidden state) takes x as q8_K's int8 codes instead, as its one-row
- * kernel and llama.cpp round it (em_r8_prepare_row_q8k): the half block's codes stay bytes, 4 a
- * lane, and meet x's 4 codes a lane in one vpmaddubsw (AVX-VNNI: vpdpbusd) where int16 took two
- * vpmaddwd, with no widening to pairs. The sums are exact again, so a row's bits do not depend
- * on its batch, and its codes are those it has alone: only the float steps' order differs (the
- * int16 codes had put a sequence in a batch int8's rounding away from itself alone). ns a block
- * and row from memory, one pass with int16 codes (or kquants.h's q8_K kernel below
- * em_r8_least_rows) against q8_K codes here (`bench_simple_types.py --k 2048 --mib 200 --rows 2
+ * input is a normalized hidden state) takes x as q8_K's int8 codes instead (vnni.h alike), as
+ * its one-row kernel and llama.cpp round it (em_r8_prepare_row_q8k): the half block's codes stay
+ * bytes, 4 a lane, and meet x's 4 codes a lane in one vpmaddubsw (AVX-VNNI: vpdpbusd) where
+ * int16 took two vpmaddwd, with no widening to pairs. The sums are exact again, so a row's bits
+ * do not depend on its batch, and its codes are those it has alone: only the float steps' order
+ * differs (the int16 codes had put a sequence in a batch int8's rounding away from itself
+ * alone). ns a block and row from memory, one pass with int16 codes (or kquants.h's q8_K
+ * kernel below em_r8_least_rows) against q8_K codes here (`bench_simple_types.py --k 2048 --mib 200 --rows 2
  * 3 4 8 16 --passes 1 --lanes-x8 0|1 --isa avx2 --types Q4_K Q5_K Q6_K --runs 8`, 2 threads,
  * the Zen 5 EPYC): Q4_K 2 rows 0.38 -> 0.30, 4 0.29 -> 0.20, 8 0.23 -> 0.15, 16 0.20 -> 0.13; Q5_K
  * 0.46 -> 0.36, 0.32 -> 0.24, 0.24 -> 0.17, 0.21 -> 0.14; Q6_K 3 rows 0.40 -> 0.31, 8 0.26 -> 0.19,

@@ -16,7 +16,13 @@
  * offset (Q4_1, Q5_1: the file's m; the K types' -dmin m): the same steps as amx.h's tiles take, so
  * the same bits. The K types' sub-blocks are blocks (Q4_K's and Q5_K's 32 values,
  * each with its scale d sc and offset; Q6_K's 16, two to a block, each with its scale); their
- * q8_K passes do not apply here: int16 codes per 32 values are at least as close as two.
+ * two q8_K passes do not apply here: int16 codes per 32 values are at least as close. A one-pass
+ * K-type weight takes x as its one-row kernel does, q8_K's int8 codes (x8: kernels.c's
+ * em_lanes_x8, in the avx512 copy; not the amx copy's, whose tiles take int16 codes), held in hi:
+ * one vpdpbusd a register instead of two, the same float steps, and rows8.h's bits for them
+ * (`bench_simple_types.py --k 2048 --mib 200 --rows 2 4 8 16 --passes 1 --lanes-x8 0|1 --types
+ * Q4_K Q5_K --runs 8`, the Zen 5, 2 threads, ns a block and row: Q4_K 0.35 -> 0.32 at 2 rows,
+ * 0.15 -> 0.12 at 8, 0.11 -> 0.08 at 16; Q5_K 0.42 -> 0.38, 0.17 -> 0.13, 0.12 -> 0.09).
  *
  * A row's steps do not depend on the rows beside it, so its bits are the same in any batch of
  * 1-16 (Q8_0: 2-16, Q6_K: 3-16). The float32 path it replaced widened each weight block to
@@ -87,6 +93,25 @@ static void em_vnni_prepare_row(em_vnni_block *xq, const float *xm, int64_t nb) 
     }
 }
 
+/* x's row as a one-pass K-type weight's one-row kernel takes it (kquants.h's q8_K: int8 codes
+ * per 256 values, llama.cpp's rounding), for x8 (kernels.c's em_lanes_x8): each block's 32 codes
+ * in hi, the superblock's d, s = d * sum c of the block, and Q6_K's sums of each half's codes.
+ * One vpdpbusd a register then takes 4 codes of x where int16 codes took two. nb: blocks of 32
+ * (whole superblocks). The amx copy has no use for it. */
+static __attribute__((unused)) void em_vnni_prepare_row_q8k(em_vnni_block *xq, const float *xm, int64_t nb) {
+    for (int64_t sb = 0; sb < nb / 8; sb++, xm += KQ_QK) {
+        kq_block_q8_K q;
+        kq_quantize_row_q8_K(xm, &q, KQ_QK);
+        for (int j = 0; j < 8; j++) {
+            em_vnni_block *b = xq + 8 * sb + j;
+            memcpy(b->hi, q.qs + 32 * j, 32);
+            memset(b->lo, 0, sizeof b->lo);
+            b->c_half = q.bsums[2 * j], b->c_sum = q.bsums[2 * j] + q.bsums[2 * j + 1], b->hi_sum = 0;
+            b->d = q.d, b->s = q.d * (float)b->c_sum;
+        }
+    }
+}
+
 /* Q4_K and Q5_K: the 8 sub-blocks of 32 of the superblock at w (of the first of nr <= 16 weight
  * rows) as scales dw[j] = d * sc_j and offsets mw[j] = -(dmin * m_j) of each row (kquants.h's
  * kq_scales_k4 on 16 rows at once; rows past nr: 0) */
@@ -152,15 +177,15 @@ static inline __m512i em_vnni_x4(const void *p) {
  * signed codes). xb: row 0's prepared block, rows nb apart. */
 static inline __attribute__((always_inline)) void em_vnni_block_rows(const __m512i *u, const __m512i *v,
                                                                      __m512 dw, __m512 mw, int offset, int q8,
-                                                                     int bias, const em_vnni_block *xb,
+                                                                     int bias, int x8, const em_vnni_block *xb,
                                                                      int64_t nb, int64_t M, float (*acc)[16]) {
     for (int64_t m = 0; m < M; m++, xb += nb) {
         __m512i hi = _mm512_setzero_si512(), lo = _mm512_setzero_si512();
         for (int t = 0; t < 8; t++) {
             hi = _mm512_dpbusd_epi32(hi, u[t], em_vnni_x4(xb->hi + 4 * t));
-            lo = _mm512_dpbusd_epi32(lo, em_vnni_x4(xb->lo + 4 * t), v[t]); /* codes < 128: signed too */
+            if (!x8) lo = _mm512_dpbusd_epi32(lo, em_vnni_x4(xb->lo + 4 * t), v[t]); /* codes < 128: signed too */
         }
-        __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo);
+        __m512i sum = x8 ? hi : _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); /* x8: hi holds the codes */
         if (q8) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(xb->hi_sum));
         if (bias) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(bias * xb->c_sum));
         __m512 a = _mm512_load_ps(acc[m]);
@@ -174,7 +199,7 @@ static inline __attribute__((always_inline)) void em_vnni_block_rows(const __m51
  * against every row of x: acc[m] += (dwa dx) (sum q c - 32 sum c) over the first half, then the
  * same over the second */
 static inline __attribute__((always_inline)) void em_vnni_q6_rows(const __m512i *v, __m512 dwa, __m512 dwb,
-                                                                  const em_vnni_block *xb, int64_t nb,
+                                                                  int x8, const em_vnni_block *xb, int64_t nb,
                                                                   int64_t M, float (*acc)[16]) {
     for (int64_t m = 0; m < M; m++, xb += nb) {
         __m512i hi[2], lo[2];
@@ -182,15 +207,15 @@ static inline __attribute__((always_inline)) void em_vnni_q6_rows(const __m512i 
             hi[h] = lo[h] = _mm512_setzero_si512();
             for (int t = 4 * h; t < 4 * h + 4; t++) {
                 hi[h] = _mm512_dpbusd_epi32(hi[h], v[t], em_vnni_x4(xb->hi + 4 * t));
-                lo[h] = _mm512_dpbusd_epi32(lo[h], em_vnni_x4(xb->lo + 4 * t), v[t]);
+                if (!x8) lo[h] = _mm512_dpbusd_epi32(lo[h], em_vnni_x4(xb->lo + 4 * t), v[t]);
             }
         }
         const int32_t c[2] = {32 * xb->c_half, 32 * (xb->c_sum - xb->c_half)};
         const __m512 dx = _mm512_set1_ps(xb->d);
         __m512 a = _mm512_load_ps(acc[m]);
         for (int h = 0; h < 2; h++) {
-            const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hi[h], 8), lo[h]),
-                                                 _mm512_set1_epi32(c[h]));
+            const __m512i codes = x8 ? hi[h] : _mm512_add_epi32(_mm512_slli_epi32(hi[h], 8), lo[h]);
+            const __m512i sum = _mm512_sub_epi32(codes, _mm512_set1_epi32(c[h]));
             a = _mm512_fmadd_ps(_mm512_mul_ps(h ? dwb : dwa, dx), _mm512_cvtepi32_ps(sum), a);
         }
         _mm512_store_ps(acc[m], a);
@@ -205,8 +230,10 @@ static inline __attribute__((always_inline)) void em_vnni_gather(__m512i *g, int
 
 /* y[m * ldy + n] = W[n] . x[m] for the M rows of x prepared in xq (M rows of nb blocks) and the
  * weight rows n0..n1 (at most 16: a chunk). */
-static void em_rows_vnni(int type, const em_vnni_block *xq, const uint8_t *W, int64_t row_bytes,
-                         int64_t nb, int64_t M, int64_t ldy, int64_t n0, int64_t n1, float *y) {
+static inline __attribute__((always_inline)) void em_rows_vnni_of(int type, int x8, const em_vnni_block *xq,
+                                                                  const uint8_t *W, int64_t row_bytes, int64_t nb,
+                                                                  int64_t M, int64_t ldy, int64_t n0, int64_t n1,
+                                                                  float *y) {
     const int64_t nr = n1 - n0;
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i at = _mm512_mullo_epi32(iota, _mm512_set1_epi32((int)row_bytes));
@@ -244,8 +271,8 @@ static void em_rows_vnni(int type, const em_vnni_block *xq, const uint8_t *W, in
                                                                     _mm512_set1_epi8(3));
                                 v[t] = _mm512_or_si512(q4, _mm512_slli_epi32(q2, 4));
                             }
-                            em_vnni_q6_rows(v, _mm512_load_ps(dw[2 * j]), _mm512_load_ps(dw[2 * j + 1]), xb + j,
-                                            nb, M, acc);
+                            em_vnni_q6_rows(v, _mm512_load_ps(dw[2 * j]), _mm512_load_ps(dw[2 * j + 1]), x8,
+                                            xb + j, nb, M, acc);
                         }
                     }
                 }
@@ -266,8 +293,8 @@ static void em_rows_vnni(int type, const em_vnni_block *xq, const uint8_t *W, in
                                 v[t], _mm512_slli_epi32(
                                           _mm512_and_si512(_mm512_srli_epi32(q5[t], j), _mm512_set1_epi8(1)), 4));
                     }
-                    em_vnni_block_rows(v, v, _mm512_load_ps(dw[j]), _mm512_load_ps(mw[j]), 1, 0, 0, xb + j,
-                                       nb, M, acc);
+                    em_vnni_block_rows(v, v, _mm512_load_ps(dw[j]), _mm512_load_ps(mw[j]), 1, 0, 0, x8,
+                                       xb + j, nb, M, acc);
                 }
             }
         }
@@ -291,7 +318,7 @@ static void em_rows_vnni(int type, const em_vnni_block *xq, const uint8_t *W, in
             if (q8) { /* v[t]: codes 4t..4t+3 of each of the 16 rows */
                 em_vnni_gather(v, 8, wb + qs_at, at, rows);
                 for (int t = 0; t < 8; t++) u[t] = _mm512_xor_si512(v[t], _mm512_set1_epi8((char)0x80));
-                em_vnni_block_rows(u, v, dw, mw, 0, 1, 0, xq + b, nb, M, acc);
+                em_vnni_block_rows(u, v, dw, mw, 0, 1, 0, 0, xq + b, nb, M, acc);
                 continue;
             }
             em_vnni_gather(g, 4, wb + qs_at, at, rows);
@@ -304,12 +331,22 @@ static void em_rows_vnni(int type, const em_vnni_block *xq, const uint8_t *W, in
                 for (int t = 0; t < 8; t++)
                     v[t] = _mm512_or_si512(v[t], _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 4 * t), spread));
             }
-            em_vnni_block_rows(v, v, dw, mw, offset, 0, bias, xq + b, nb, M, acc);
+            em_vnni_block_rows(v, v, dw, mw, offset, 0, bias, 0, xq + b, nb, M, acc);
         }
     }
 #undef EM_VNNI_PREFETCH
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < nr; n++) y[m * ldy + n0 + n] = acc[m][n];
+}
+
+/* em_rows_vnni_of, its code copied for each kind of x (x8: q8_K's codes, kernels.c's
+ * em_lanes_x8; else int16's) */
+static void em_rows_vnni(int type, int x8, const em_vnni_block *xq, const uint8_t *W, int64_t row_bytes,
+                         int64_t nb, int64_t M, int64_t ldy, int64_t n0, int64_t n1, float *y) {
+    if (x8)
+        em_rows_vnni_of(type, 1, xq, W, row_bytes, nb, M, ldy, n0, n1, y);
+    else
+        em_rows_vnni_of(type, 0, xq, W, row_bytes, nb, M, ldy, n0, n1, y);
 }
 
 #endif /* EMBER_VNNI_H */
