@@ -381,44 +381,47 @@ def test_every_isa_gives_the_same_bits(qtype: QT, rows: int) -> None:
         assert torch.equal(y, ys[0]), isa
 
 
+def assert_every_isa_gives_the_same_bits(
+    qtype: QT, shape: tuple[int, int], passes: int, counts: tuple[int, ...], takes
+) -> None:
+    """Each of these counts of rows of x that every runnable ISA path's lane kernels take
+    (takes(isa, rows)) gives the same bits on all of them."""
+    raw, _ = weight(qtype, shape)
+    runnable = [isa for isa in native.runnable_isas() if any(takes(isa, r) for r in range(17))]
+    if len(runnable) < 2:
+        pytest.skip("needs two ISA paths whose lane kernels take these rows")
+    for rows in counts:
+        if not all(takes(isa, rows) for isa in runnable):
+            continue
+        x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
+        ys = [
+            NativeLinear(raw, qtype, *shape, kernels=native.kernels(i), activation_passes=passes)(x)
+            for i in runnable
+        ]
+        for isa, y in zip(runnable[1:], ys[1:], strict=True):
+            assert torch.equal(y, ys[0]), (isa, rows)
+
+
 @pytest.mark.parametrize("qtype", LANE_TYPES, ids=lambda t: t.name)
 @pytest.mark.usefixtures("gathers")
 def test_the_lane_kernels_give_every_isa_the_same_bits(qtype: QT) -> None:
     # rows8.h (8 weight rows a 256-bit register) and vnni.h (16 a 512-bit one; and amx.h's
     # tiles) make each block's sum exact in int32, then take the same float steps
     shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
-    raw, _ = weight(qtype, shape)
-    runnable = [isa for isa in native.runnable_isas() if isa in LEAST_LANE_ROWS]
-    if len(runnable) < 2:
-        pytest.skip("needs two ISA paths with lane kernels")
-    for rows in (5, 9, 16):
-        if not all(int16_rows(isa, rows, qtype) for isa in runnable):
-            continue
-        x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
-        ys = [NativeLinear(raw, qtype, *shape, kernels=native.kernels(i))(x) for i in runnable]
-        for isa, y in zip(runnable[1:], ys[1:], strict=True):
-            assert torch.equal(y, ys[0]), (isa, rows)
+    def takes(isa: str, rows: int) -> bool:
+        return isa in LEAST_LANE_ROWS and int16_rows(isa, rows, qtype)
+
+    assert_every_isa_gives_the_same_bits(qtype, shape, 2, (5, 9, 16), takes)
 
 
 @pytest.mark.parametrize("qtype", list(LEAST_Q8K_LANE_ROWS), ids=lambda t: t.name)
 @pytest.mark.usefixtures("gathers")
 def test_the_lane_kernels_give_a_one_pass_weight_the_same_bits(qtype: QT) -> None:
     # with q8_K's codes too (rows8.h and vnni.h; not amx.h's int16 tiles)
-    shape = (77, 256 * 3)
-    raw, _ = weight(qtype, shape)
-    runnable = [isa for isa in native.runnable_isas() if least_q8k_lane_rows(isa, qtype) <= 16]
-    if len(runnable) < 2:
-        pytest.skip("needs two ISA paths whose lane kernels take q8_K's codes")
-    for rows in (6, 9, 16):
-        if not all(q8k_lane_rows(isa, rows, qtype) for isa in runnable):
-            continue
-        x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
-        ys = [
-            NativeLinear(raw, qtype, *shape, kernels=native.kernels(i), activation_passes=1)(x)
-            for i in runnable
-        ]
-        for isa, y in zip(runnable[1:], ys[1:], strict=True):
-            assert torch.equal(y, ys[0]), (isa, rows)
+    def takes(isa: str, rows: int) -> bool:
+        return q8k_lane_rows(isa, rows, qtype)
+
+    assert_every_isa_gives_the_same_bits(qtype, (77, 256 * 3), 1, (6, 9, 16), takes)
 
 
 @pytest.mark.skipif(

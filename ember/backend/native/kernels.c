@@ -223,7 +223,7 @@ typedef struct {
     kq_block_q8_K *q8k; /* (passes M, nb): row passes m + i is x[m]'s pass i */
     uint8_t *amx; /* the amx copy's 8-16 rows of Q4_K and Q5_K: x as amx.h lays it out */
     em_lanes_block *lanes; /* 1-16 rows for vnni.h or rows8.h: x as it lays it out */
-    int x8; /* lanes holds x as int8 codes per 32 values (rows8.h's em_r8_prepare_row8), not int16 */
+    int x8; /* lanes holds x as q8_K's int8 codes (em_lanes_prepare_row_q8k), not int16 ones */
 } em_prep;
 
 /* Floats of em_prep's xs for M rows of nb blocks: none for one row, nor for the portable and

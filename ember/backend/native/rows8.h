@@ -180,44 +180,6 @@ static inline __attribute__((always_inline)) __m256i em_r8_dot(const __m256i *w,
 #endif
 }
 
-/* Half h of a block of 8 weight rows (w: its 8 pair registers; the block's scales dw, offsets
- * mw) against every row of x. The first half's sums wait in part[m]; with the second's, acc[m]
- * += (dw dx) sum, then mw s where offset. less: the codes' offset, if any (xb's less[less]:
- * Q4_0's and Q5_0's sum (q - 8) c and sum (q - 16) c), else -1. xb: row 0's prepared block, rows nb apart. A half at a time, its 8 registers stay in
- * registers for every row of x (AVX2 has 16). */
-static inline __attribute__((always_inline)) void em_r8_half_rows(const __m256i *w, int h, __m256 dw, __m256 mw,
-                                                                 int offset, int less, const em_r8_block *xb,
-                                                                 int64_t nb, int64_t M, __m256i *part,
-                                                                 float (*acc)[8]) {
-    for (int64_t m = 0; m < M; m++, xb += nb) {
-        const __m256i dot = em_r8_dot(w, xb->pair + 8 * h);
-        if (!h) {
-            part[m] = dot;
-            continue;
-        }
-        __m256i sum = _mm256_add_epi32(part[m], dot);
-        if (less >= 0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(xb->less[less]));
-        __m256 a = _mm256_load_ps(acc[m]);
-        a = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(sum), a);
-        if (offset) a = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), a);
-        _mm256_store_ps(acc[m], a);
-    }
-}
-
-/* Q6_K: half h of a block (16 values, w: codes q, 0..63; its scales dw) against every row of x:
- * acc[m] += (dw dx) (sum q c - 32 sum c) */
-static inline __attribute__((always_inline)) void em_r8_q6_half(const __m256i *w, int h, __m256 dw,
-                                                               const em_r8_block *xb, int64_t nb, int64_t M,
-                                                               float (*acc)[8]) {
-    for (int64_t m = 0; m < M; m++, xb += nb) {
-        const __m256i sum =
-            _mm256_sub_epi32(em_r8_dot(w, xb->pair + 8 * h), _mm256_set1_epi32(xb->less[EM_R8_LESS_Q6_K + h]));
-        __m256 a = _mm256_load_ps(acc[m]);
-        a = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(sum), a);
-        _mm256_store_ps(acc[m], a);
-    }
-}
-
 /* Half a block's unsigned codes as bytes (v[0..3], byte i of a lane: element 4t + i of the
  * half, at most 63) times x's int8 codes (xc: that half's 4 dwords, at most 127 in size): int32
  * lanes of 8 weight rows, exact. vpmaddubsw's pairs stay below 2^15 (2 * 63 * 127); four of
@@ -242,31 +204,46 @@ static inline __attribute__((always_inline)) __m256i em_r8_dot8(const __m256i *v
 #endif
 }
 
-/* em_r8_half_rows for Q4_K and Q5_K with x's int8 codes: v the half's codes as bytes (no int16
- * pairs), then the same float steps */
-static inline __attribute__((always_inline)) void em_r8_half_rows8(const __m256i *v, int h, __m256 dw, __m256 mw,
-                                                                  const em_r8_block *xb, int64_t nb, int64_t M,
-                                                                  __m256i *part, float (*acc)[8]) {
+/* Half h of a block's sums of 8 weight rows against a row of x: w holds the half's 8 int16 pair
+ * registers (em_r8_dot), or with x8 its 4 registers of codes as bytes (em_r8_dot8) */
+static inline __attribute__((always_inline)) __m256i em_r8_half_dot(const __m256i *w, int x8, int q6,
+                                                                   const em_r8_block *xb, int h) {
+    return x8 ? em_r8_dot8(w, xb->pair + 4 * h, q6) : em_r8_dot(w, xb->pair + 8 * h);
+}
+
+/* Half h of a block of 8 weight rows (w: its 8 pair registers, or with x8 its 4 of bytes:
+ * em_r8_half_dot; the block's scales dw, offsets mw) against every row of x. The first half's
+ * sums wait in part[m]; with the second's, acc[m] += (dw dx) sum, then mw s where offset. less:
+ * the codes' offset, if any (xb's less[less]: Q4_0's and Q5_0's sum (q - 8) c and sum (q - 16)
+ * c), else -1. xb: row 0's prepared block, rows nb apart. A half at a time, its registers stay
+ * in registers for every row of x (AVX2 has 16). */
+static inline __attribute__((always_inline)) void em_r8_half_rows(const __m256i *w, int x8, int h, __m256 dw,
+                                                                 __m256 mw, int offset, int less,
+                                                                 const em_r8_block *xb, int64_t nb, int64_t M,
+                                                                 __m256i *part, float (*acc)[8]) {
     for (int64_t m = 0; m < M; m++, xb += nb) {
-        const __m256i dot = em_r8_dot8(v, xb->pair + 4 * h, 0);
+        const __m256i dot = em_r8_half_dot(w, x8, 0, xb, h);
         if (!h) {
             part[m] = dot;
             continue;
         }
+        __m256i sum = _mm256_add_epi32(part[m], dot);
+        if (less >= 0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(xb->less[less]));
         __m256 a = _mm256_load_ps(acc[m]);
-        a = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(_mm256_add_epi32(part[m], dot)), a);
-        a = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), a);
+        a = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(sum), a);
+        if (offset) a = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->s), a);
         _mm256_store_ps(acc[m], a);
     }
 }
 
-/* em_r8_q6_half with x's int8 codes */
-static inline __attribute__((always_inline)) void em_r8_q6_half8(const __m256i *v, int h, __m256 dw,
-                                                                const em_r8_block *xb, int64_t nb, int64_t M,
-                                                                float (*acc)[8]) {
+/* Q6_K: half h of a block (16 values, w: codes q, 0..63, as em_r8_half_rows takes them; its
+ * scales dw) against every row of x: acc[m] += (dw dx) (sum q c - 32 sum c) */
+static inline __attribute__((always_inline)) void em_r8_q6_half(const __m256i *w, int x8, int h, __m256 dw,
+                                                               const em_r8_block *xb, int64_t nb, int64_t M,
+                                                               float (*acc)[8]) {
     for (int64_t m = 0; m < M; m++, xb += nb) {
-        const __m256i sum =
-            _mm256_sub_epi32(em_r8_dot8(v, xb->pair + 4 * h, 1), _mm256_set1_epi32(xb->less[EM_R8_LESS_Q6_K + h]));
+        const __m256i sum = _mm256_sub_epi32(em_r8_half_dot(w, x8, 1, xb, h),
+                                             _mm256_set1_epi32(xb->less[EM_R8_LESS_Q6_K + h]));
         __m256 a = _mm256_load_ps(acc[m]);
         a = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(sum), a);
         _mm256_store_ps(acc[m], a);
@@ -375,12 +352,9 @@ static inline __attribute__((always_inline)) void em_rows_r8_group(int type, int
                                                                         _mm256_set1_epi8(3));
                                     v[t] = _mm256_or_si256(q4, _mm256_slli_epi32(q2, 4));
                                 }
-                                if (x8) {
-                                    em_r8_q6_half8(v, half, _mm256_load_ps(dw[2 * j + half]), xb + j, nb, M, acc);
-                                    continue;
-                                }
-                                em_r8_pairs(v, w);
-                                em_r8_q6_half(w, half, _mm256_load_ps(dw[2 * j + half]), xb + j, nb, M, acc);
+                                if (!x8) em_r8_pairs(v, w); /* x8 takes the codes as bytes */
+                                em_r8_q6_half(x8 ? v : w, x8, half, _mm256_load_ps(dw[2 * j + half]), xb + j, nb, M,
+                                              acc);
                             }
                         }
                     }
@@ -404,14 +378,9 @@ static inline __attribute__((always_inline)) void em_rows_r8_group(int type, int
                                                                              _mm256_set1_epi8(1)),
                                                             4));
                         }
-                        if (x8) {
-                            em_r8_half_rows8(v, half, _mm256_load_ps(dw[j]), _mm256_load_ps(mw[j]), xb + j, nb, M,
-                                             part, acc);
-                            continue;
-                        }
-                        em_r8_pairs(v, w);
-                        em_r8_half_rows(w, half, _mm256_load_ps(dw[j]), _mm256_load_ps(mw[j]), 1, -1, xb + j, nb, M,
-                                        part, acc);
+                        if (!x8) em_r8_pairs(v, w); /* x8 takes the codes as bytes */
+                        em_r8_half_rows(x8 ? v : w, x8, half, _mm256_load_ps(dw[j]), _mm256_load_ps(mw[j]), 1, -1,
+                                        xb + j, nb, M, part, acc);
                     }
                 }
             }
@@ -438,7 +407,7 @@ static inline __attribute__((always_inline)) void em_rows_r8_group(int type, int
                 for (int half = 0; half < 2; half++) {
                     em_r8_load16(rp, off + qs_at + 16 * half, g);
                     em_r8_pairs_signed(g, w);
-                    em_r8_half_rows(w, half, dw, mw, 0, -1, xq + b, nb, M, part, acc);
+                    em_r8_half_rows(w, 0, half, dw, mw, 0, -1, xq + b, nb, M, part, acc);
                 }
                 continue;
             }
@@ -449,7 +418,7 @@ static inline __attribute__((always_inline)) void em_rows_r8_group(int type, int
                     if (qh_at) v[t] = _mm256_or_si256(v[t], em_r8_fifth(qh, 2 * half + t / 2, 4 * (t % 2)));
                 }
                 em_r8_pairs(v, w);
-                em_r8_half_rows(w, half, dw, mw, offset, less, xq + b, nb, M, part, acc);
+                em_r8_half_rows(w, 0, half, dw, mw, offset, less, xq + b, nb, M, part, acc);
             }
         }
     }
