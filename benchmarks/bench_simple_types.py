@@ -5,7 +5,7 @@ larger than the caches, so read from memory as a decode step reads it (Gemma 3's
 is 179 MB of rows of 640), for each thread count; and ns a block and row of x.
 
     .venv/bin/python benchmarks/bench_simple_types.py [--k 640] [--mib 100] [--types Q8_0 ...]
-        [--rows 1 4 8] [--isa avx2] [--slow-gathers 0|1] [--passes 1|2] [--lanes-x8 0|1]
+        [--rows 1 4 8] [--isa avx2] [--passes 1|2] [--lanes-x8 0|1]
 """
 
 import argparse

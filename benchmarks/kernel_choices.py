@@ -1,6 +1,5 @@
-"""The native kernels' run-time choices a benchmark may set, to compare both sides of one in
-separate runs: vnni.h's rows where gathers are slow, the lane kernels' codes for a one-pass K
-type."""
+"""The native kernels' run-time choice a benchmark may set, to compare both sides of it in
+separate runs: the lane kernels' codes for a one-pass K type."""
 
 import argparse
 
@@ -16,16 +15,7 @@ def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
         help="the lane kernels (rows8.h, and vnni.h on the avx512 path) take a one-pass K "
         "type's x as q8_K's int8 codes (1, the default) or int16 ones (0)",
     )
-    parser.add_argument(
-        "--slow-gathers",
-        type=int,
-        choices=[0, 1],
-        help="vnni.h's rows as chosen where gathers are slow (1: AMD's) or not (0: Intel's); "
-        "default: this CPU's",
-    )
 
 
 def apply_kernel_choices(args: argparse.Namespace) -> None:
     native.set_lanes_x8(bool(args.lanes_x8))
-    if args.slow_gathers is not None:
-        native.set_slow_gathers(bool(args.slow_gathers))

@@ -104,7 +104,6 @@ def test_dequant_is_bit_exact(isa: str, qtype: QT) -> None:
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", SIMPLE + K_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.usefixtures("gathers")
 def test_quantized_matmul(isa: str, qtype: QT, rows: int) -> None:
     # N not a multiple of the 16-row chunks, K an odd number of blocks
     shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
@@ -137,14 +136,10 @@ LEAST_LANE_ROWS = {
 }
 LEAST_LANE_ROWS["amx"] = LEAST_LANE_ROWS["avx512"]
 LEAST_LANE_ROWS["avxvnni"] = LEAST_LANE_ROWS["avx2"]
-# vnni.h where the CPU's gathers are slow (dispatch.c's ember_slow_gathers: AMD's CPUs); others 2
-LEAST_VNNI_ROWS_SLOW_GATHERS = {QT.Q8_0: 8, QT.Q6_K: 6, QT.Q5_K: 1}
 
 
 def least_int16_rows(isa: str, qtype: QT) -> int:
     """The fewest rows of x that meet a weight of qtype in the lane kernels on this ISA path"""
-    if isa in ("avx512", "amx") and native.slow_gathers():
-        return LEAST_VNNI_ROWS_SLOW_GATHERS.get(qtype, 2)
     return LEAST_LANE_ROWS[isa].get(qtype, 1 if isa in ("avx512", "amx") else 2)
 
 
@@ -348,7 +343,6 @@ def test_float_matmul(isa: str, qtype: QT, rows: int) -> None:
     "qtype", [QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.F16, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name
 )
 @pytest.mark.parametrize("k", [256, 2048])  # rows past 1,024 values: avx512 pairs weight rows
-@pytest.mark.usefixtures("gathers")
 def test_a_row_does_not_depend_on_its_batch(isa: str, qtype: QT, k: int) -> None:
     raw, _ = weight(qtype, (301, k))  # big enough for the parallel loop; an odd row count
     lin = NativeLinear(raw, qtype, 301, k, kernels=native.kernels(isa))
@@ -403,7 +397,6 @@ def assert_every_isa_gives_the_same_bits(
 
 
 @pytest.mark.parametrize("qtype", LANE_TYPES, ids=lambda t: t.name)
-@pytest.mark.usefixtures("gathers")
 def test_the_lane_kernels_give_every_isa_the_same_bits(qtype: QT) -> None:
     # rows8.h (8 weight rows a 256-bit register) and vnni.h (16 a 512-bit one; and amx.h's
     # tiles) make each block's sum exact in int32, then take the same float steps
@@ -415,7 +408,6 @@ def test_the_lane_kernels_give_every_isa_the_same_bits(qtype: QT) -> None:
 
 
 @pytest.mark.parametrize("qtype", list(LEAST_Q8K_LANE_ROWS), ids=lambda t: t.name)
-@pytest.mark.usefixtures("gathers")
 def test_the_lane_kernels_give_a_one_pass_weight_the_same_bits(qtype: QT) -> None:
     # with q8_K's codes too (rows8.h and vnni.h; not amx.h's int16 tiles)
     def takes(isa: str, rows: int) -> bool:
@@ -552,8 +544,7 @@ def test_prefetch_choices_follow_the_cpu_vendor() -> None:
     """dispatch.c's prefetch choices: on Intel's CPUs the K types ask 2 KiB ahead (4 KiB
     elsewhere), the int16-code kernels ask for each weight row with several rows of x too, and
     one row of x asks as the products go for rows of any length (elsewhere from 1.5 KiB); hints
-    only, so a product's bits are the same either way, on every ISA path. Gathers count as slow
-    everywhere but on Intel's CPUs."""
+    only, so a product's bits are the same either way, on every ISA path."""
     lib = native.library()
     assert lib is not None
     ahead = ctypes.c_int.in_dll(lib, "ember_kq_pf_ahead")
@@ -564,7 +555,6 @@ def test_prefetch_choices_follow_the_cpu_vendor() -> None:
     if vendors:
         intel = vendors[0] == "GenuineIntel"
         assert chosen == ((2048, 1, 0) if intel else (4096, 0, 1536))
-        assert native.slow_gathers() == (not intel)
         assert native.cpu_is_intel() == intel
     cases = [(QT.Q4_K, 1), (QT.Q4_K, 3), (QT.Q4_1, 1), (QT.Q4_1, 3), (QT.Q8_0, 1), (QT.Q8_0, 8)]
     for isa in native.runnable_isas():

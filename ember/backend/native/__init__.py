@@ -124,21 +124,6 @@ def cpu_is_intel() -> bool:
     return lib is not None and ctypes.c_int.in_dll(lib, "ember_cpu_intel").value == 1
 
 
-def slow_gathers() -> bool:
-    """Whether vnni.h chooses its rows as where gathers are slow (dispatch.c chose it by the
-    CPU's vendor: every vendor but Intel)."""
-    lib = library()
-    return lib is not None and ctypes.c_int.in_dll(lib, "ember_slow_gathers").value == 1
-
-
-def set_slow_gathers(slow: bool) -> None:
-    """Makes vnni.h choose its rows as where gathers are slow (AMD's CPUs) or not (Intel's);
-    for benchmarks and tests."""
-    lib = library()
-    if lib is not None:
-        ctypes.c_int.in_dll(lib, "ember_slow_gathers").value = int(slow)
-
-
 def set_lanes_x8(x8: bool) -> None:
     """Makes the lane kernels (rows8.h; vnni.h on the avx512 path) take a one-pass K type's x
     as q8_K's int8 codes (the default) or as int16 ones; for benchmarks."""

@@ -138,12 +138,14 @@ static void em_rows_amx(int type, const uint8_t *prep, const uint8_t *W, int64_t
     uint8_t codes[8][16 * EM_QK] __attribute__((aligned(64)));
     float dw[8][16] __attribute__((aligned(64))), mw[8][16] __attribute__((aligned(64)));
     int32_t chi[16 * 16] __attribute__((aligned(64))), clo[16 * 16] __attribute__((aligned(64)));
-    if (nr < 16) /* absent rows: zero codes (and scales: em_kscales16), outputs dropped */
+    if (nr < 16) /* absent rows: zero codes (em_kscales16 reads row n0's scales for them), outputs dropped */
         for (int s = 0; s < 8; s++) memset(codes[s] + nr * EM_QK, 0, (size_t)(16 - nr) * EM_QK);
     __m512 acc[16];
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
     const int64_t vecs = (nr * nc + 15) / 16;
     const uint8_t *w0 = W + n0 * row_bytes;
+    const uint8_t *rp[16];
+    for (int r = 0; r < 16; r++) rp[r] = w0 + (r < nr ? r : 0) * row_bytes;
     /* the 16 rows are read side by side, a block of each at a time, which the hardware's prefetch
      * does not follow: ask for the next chunk's rows (a thread's chunks follow each other in W),
      * a few lines each block, between the products */
@@ -151,7 +153,7 @@ static void em_rows_amx(int type, const uint8_t *prep, const uint8_t *W, int64_t
     const uint8_t *next = w0 + 16 * row_bytes;
     for (int64_t s0 = 0; s0 < nb; s0 += 8) { /* a superblock a pass, unpacked before its products */
         const uint8_t *sb = w0 + s0 / 8 * bytes;
-        em_kscales16(sb, row_bytes, nr, dw, mw);
+        em_kscales16(rp, s0 / 8 * bytes, dw, mw);
         for (int64_t n = 0; n < nr; n++)
             for (int j = 0; j < 8; j++)
                 _mm256_store_si256((__m256i *)(codes[j] + n * EM_QK), em_amx_kcodes(type, sb + n * row_bytes, j));

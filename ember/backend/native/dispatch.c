@@ -70,11 +70,6 @@ EM_API int ember_kq_pf_ahead = 4096;
 EM_API int ember_pf_batches = 0;
 EM_API int ember_pf_row_min = 1536;
 
-/* Whether the CPU's gathers are slow (AMD's; not Intel's): vnni.h, which gathers each block's
- * codes across 16 weight rows, then takes only as many rows of x as repay them (its
- * em_vnni_least_rows); a kernel choice, so a row's bits may differ from the other setting's. */
-EM_API int ember_slow_gathers = 1;
-
 /* Whether the lane kernels (rows8.h; vnni.h in the avx512 copy) take a one-pass K type's x as
  * q8_K's int8 codes (kernels.c's em_lanes_x8), not int16; 0 only for benchmarks that compare */
 EM_API int ember_lanes_x8 = 1;
@@ -87,7 +82,7 @@ __attribute__((constructor)) static void em_pick_by_vendor(void) {
     unsigned a, vendor[3];
     if (__get_cpuid(0, &a, &vendor[0], &vendor[2], &vendor[1]) &&
         memcmp(vendor, "GenuineIntel", 12) == 0) {
-        ember_kq_pf_ahead = 2048, ember_pf_batches = 1, ember_pf_row_min = 0, ember_slow_gathers = 0;
+        ember_kq_pf_ahead = 2048, ember_pf_batches = 1, ember_pf_row_min = 0;
         ember_cpu_intel = 1;
     }
 }

@@ -30,7 +30,6 @@ extern int ember_kq_pf_ahead; /* dispatch.c: the K types' prefetch distance for 
 extern int ember_pf_batches;  /* dispatch.c: 1 where the int16-code kernels ask with any rows */
 extern int ember_pf_row_min;  /* dispatch.c: rows at least this long ask as the products go */
 extern int ember_lanes_x8;    /* dispatch.c: 1 unless a benchmark compares int16 codes */
-extern int ember_slow_gathers; /* dispatch.c: 1 where gathers are slow (AMD's CPUs) */
 #define KQ_PF_AHEAD ember_kq_pf_ahead
 
 #include "attend.h"

@@ -4,25 +4,33 @@
  * not (fewer than 8 rows, Q6_K).
  *
  * A register's 16 lanes are a chunk's 16 weight rows, each lane 4 codes of its row: a block's 32
- * codes are 8 such registers, read across the 16 rows with gathers straight from the file's
- * blocks and unpacked once for every row of x. x is quantized as the int16 path quantizes it
- * (simple.h: per 32 values d = max|x| / 32767, codes c, s = d * sum c), each code split into a
- * signed high byte and an unsigned low one (c = 256 hi + lo). One vpdpbusd multiplies 4 codes
- * of 16 weight rows by 4 of x's high (or low) bytes, broadcast: 16 give a block's sum q hi and
- * sum q lo of 16 weight rows exactly in int32, so 256 hi + lo is the int16 path's sum q c (Q8_0's
- * signed codes as q + 128 against the high bytes, then less 128 sum hi; Q6_K's as q, then less
- * 32 sum c; Q4_0's and Q5_0's less 8 and 16 sum c, their offsets). Then, in float32, one chain a
- * weight row and row of x: y += (d_w d_x) * sum, then y += m_w * s where w = d_w q + m_w has an
- * offset (Q4_1, Q5_1: the file's m; the K types' -dmin m): the same steps as amx.h's tiles take, so
- * the same bits. The K types' sub-blocks are blocks (Q4_K's and Q5_K's 32 values,
- * each with its scale d sc and offset; Q6_K's 16, two to a block, each with its scale); their
- * two q8_K passes do not apply here: int16 codes per 32 values are at least as close. A one-pass
- * K-type weight takes x as its one-row kernel does, q8_K's int8 codes (x8: kernels.c's
- * em_lanes_x8, in the avx512 copy; not the amx copy's, whose tiles take int16 codes), held in hi:
- * one vpdpbusd a register instead of two, the same float steps, and rows8.h's bits for them
- * (`bench_simple_types.py --k 2048 --mib 200 --rows 2 4 8 16 --passes 1 --lanes-x8 0|1 --types
- * Q4_K Q5_K --runs 8`, the Zen 5, 2 threads, ns a block and row: Q4_K 0.35 -> 0.32 at 2 rows,
- * 0.15 -> 0.12 at 8, 0.11 -> 0.08 at 16; Q5_K 0.42 -> 0.38, 0.17 -> 0.13, 0.12 -> 0.09).
+ * codes are 8 such registers, built from the 16 rows' bytes (loaded side by side and transposed in
+ * registers, em_v16_load32, as rows8.h does on 8 rows) and unpacked once for every row of x. x is
+ * quantized as the int16 path quantizes it (simple.h: per 32 values d = max|x| / 32767, codes c, s
+ * = d * sum c), each code split into a signed high byte and an unsigned low one (c = 256 hi + lo).
+ * One vpdpbusd multiplies 4 codes of 16 weight rows by 4 of x's high (or low) bytes, broadcast: 16
+ * give a block's sum q hi and sum q lo of 16 weight rows exactly in int32, so 256 hi + lo is the
+ * int16 path's sum q c (Q8_0's signed codes as q + 128 against the high bytes, then less 128 sum
+ * hi; Q6_K's as q, then less 32 sum c; Q4_0's and Q5_0's less 8 and 16 sum c, their offsets).
+ * Then, in float32, one chain a weight row and row of x: y += (d_w d_x) * sum, then y += m_w * s
+ * where w = d_w q + m_w has an offset (Q4_1, Q5_1: the file's m; the K types' -dmin m): the same
+ * steps as amx.h's tiles take, so the same bits. The K types' sub-blocks are blocks (Q4_K's and
+ * Q5_K's 32 values, each with its scale d sc and offset; Q6_K's 16, two to a block, each with its
+ * scale); their two q8_K passes do not apply here: int16 codes per 32 values are at least as
+ * close. A one-pass K-type weight takes x as its one-row kernel does, q8_K's int8 codes (x8:
+ * kernels.c's em_lanes_x8, in the avx512 copy; not the amx copy's, whose tiles take int16 codes),
+ * held in hi: one vpdpbusd a register instead of two, the same float steps, and rows8.h's bits for
+ * them (`bench_simple_types.py --k 2048 --mib 200 --rows 2 4 8 16 --passes 1 --lanes-x8 0|1
+ * --types Q4_K Q5_K --runs 8`, the Zen 5, 2 threads, ns a block and row: Q4_K 0.35 -> 0.32 at 2
+ * rows, 0.15 -> 0.12 at 8, 0.11 -> 0.08 at 16; Q5_K 0.42 -> 0.38, 0.17 -> 0.13, 0.12 -> 0.09).
+ *
+ * Until 2026-11-29 each register was one gather from the 16 rows, which AMD's CPUs run slowly; the
+ * loads and transposes made the Zen 5's products from memory 1.3-1.9x as fast
+ * (`bench_simple_types.py --k 640 --mib 100 --rows 1 2 4 8 16 --threads 2`, the build before
+ * against this one, ns a block and row: Q4_0 2 rows 0.38 -> 0.26, 8 0.16 -> 0.12; Q5_0 0.47 ->
+ * 0.29, 0.18 -> 0.13; Q8_0 0.58 -> 0.31, 0.22 -> 0.14; with `--k 3072 --mib 200 --passes 1 --types
+ * Q4_K Q6_K`, 8 rows: Q4_K 0.12 -> 0.07, Q6_K 0.16 -> 0.10), and so one row of every type but Q8_0
+ * and Q6_K takes them there too (em_vnni_least_rows).
  *
  * A row's steps do not depend on the rows beside it, so its bits are the same in any batch of
  * 1-16 (Q8_0: 2-16, Q6_K: 3-16). The float32 path it replaced widened each weight block to
@@ -32,23 +40,16 @@
 #ifndef EMBER_VNNI_H
 #define EMBER_VNNI_H
 
-/* The fewest rows of x this kernel takes for `type`. On the Xeon one row of Q8_0 (its float32
- * path reads it from memory 1.2x as fast: 1.30 against 1.55-1.64 ns a block, 200 MiB of rows of
- * 640 and 2,048) and one or two of Q6_K (its q8_K kernel: 0.67-0.71 and 0.50 ns a block and row
- * against 0.86-0.92 and 0.54, K = 2,048) keep their other kernels: this one's gathers across 16
- * rows, and Q6_K's unpacking, are the step there. Where gathers are slow (dispatch.c's
- * ember_slow_gathers: the Zen 5) the other kernels lead further (their ns a block and row
- * against this one's): one row of every type but Q5_K (Q4_0 0.46-0.51 against 0.64-0.67, K = 640;
- * Q4_K 0.41-0.42 against 0.62-0.63, K = 3,072; but Q5_K 0.84-0.85 against 0.75-0.78), Q8_0 to 7
- * rows (K = 640: 0.41 against 0.55 at 2, 0.21-0.22 against 0.22 at 8, where whole models'
- * 8-sequence steps went 2-4% faster on this kernel, 0.21 against 0.15 at 16) and Q6_K to 5
- * (K = 1,024: 0.26 against 0.31 at 4, 0.26 against 0.23 at 6); `bench_simple_types.py --mib 100
- * --threads 2 --slow-gathers 0` and `1`. */
-static int64_t em_vnni_least_rows(int type) {
-    if (ember_slow_gathers)
-        return type == EM_Q8_0 ? 8 : type == KQ_TYPE_Q6_K ? 6 : type == KQ_TYPE_Q5_K ? 1 : 2;
-    return type == EM_Q8_0 ? 2 : type == KQ_TYPE_Q6_K ? 3 : 1;
-}
+/* The fewest rows of x this kernel takes for `type`. One row of Q8_0 keeps its float32 path,
+ * which reads it from memory as fast (the Xeon: 1.30 against 1.55-1.64 ns a block, 200 MiB of
+ * rows of 640 and 2,048; the Zen 5: 0.56-0.58 against 0.57, K = 640), and one or two of Q6_K its
+ * q8_K kernel (the Xeon: 0.67-0.71 and 0.50 ns a block and row against 0.86-0.92 and 0.54, K =
+ * 2,048; the Zen 5: 0.55 and 0.27 against 0.62 and 0.31, K = 3,072): Q6_K's unpacking is the
+ * step there. Every other type takes it from one row, on the Zen 5 since its gathers gave way
+ * to loads (em_v16_load16): one row of Q4_0 0.43-0.46 ns against simple.h's 0.48, Q4_1 0.41-0.42
+ * against 0.54-0.55, Q5_0 0.53 against 0.78, Q5_1 0.43 against 0.75 (`bench_simple_types.py --k
+ * 640 --mib 100 --rows 1 --threads 2`, 2026-11-29). */
+static int64_t em_vnni_least_rows(int type) { return type == EM_Q8_0 ? 2 : type == KQ_TYPE_Q6_K ? 3 : 1; }
 
 /* A row's prepared block: x's high bytes, low bytes, d, s, and the integer sums some types'
  * codes need: 32768 sum hi (Q8_0), sum c of the first 16 values and of all 32 (Q6_K) */
@@ -112,21 +113,57 @@ static __attribute__((unused)) void em_vnni_prepare_row_q8k(em_vnni_block *xq, c
     }
 }
 
-/* Q4_K and Q5_K: the 8 sub-blocks of 32 of the superblock at w (of the first of nr <= 16 weight
- * rows) as scales dw[j] = d * sc_j and offsets mw[j] = -(dmin * m_j) of each row (kquants.h's
- * kq_scales_k4 on 16 rows at once; rows past nr: 0) */
-static inline void em_kscales16(const uint8_t *w, int64_t row_bytes, int64_t nr, float dw[][16],
-                                    float mw[][16]) {
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i at = _mm512_mullo_epi32(iota, _mm512_set1_epi32((int)row_bytes));
-    const __m512i zero = _mm512_setzero_si512();
-    const __mmask16 rows = (__mmask16)((1u << nr) - 1);
-    const __m512i head = _mm512_mask_i32gather_epi32(zero, rows, at, w, 1);
-    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
-    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
-    __m512i u0 = _mm512_mask_i32gather_epi32(zero, rows, at, w + 4, 1);
-    __m512i u1 = _mm512_mask_i32gather_epi32(zero, rows, at, w + 8, 1);
-    __m512i u2 = _mm512_mask_i32gather_epi32(zero, rows, at, w + 12, 1);
+/* ---- 16 weight rows' bytes side by side: loaded and transposed in registers, as rows8.h's 8
+ * (gathers, which took each lane's dword alone, are slow on AMD's CPUs) ---- */
+
+/* The 16 bytes at off of each of the 16 rows at rp as 4 registers: t[i] lane r = row r's dword i */
+static inline __attribute__((always_inline)) void em_v16_load16(const uint8_t *const *rp, int64_t off,
+                                                                __m512i *t) {
+    __m512i a[4]; /* a[r]'s 128-bit chunk c: row r + 4c */
+    for (int r = 0; r < 4; r++) {
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rp[r] + off)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[r + 4] + off)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[r + 8] + off)), 2);
+        a[r] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[r + 12] + off)), 3);
+    }
+    const __m512i u0 = _mm512_unpacklo_epi32(a[0], a[1]), u1 = _mm512_unpackhi_epi32(a[0], a[1]);
+    const __m512i u2 = _mm512_unpacklo_epi32(a[2], a[3]), u3 = _mm512_unpackhi_epi32(a[2], a[3]);
+    t[0] = _mm512_unpacklo_epi64(u0, u2), t[1] = _mm512_unpackhi_epi64(u0, u2);
+    t[2] = _mm512_unpacklo_epi64(u1, u3), t[3] = _mm512_unpackhi_epi64(u1, u3);
+}
+
+/* The 32 bytes at off of each of the 16 rows: t[0..7] */
+static inline __attribute__((always_inline)) void em_v16_load32(const uint8_t *const *rp, int64_t off,
+                                                                __m512i *t) {
+    __m512i a[8]; /* a[r]'s 256-bit halves: rows r and r + 8 */
+    for (int r = 0; r < 8; r++)
+        a[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rp[r] + off))),
+                                  _mm256_loadu_si256((const __m256i *)(rp[r + 8] + off)), 1);
+    __m512i s[8]; /* s[4q + k]'s chunk c: dword k + 4 (c % 2) of rows 4q..4q + 3 (c >= 2: 8 more) */
+    for (int q = 0; q < 2; q++) {
+        const __m512i *b = a + 4 * q;
+        const __m512i u0 = _mm512_unpacklo_epi32(b[0], b[1]), u1 = _mm512_unpackhi_epi32(b[0], b[1]);
+        const __m512i u2 = _mm512_unpacklo_epi32(b[2], b[3]), u3 = _mm512_unpackhi_epi32(b[2], b[3]);
+        s[4 * q] = _mm512_unpacklo_epi64(u0, u2), s[4 * q + 1] = _mm512_unpackhi_epi64(u0, u2);
+        s[4 * q + 2] = _mm512_unpacklo_epi64(u1, u3), s[4 * q + 3] = _mm512_unpackhi_epi64(u1, u3);
+    }
+    const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13); /* chunks 0 and 2 of each */
+    const __m512i second = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15); /* chunks 1 and 3 */
+    for (int k = 0; k < 4; k++) {
+        t[k] = _mm512_permutex2var_epi64(s[k], first, s[4 + k]);
+        t[k + 4] = _mm512_permutex2var_epi64(s[k], second, s[4 + k]);
+    }
+}
+
+/* Q4_K and Q5_K: the 8 sub-blocks of 32 of the superblock at off of the 16 rows at rp as scales
+ * dw[j] = d * sc_j and offsets mw[j] = -(dmin * m_j) of each row (kquants.h's kq_scales_k4 on 16
+ * rows at once) */
+static inline void em_kscales16(const uint8_t *const *rp, int64_t off, float dw[][16], float mw[][16]) {
+    __m512i h[4]; /* d and dmin, then the 12 bytes of scales and offsets */
+    em_v16_load16(rp, off, h);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0]));
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)));
+    __m512i u0 = h[1], u1 = h[2], u2 = h[3];
     const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f);
     const __m512i k3 = _mm512_set1_epi32(0x03030303);
     const __m512i u3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
@@ -146,20 +183,18 @@ static inline void em_kscales16(const uint8_t *w, int64_t row_bytes, int64_t nr,
     }
 }
 
-/* Q6_K: the 16 sub-blocks' scales dw[j] = d * sc_j of the superblock at w, for 16 rows (rows past
- * nr: 0) */
-static inline void em_q6scales16(const uint8_t *w, int64_t row_bytes, int64_t nr, float dw[][16]) {
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i at = _mm512_mullo_epi32(iota, _mm512_set1_epi32((int)row_bytes));
-    const __m512i zero = _mm512_setzero_si512();
-    const __mmask16 rows = (__mmask16)((1u << nr) - 1);
+/* Q6_K: the 16 sub-blocks' scales dw[j] = d * sc_j of the superblock at off of the 16 rows at rp
+ * (`at` apart from the first, the rows in `rows`) */
+static inline void em_q6scales16(const uint8_t *const *rp, int64_t off, __m512i at, __mmask16 rows,
+                                 float dw[][16]) {
     /* d is the superblock's last 2 bytes: read with the 2 before them, inside the block */
-    const __m512i tail = _mm512_mask_i32gather_epi32(zero, rows, at, w + 206, 1);
+    const __m512i tail = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, at, rp[0] + off + 206, 1);
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(tail, 16)));
-    for (int g = 0; g < 4; g++) { /* scales 4g..4g+3: int8 at 192 */
-        const __m512i u = _mm512_mask_i32gather_epi32(zero, rows, at, w + 192 + 4 * g, 1);
+    __m512i u[4]; /* scales 4g..4g+3: int8 at 192 */
+    em_v16_load16(rp, off + 192, u);
+    for (int g = 0; g < 4; g++) {
         for (int k = 0; k < 4; k++) {
-            const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(u, 24 - 8 * k), 24);
+            const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(u[g], 24 - 8 * k), 24);
             _mm512_store_ps(dw[4 * g + k], _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
         }
     }
@@ -222,12 +257,6 @@ static inline __attribute__((always_inline)) void em_vnni_q6_rows(const __m512i 
     }
 }
 
-/* the dwords at p + 4t (t < n) of each of 16 rows, `at` apart (rows outside `rows`: 0) */
-static inline __attribute__((always_inline)) void em_vnni_gather(__m512i *g, int n, const uint8_t *p,
-                                                                 __m512i at, __mmask16 rows) {
-    for (int t = 0; t < n; t++) g[t] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, at, p + 4 * t, 1);
-}
-
 /* y[m * ldy + n] = W[n] . x[m] for the M rows of x prepared in xq (M rows of nb blocks) and the
  * weight rows n0..n1 (at most 16: a chunk). */
 static inline __attribute__((always_inline)) void em_rows_vnni_of(int type, int x8, const em_vnni_block *xq,
@@ -242,6 +271,8 @@ static inline __attribute__((always_inline)) void em_rows_vnni_of(int type, int 
     float acc[EM_LANES_MAX_ROWS][16] __attribute__((aligned(64)));
     for (int64_t m = 0; m < M; m++) _mm512_store_ps(acc[m], _mm512_setzero_ps());
     const uint8_t *w0 = W + n0 * row_bytes;
+    const uint8_t *rp[16]; /* rows past nr read row n0 (in bounds), their sums not kept */
+    for (int r = 0; r < 16; r++) rp[r] = w0 + (r < nr ? r : 0) * row_bytes;
     /* the 16 rows are read side by side, a block of each at a time, which the hardware's prefetch
      * does not follow: ask for the next chunk's rows, a few lines each block (as amx.h) */
     const int64_t lines = 16 * row_bytes / 64, per_block = (lines + nb - 1) / nb;
@@ -253,15 +284,15 @@ static inline __attribute__((always_inline)) void em_rows_vnni_of(int type, int 
         const int64_t sbytes = row_bytes / (nb / 8);
         float dw[16][16] __attribute__((aligned(64))), mw[8][16] __attribute__((aligned(64)));
         for (int64_t sb = 0; sb < nb / 8; sb++) {
-            const uint8_t *w = w0 + sb * sbytes;
+            const int64_t off = sb * sbytes;
             const em_vnni_block *xb = xq + sb * 8;
             if (type == KQ_TYPE_Q6_K) {
-                em_q6scales16(w, row_bytes, nr, dw);
+                em_q6scales16(rp, off, at, rows, dw);
                 for (int h = 0; h < 2; h++) { /* ql's 64 bytes, qh's 32 */
                     __m512i qh[8];
-                    em_vnni_gather(qh, 8, w + 128 + 32 * h, at, rows);
+                    em_v16_load32(rp, off + 128 + 32 * h, qh);
                     for (int k1 = 0; k1 < 2; k1++) {
-                        em_vnni_gather(g, 8, w + 64 * h + 32 * k1, at, rows);
+                        em_v16_load32(rp, off + 64 * h + 32 * k1, g);
                         for (int k2 = 0; k2 < 2; k2++) { /* block 4h + k: low (k < 2) or high nibbles */
                             const int k = k1 + 2 * k2, j = 4 * h + k;
                             EM_VNNI_PREFETCH();
@@ -278,11 +309,11 @@ static inline __attribute__((always_inline)) void em_rows_vnni_of(int type, int 
                 }
                 continue;
             }
-            em_kscales16(w, row_bytes, nr, dw, mw);
+            em_kscales16(rp, off, dw, mw);
             __m512i q5[8];
-            if (type == KQ_TYPE_Q5_K) em_vnni_gather(q5, 8, w + 16, at, rows);
+            if (type == KQ_TYPE_Q5_K) em_v16_load32(rp, off + 16, q5);
             for (int p = 0; p < 4; p++) { /* sub-blocks 2p and 2p + 1: 32 bytes' low and high nibbles */
-                em_vnni_gather(g, 8, w + (type == KQ_TYPE_Q5_K ? 48 : 16) + 32 * p, at, rows);
+                em_v16_load32(rp, off + (type == KQ_TYPE_Q5_K ? 48 : 16) + 32 * p, g);
                 for (int hn = 0; hn < 2; hn++) {
                     const int j = 2 * p + hn;
                     EM_VNNI_PREFETCH();
@@ -310,27 +341,28 @@ static inline __attribute__((always_inline)) void em_rows_vnni_of(int type, int 
                               0x00101000, 0x00101010, 0x10000000, 0x10000010, 0x10001000, 0x10001010,
                               0x10100000, 0x10100010, 0x10101000, 0x10101010);
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *wb = w0 + b * bytes;
             EM_VNNI_PREFETCH();
-            const __m512i head = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, at, wb, 1);
+            const int64_t off = b * bytes;
+            em_v16_load16(rp, off, g); /* the block's first 16 bytes: d (and m), and qh */
+            const __m512i head = g[0];
+            const __m512i qh =
+                qh_at == 4 ? g[1] : _mm512_or_si512(_mm512_srli_epi32(g[0], 16), _mm512_slli_epi32(g[1], 16));
             const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
             const __m512 mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
             if (q8) { /* v[t]: codes 4t..4t+3 of each of the 16 rows */
-                em_vnni_gather(v, 8, wb + qs_at, at, rows);
+                em_v16_load32(rp, off + qs_at, v);
                 for (int t = 0; t < 8; t++) u[t] = _mm512_xor_si512(v[t], _mm512_set1_epi8((char)0x80));
                 em_vnni_block_rows(u, v, dw, mw, 0, 1, 0, 0, xq + b, nb, M, acc);
                 continue;
             }
-            em_vnni_gather(g, 4, wb + qs_at, at, rows);
+            em_v16_load16(rp, off + qs_at, g);
             for (int t = 0; t < 4; t++) { /* elements j low, j + 16 high */
                 v[t] = _mm512_and_si512(g[t], low4);
                 v[t + 4] = _mm512_and_si512(_mm512_srli_epi32(g[t], 4), low4);
             }
-            if (qh_at) {
-                const __m512i qh = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, at, wb + qh_at, 1);
+            if (qh_at)
                 for (int t = 0; t < 8; t++)
                     v[t] = _mm512_or_si512(v[t], _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 4 * t), spread));
-            }
             em_vnni_block_rows(v, v, dw, mw, offset, 0, bias, 0, xq + b, nb, M, acc);
         }
     }
