@@ -183,15 +183,13 @@ static inline void em_kscales16(const uint8_t *const *rp, int64_t off, float dw[
     }
 }
 
-/* Q6_K: the 16 sub-blocks' scales dw[j] = d * sc_j of the superblock at off of the 16 rows at rp
- * (`at` apart from the first, the rows in `rows`) */
-static inline void em_q6scales16(const uint8_t *const *rp, int64_t off, __m512i at, __mmask16 rows,
-                                 float dw[][16]) {
-    /* d is the superblock's last 2 bytes: read with the 2 before them, inside the block */
-    const __m512i tail = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, at, rp[0] + off + 206, 1);
-    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(tail, 16)));
-    __m512i u[4]; /* scales 4g..4g+3: int8 at 192 */
+/* Q6_K: the 16 sub-blocks' scales dw[j] = d * sc_j of the superblock at off of the 16 rows at rp */
+static inline void em_q6scales16(const uint8_t *const *rp, int64_t off, float dw[][16]) {
+    __m512i u[4]; /* scales 4g..4g+3: int8 at 192; d, the superblock's last 2 bytes, at 208 */
     em_v16_load16(rp, off + 192, u);
+    __m512i tail[4]; /* read with the 14 bytes before it, inside the block */
+    em_v16_load16(rp, off + 194, tail);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(tail[3], 16)));
     for (int g = 0; g < 4; g++) {
         for (int k = 0; k < 4; k++) {
             const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(u[g], 24 - 8 * k), 24);
@@ -264,9 +262,6 @@ static inline __attribute__((always_inline)) void em_rows_vnni_of(int type, int 
                                                                   int64_t M, int64_t ldy, int64_t n0, int64_t n1,
                                                                   float *y) {
     const int64_t nr = n1 - n0;
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i at = _mm512_mullo_epi32(iota, _mm512_set1_epi32((int)row_bytes));
-    const __mmask16 rows = (__mmask16)((1u << nr) - 1);
     const __m512i low4 = _mm512_set1_epi8(15);
     float acc[EM_LANES_MAX_ROWS][16] __attribute__((aligned(64)));
     for (int64_t m = 0; m < M; m++) _mm512_store_ps(acc[m], _mm512_setzero_ps());
@@ -287,7 +282,7 @@ static inline __attribute__((always_inline)) void em_rows_vnni_of(int type, int 
             const int64_t off = sb * sbytes;
             const em_vnni_block *xb = xq + sb * 8;
             if (type == KQ_TYPE_Q6_K) {
-                em_q6scales16(rp, off, at, rows, dw);
+                em_q6scales16(rp, off, dw);
                 for (int h = 0; h < 2; h++) { /* ql's 64 bytes, qh's 32 */
                     __m512i qh[8];
                     em_v16_load32(rp, off + 128 + 32 * h, qh);
