@@ -1,8 +1,10 @@
-"""Prefill's int8 product (gemm8: x rounded to int8 per 32 values, native/gemm8.h) against the
-float32 path (the weight expanded in chunks, then oneDNN or torch.mm), GFLOPS, on the MLP gate/up
-shapes of the bundled models and the 3B file, random weights of their types, 512 rows of x.
+"""Prefill's int8 product (gemm8: x rounded to int8 per 32 values, native/gemm8.h), or its int16
+one (--kernel gemm16: x in int16 per 32 values, native/gemm16.h), against the float32 path (the
+weight expanded in chunks, then oneDNN or torch.mm), GFLOPS, on the MLP gate/up shapes of the
+bundled models and the 3B file, random weights of their types, 512 rows of x.
 
     .venv/bin/python benchmarks/bench_gemm8.py [--isa avx512] [--threads 2] [--rows 512]
+    .venv/bin/python benchmarks/bench_gemm8.py --kernel gemm16
 
 For the avx2 path, hold torch's own code to AVX2 as bench_generate.py does:
     EMBER_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \\
@@ -18,7 +20,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from ember.backend import native
-from ember.backend.precision import gemm8_prefill
+from ember.backend.precision import gemm8_prefill, gemm16_prefill
 from ember.backend.weights import NativeLinear
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "backend"))
@@ -36,18 +38,30 @@ SHAPES = [
 ]
 
 
-def best_gflops(lin: NativeLinear, x: torch.Tensor, int8: bool, reps: int) -> float:
-    """The best of `reps` products of x and the whole weight by one path, in GFLOPS."""
-    y = torch.empty(x.shape[0], lin.out_features)
+def best_gflops(lin: NativeLinear, x: torch.Tensor, kernel: str, reps: int) -> float:
+    """The best of `reps` products of x and the whole weight by one path (gemm8, gemm16 or
+    float32), x's quantization included, in GFLOPS."""
+    kern = native.kernels(lin.isa)
+    assert kern is not None
+    rows, k, n = x.shape[0], lin.in_features, lin.out_features
+    y = torch.empty(rows, n)
+    size, quantize, gemm = (
+        (native.q8_row_bytes, kern.q8_rows, kern.gemm8)
+        if kernel == "gemm8"
+        else (native.q16_row_bytes, kern.q16_rows, kern.gemm16)
+    )
+    xq = torch.empty(rows, size(k), dtype=torch.uint8)
     times = []
     for _ in range(reps + 1):
         start = time.perf_counter()
-        if int8:
-            lin.int8_into(lin.quantize_rows(x), 0, lin.out_features, y)
+        if kernel == "float32":
+            lin.dense_into(x, 0, n, y)
         else:
-            lin.dense_into(x, 0, lin.out_features, y)
+            assert quantize(x.data_ptr(), rows, k, xq.data_ptr()) == 0
+            rc = gemm(lin.ggml_type, lin.raw.data_ptr(), xq.data_ptr(), rows, n, k, y.data_ptr(), n)
+            assert rc == 0, rc
         times.append(time.perf_counter() - start)
-    return 2 * x.numel() * lin.out_features / min(times[1:]) / 1e9
+    return 2 * x.numel() * n / min(times[1:]) / 1e9
 
 
 def main() -> None:
@@ -56,22 +70,24 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rows", type=int, default=512)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--kernel", choices=["gemm8", "gemm16"], default="gemm8")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     native.set_threads(args.threads)
     kern = native.kernels(args.isa)
     assert kern is not None, "the native kernels were not built"
     print(f"{native.cpu_name()}, kernels {kern.isa}, {args.threads} threads, {args.rows} rows")
-    print(f"{'type':6} {'out':>6} {'in':>5} {'gemm8':>7} {'float32':>8}  GFLOPS")
+    print(f"{'type':6} {'out':>6} {'in':>5} {args.kernel:>7} {'float32':>8}  GFLOPS")
     for qtype, out, k in SHAPES:
         make = random_blocks if qtype in (QT.Q4_K, QT.Q6_K) else quantized
         raw = torch.from_numpy(make(qtype, (out, k)).copy())
         lin = NativeLinear(raw, qtype, out, k, kernels=kern, prefill_int8=True)
         x = torch.randn(args.rows, k)
-        int8 = best_gflops(lin, x, True, args.reps)
-        dense = best_gflops(lin, x, False, args.reps)
-        taken = "" if gemm8_prefill(kern.isa, qtype) else "  (prefill keeps float32)"
-        print(f"{qtype.name:6} {out:6} {k:5} {int8:7.0f} {dense:8.0f}{taken}")
+        quantized_x = best_gflops(lin, x, args.kernel, args.reps)
+        dense = best_gflops(lin, x, "float32", args.reps)
+        takes = gemm8_prefill if args.kernel == "gemm8" else gemm16_prefill
+        taken = "" if takes(kern.isa, qtype) else "  (prefill keeps float32)"
+        print(f"{qtype.name:6} {out:6} {k:5} {quantized_x:7.0f} {dense:8.0f}{taken}")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def gated_mlp(x: torch.Tensor, gate_up: AnyLinear, down: AnyLinear, act: str) ->
     if (
         isinstance(gate_up, NativeLinear)
         and x.dim() == 2
-        and (gate_up.takes_dense(x.shape[0]) or gate_up.takes_int8(x.shape[0]))
+        and (gate_up.takes_dense(x.shape[0]) or gate_up.takes_codes(x.shape[0]))
     ):
         return down(_act_by_blocks(x, gate_up, ffn, act))
     return down(act_mul(gate_up(x), ffn, act))
@@ -64,11 +64,11 @@ def _act_by_blocks(x: torch.Tensor, gate_up: NativeLinear, ffn: int, act: str) -
     block = min(gate_up.chunk_rows, ffn)
     product = x.new_empty(x.shape[0], 2 * block)
     out = x.new_empty(x.shape[0], ffn)
-    if gate_up.takes_int8(x.shape[0]):
+    if gate_up.takes_codes(x.shape[0]):
         xq = gate_up.quantize_rows(x)  # once for every block
 
         def rows_into(start: int, stop: int, dst: torch.Tensor) -> None:
-            gate_up.int8_into(xq, start, stop, dst)
+            gate_up.codes_into(xq, start, stop, dst)
     else:
         chunk = torch.empty(block, gate_up.in_features)  # the weight rows, expanded
 

@@ -46,6 +46,31 @@ _GEMM8_VNNI = _GEMM8_AVX2 | {GGMLType.Q8_0, GGMLType.IQ4_NL}
 _GEMM8 = {"avx512": _GEMM8_VNNI, "amx": _GEMM8_VNNI, "avxvnni": _GEMM8_VNNI, "avx2": _GEMM8_AVX2}
 
 
+# Types whose prefill takes gemm16 (native/gemm16.h: x in int16 per 32 values, the decode
+# kernels' rounding, ~2.5e-5 of the product from the float32 matmul's) where the weight takes
+# neither gemm8 nor the one-pass q8_K kernel: the attention projections, their output and the
+# down projection. GFLOPS on 512 rows of Gemma 3's and Qwen 0.5B's projections, 2 threads, the
+# Zen 5 EPYC (`benchmarks/bench_gemm8.py --kernel gemm16 [--isa P]`, oneDNN held to AVX2 on the
+# lower paths), against the float32 matmul there: avx512 (vpdpwssd) 530-630 against oneDNN's
+# 450-460; avxvnni 345-390 and avx2 (vpmaddwd) 280-310 against oneDNN's AVX2 code's 225-245.
+_GEMM16_ALL = frozenset(
+    {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.IQ4_NL}
+    | {GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
+)
+_GEMM16 = {
+    "avx512": _GEMM16_ALL,
+    "amx": _GEMM16_ALL,
+    "avxvnni": _GEMM16_ALL,
+    "avx2": _GEMM16_ALL,
+}
+
+
+def gemm16_prefill(isa: str | None, ggml_type: int) -> bool:
+    """Whether a weight of `ggml_type` that takes neither gemm8 nor the q8_K kernel for prefill
+    takes gemm16 on this ISA path (else the float32 matmul)."""
+    return isa is not None and ggml_type in _GEMM16.get(isa, ())
+
+
 def gemm8_prefill(isa: str | None, ggml_type: int) -> bool:
     """Whether a weight of `ggml_type` whose input may be int8 (prefill_int8) takes gemm8 for
     prefill on this ISA path."""

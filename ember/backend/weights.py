@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ember.backend import gemm, native
-from ember.backend.precision import INT8_PREFILL, gemm8_prefill, int8_prefill
+from ember.backend.precision import INT8_PREFILL, gemm8_prefill, gemm16_prefill, int8_prefill
 from ember.backend.quant import QuantError, as_byte_tensor, dequantize, dequantize_rows, row_nbytes
 from ember.gguf import GGMLType
 
@@ -71,6 +71,7 @@ class NativeLinear:
 
     __slots__ = (
         "_gemm8",
+        "_gemm16",
         "_int8_any_rows",
         "_kernels",
         "_row_bytes",
@@ -124,6 +125,11 @@ class NativeLinear:
         self._gemm8 = gemm8_prefill(self.isa, self.ggml_type) and (
             prefill_int8 or self._int8_any_rows
         )
+        # gemm16 (x in int16 per 32 values, the decode kernels' rounding) takes the prefill of
+        # every other weight of a type it has fast code for: faster than the float32 path
+        self._gemm16 = (
+            not self._gemm8 and not self._int8_any_rows and gemm16_prefill(self.isa, self.ggml_type)
+        )
 
     @property
     def isa(self) -> str | None:
@@ -137,9 +143,9 @@ class NativeLinear:
         rows = flat.shape[0]
         if rows == 0:
             y = flat.new_empty(0, self.out_features)
-        elif self.takes_int8(rows):
+        elif self.takes_codes(rows):
             y = flat.new_empty(rows, self.out_features)
-            self.int8_into(self.quantize_rows(flat.contiguous()), 0, self.out_features, y)
+            self.codes_into(self.quantize_rows(flat.contiguous()), 0, self.out_features, y)
         elif not self.takes_dense(rows):
             y = self._native(flat.contiguous())
         else:
@@ -150,31 +156,46 @@ class NativeLinear:
     def takes_dense(self, rows: int) -> bool:
         """Whether `rows` rows of x take the float32 path (dense_into), not the native kernel."""
         return self._kernels is None or (
-            rows > NATIVE_ROWS and not self._int8_any_rows and not self.takes_int8(rows)
+            rows > NATIVE_ROWS and not self._int8_any_rows and not self.takes_codes(rows)
         )
 
     def takes_int8(self, rows: int) -> bool:
-        """Whether `rows` rows of x take gemm8 (quantize_rows, then int8_into)."""
+        """Whether `rows` rows of x take gemm8 (quantize_rows, then codes_into)."""
         return self._gemm8 and rows > NATIVE_ROWS
 
+    def takes_int16(self, rows: int) -> bool:
+        """Whether `rows` rows of x take gemm16 (quantize_rows, then codes_into)."""
+        return self._gemm16 and rows > NATIVE_ROWS
+
+    def takes_codes(self, rows: int) -> bool:
+        """Whether `rows` rows of x take gemm8 or gemm16: x quantized once (quantize_rows),
+        then any range of the weight's rows (codes_into)."""
+        return self.takes_int8(rows) or self.takes_int16(rows)
+
     def quantize_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """Contiguous float32 x (M, in) quantized for int8_into: (M, q8_row_bytes) bytes."""
+        """Contiguous float32 x (M, in) quantized for codes_into: (M, q8_row_bytes) bytes for
+        gemm8, (M, q16_row_bytes) for gemm16."""
         kern = self._kernels
-        assert kern is not None
+        assert kern is not None and (self._gemm8 or self._gemm16)
         native.set_threads(torch.get_num_threads())
-        xq = torch.empty(x.shape[0], native.q8_row_bytes(self.in_features), dtype=torch.uint8)
-        rc = kern.q8_rows(x.data_ptr(), x.shape[0], self.in_features, xq.data_ptr())
+        size, quantize = (
+            (native.q8_row_bytes, kern.q8_rows)
+            if self._gemm8
+            else (native.q16_row_bytes, kern.q16_rows)
+        )
+        xq = torch.empty(x.shape[0], size(self.in_features), dtype=torch.uint8)
+        rc = quantize(x.data_ptr(), x.shape[0], self.in_features, xq.data_ptr())
         if rc:
             raise native.NativeError(_failure(rc, self.ggml_type, kern.isa))
         return xq
 
-    def int8_into(self, xq: torch.Tensor, start: int, stop: int, out: torch.Tensor) -> None:
-        """out = x @ W[start:stop]^T by gemm8, x as quantize_rows made it; out (M, stop - start)
-        with unit column stride may be a column slice of a wider tensor."""
+    def codes_into(self, xq: torch.Tensor, start: int, stop: int, out: torch.Tensor) -> None:
+        """out = x @ W[start:stop]^T by gemm8 or gemm16, x as quantize_rows made it; out
+        (M, stop - start) with unit column stride may be a column slice of a wider tensor."""
         kern = self._kernels
         assert kern is not None and out.stride(1) == 1
         native.set_threads(torch.get_num_threads())
-        rc = kern.gemm8(
+        rc = (kern.gemm8 if self._gemm8 else kern.gemm16)(
             self.ggml_type,
             self.raw.data_ptr() + start * self._row_bytes,
             xq.data_ptr(),

@@ -13,7 +13,7 @@ from quant_data import quantized
 
 from ember.backend import native
 from ember.backend.activation import act_mul, gated_mlp
-from ember.backend.precision import gemm8_prefill
+from ember.backend.precision import gemm8_prefill, gemm16_prefill
 from ember.backend.weights import LinearWeight, NativeLinear
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native library was not built")
@@ -89,9 +89,9 @@ def test_act_mul_writes_into_a_column_slice():
 )
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 def test_a_prompts_gated_mlp_goes_by_blocks_of_the_gate(monkeypatch, kernels, int8, act):
-    """On the float32 path (and gemm8's, where the ISA path has it) the gate's rows go a block
-    at a time with the up's (blocks of 7 of the 20 here, the last shorter): the result is the
-    whole product's, and no tensor of the whole product's size (T, 2 ffn) is ever made."""
+    """On the float32 path (and gemm8's or gemm16's, where the ISA path has them) the gate's rows
+    go a block at a time with the up's (blocks of 7 of the 20 here, the last shorter): the result
+    is the whole product's, and no tensor of the whole product's size (T, 2 ffn) is ever made."""
     monkeypatch.setattr("ember.backend.weights.CHUNK_ROWS", 7)
     ffn, dim, rows = 20, 64, 40
     g = torch.Generator().manual_seed(5)
@@ -100,7 +100,10 @@ def test_a_prompts_gated_mlp_goes_by_blocks_of_the_gate(monkeypatch, kernels, in
     down = LinearWeight.from_dense(torch.randn(dim, ffn, generator=g))
     x = torch.randn(rows, dim, generator=g)
     assert gate_up.takes_int8(rows) == (int8 and gemm8_prefill(gate_up.isa, QT.Q8_0))
-    assert gate_up.takes_dense(rows) != gate_up.takes_int8(rows)
+    assert gate_up.takes_int16(rows) == (
+        not gate_up.takes_int8(rows) and gemm16_prefill(gate_up.isa, QT.Q8_0)
+    )
+    assert gate_up.takes_dense(rows) != gate_up.takes_codes(rows)
     want = down(act_mul(gate_up(x), ffn, act))
     made: list[tuple[int, ...]] = []
     empty = torch.Tensor.new_empty

@@ -15,7 +15,13 @@ from native_isas import ISAS
 from quant_data import F16_FIELDS, gguf_reference, quantized, random_blocks
 
 from ember.backend import native
-from ember.backend.precision import float_activations, gemm8_input, gemm8_prefill, int8_prefill
+from ember.backend.precision import (
+    float_activations,
+    gemm8_input,
+    gemm8_prefill,
+    gemm16_prefill,
+    int8_prefill,
+)
 from ember.backend.quant import UnsupportedTypeError
 from ember.backend.weights import (
     NATIVE_ROWS,
@@ -55,11 +61,11 @@ def largest_codes(qtype: QT, shape: tuple[int, int]) -> tuple[torch.Tensor, torc
     return torch.from_numpy(full.reshape(-1).copy()), gguf_reference(full.reshape(-1), qtype, shape)
 
 
-def q16(x: torch.Tensor) -> torch.Tensor:
-    """x as the 32-block kernels see it: per 32 values d = max|x| / 32767, codes rounded half
-    to even."""
+def q16(x: torch.Tensor, limit: int = 32767) -> torch.Tensor:
+    """x as the 32-block kernels see it: per 32 values d = max|x| / 32767 (gemm16's: 16383),
+    codes rounded half to even."""
     blocks = x.reshape(x.shape[0], -1, 32)
-    d = blocks.abs().amax(-1, keepdim=True) / 32767
+    d = blocks.abs().amax(-1, keepdim=True) / limit
     codes = torch.round(blocks * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
     return (codes.double() * d.double()).reshape(x.shape)
 
@@ -183,9 +189,15 @@ def test_one_activation_pass(isa: str, qtype: QT, rows: int) -> None:
     lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), activation_passes=1)
     y = lin(x)
     if rows > NATIVE_ROWS and not int8_prefill(isa):
-        # prefill on the avx512 path: oneDNN's float32 matmul outruns the int8 kernel there
-        exact = x.double() @ w.double().t()
-        assert float((y.double() - exact).abs().max() / exact.abs().max()) < 1e-5
+        # prefill on the avx512 path: gemm16, and oneDNN's float32 matmul for the types gemm16
+        # lacks, outrun the int8 kernel there
+        if not lin.takes_int16(rows):
+            exact = x.double() @ w.double().t()
+            assert float((y.double() - exact).abs().max() / exact.abs().max()) < 1e-5
+            return
+        rounded = q16(x, limit=16383)
+        want = rounded @ w.double().t()
+        assert ((y.double() - want).abs() <= 2e-6 * (rounded.abs() @ w.double().abs().t())).all()
         return
     codes, d = q8_k(x)
     xq = (codes.double() * d.double()).reshape(x.shape)
@@ -232,12 +244,7 @@ def test_gemm8_is_the_product_of_x_rounded_to_int8(isa: str, qtype: QT, rows: in
     shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
     raw, w = weight(qtype, shape, seed=rows)
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
-    lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), prefill_int8=True)
-    xq = lin.quantize_rows(x)
-    wide = torch.full((rows, shape[0] + 5), float("nan"))
-    lin.int8_into(xq, 0, shape[0], wide[:, 2 : 2 + shape[0]])
-    y = wide[:, 2 : 2 + shape[0]]
-    assert wide[:, :2].isnan().all() and wide[:, 2 + shape[0] :].isnan().all()
+    y = prefill_product("gemm8", isa, raw, qtype, shape, x)
     rounded = q8_0(x)
     want = rounded @ w.double().t()
     scale = rounded.abs() @ w.double().abs().t()
@@ -246,14 +253,16 @@ def test_gemm8_is_the_product_of_x_rounded_to_int8(isa: str, qtype: QT, rows: in
     error = float((y.double() - exact).abs().max() / exact.abs().max())
     assert error < 3e-2
     # rows of W from the middle: the same bits (each output's sums do not depend on its panel)
-    part = torch.empty(rows, 30)
-    lin.int8_into(xq, 20, 50, part)
-    assert torch.equal(part, y[:, 20:50])
+    middle = raw[20 * raw.numel() // shape[0] :]
+    assert torch.equal(prefill_product("gemm8", isa, middle, qtype, (30, shape[1]), x), y[:, 20:50])
     # and every path gives the same bits (the portable C does the vector code's float steps)
-    generic = NativeLinear(raw, qtype, *shape, kernels=native.kernels("generic"), prefill_int8=True)
-    again = torch.empty(rows, shape[0])
-    generic.int8_into(generic.quantize_rows(x), 0, shape[0], again)
-    assert torch.equal(again, y)
+    assert torch.equal(prefill_product("gemm8", "generic", raw, qtype, shape, x), y)
+    # a weight that takes it for prefill: through quantize_rows and codes_into, the same
+    lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), prefill_int8=True)
+    if lin.takes_int8(rows):
+        out = torch.empty(rows, 30)
+        lin.codes_into(lin.quantize_rows(x), 20, 50, out)
+        assert torch.equal(out, y[:, 20:50])
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -265,11 +274,100 @@ def test_gemm8_sums_hold_the_largest_codes_exactly(isa: str, qtype: QT) -> None:
     raw, w = largest_codes(qtype, shape)
     x = torch.ones(18, shape[1])
     x[1::2] = -1.0
-    lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), prefill_int8=True)
-    y = torch.empty(18, shape[0])
-    lin.int8_into(lin.quantize_rows(x), 0, shape[0], y)
+    y = prefill_product("gemm8", isa, raw, qtype, shape, x)
     want = q8_0(x) @ w.double().t()
     assert ((y.double() - want).abs() <= 2e-6 * (q8_0(x).abs() @ w.double().abs().t())).all()
+
+
+def prefill_product(
+    kernel: str, isa: str, raw: torch.Tensor, qtype: QT, shape: tuple[int, int], x: torch.Tensor
+) -> torch.Tensor:
+    """x @ W^T by the isa copy's gemm8 or gemm16 (whether its prefill takes it or not), into a
+    wider output whose columns past the product must stay untouched"""
+    kern = native.kernels(isa)
+    assert kern is not None
+    rows, (n, k) = x.shape[0], shape
+    size, quantize, gemm = (
+        (native.q8_row_bytes, kern.q8_rows, kern.gemm8)
+        if kernel == "gemm8"
+        else (native.q16_row_bytes, kern.q16_rows, kern.gemm16)
+    )
+    xq = torch.empty(rows, size(k), dtype=torch.uint8)
+    assert quantize(x.data_ptr(), rows, k, xq.data_ptr()) == 0
+    wide = torch.full((rows, n + 5), float("nan"))
+    y = wide[:, 2 : 2 + n]
+    assert gemm(qtype, raw.data_ptr(), xq.data_ptr(), rows, n, k, y.data_ptr(), n + 5) == 0
+    assert wide[:, :2].isnan().all() and wide[:, 2 + n :].isnan().all()
+    return y
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", GEMM8, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [17, 42])
+def test_gemm16_is_the_product_of_x_rounded_to_int16(isa: str, qtype: QT, rows: int) -> None:
+    # 77 weight rows: whole panels of 16 (32 on the avx512 path) and a part; x's rows: whole
+    # tiles and a part
+    shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
+    raw, w = weight(qtype, shape, seed=rows)
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
+    y = prefill_product("gemm16", isa, raw, qtype, shape, x)
+    rounded = q16(x, limit=16383)
+    want = rounded @ w.double().t()
+    assert ((y.double() - want).abs() <= 2e-6 * (rounded.abs() @ w.double().abs().t())).all()
+    exact = x.double() @ w.double().t()
+    assert float((y.double() - exact).abs().max() / exact.abs().max()) < 1e-4
+    # rows of W from the middle: the same bits (each output's sums do not depend on its panel)
+    part = prefill_product(
+        "gemm16", isa, raw[20 * raw.numel() // shape[0] :], qtype, (30, shape[1]), x
+    )
+    assert torch.equal(part, y[:, 20:50])
+    # and every path gives the same bits (the portable C does the vector code's float steps)
+    assert torch.equal(prefill_product("gemm16", "generic", raw, qtype, shape, x), y)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", GEMM8, ids=lambda t: t.name)
+def test_gemm16_sums_hold_the_largest_codes_exactly(isa: str, qtype: QT) -> None:
+    # every code at its largest and x at +-16383 after rounding: 32 products a sum in int32,
+    # Q6_K's codes (q - 32) * scale at their largest, -32 * -128, where 0xff bytes give 31 * -1
+    shape = (32, 256 if qtype in K_TYPES else 64)
+    raw, w = largest_codes(qtype, shape)
+    if qtype == QT.Q6_K:
+        blocks = raw.view(-1, 210)
+        blocks[:, :192] = 0  # ql, qh: q = 0
+        blocks[:, 192:208] = 0x80  # the scales: -128
+        w = gguf_reference(raw.numpy(), qtype, shape)
+    x = torch.ones(18, shape[1])
+    x[1::2] = -1.0
+    y = prefill_product("gemm16", isa, raw, qtype, shape, x)
+    want = q16(x, limit=16383) @ w.double().t()
+    assert ((y.double() - want).abs() <= 2e-6 * want.abs()).all()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", GEMM8, ids=lambda t: t.name)
+def test_prefill_takes_gemm16_where_the_float32_matmul_was(isa: str, qtype: QT) -> None:
+    # a weight whose prompt takes neither gemm8 nor the q8_K kernel (two passes: an attention
+    # output, a down projection) takes gemm16 on the x86 paths, its result gemm16's
+    shape = (40, 256 if qtype in K_TYPES else 64)
+    raw, w = weight(qtype, shape)
+    x = torch.randn(NATIVE_ROWS + 1, shape[1], generator=torch.Generator().manual_seed(3))
+    lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa))
+    assert not lin.takes_int16(NATIVE_ROWS) and not lin.takes_int8(NATIVE_ROWS + 1)
+    assert lin.takes_int16(NATIVE_ROWS + 1) == gemm16_prefill(isa, qtype)
+    assert lin.takes_dense(NATIVE_ROWS + 1) != lin.takes_int16(NATIVE_ROWS + 1)
+    assert gemm16_prefill(isa, qtype) == (isa in ("avx2", "avxvnni", "avx512", "amx"))
+    y = lin(x)
+    if lin.takes_int16(len(x)):
+        assert torch.equal(y, prefill_product("gemm16", isa, raw, qtype, shape, x))
+    exact = x.double() @ w.double().t()
+    assert float((y.double() - exact).abs().max() / exact.abs().max()) < 1e-4
+    # gate and up with gemm8 keep it; a one-pass K type keeps its int8 kernel (or gemm8)
+    int8 = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), prefill_int8=True)
+    assert not int8.takes_int16(len(x)) or not gemm8_prefill(isa, qtype)
+    if qtype in K_TYPES:
+        one = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), activation_passes=1)
+        assert one.takes_int16(len(x)) == (not int8_prefill(isa))
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -289,18 +387,22 @@ def test_one_pass_lanes_hold_the_largest_codes_exactly(isa: str, qtype: QT) -> N
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("int8", [True, False], ids=["int8", "float32"])
+@pytest.mark.parametrize("int8", [True, False], ids=["int8", "not-int8"])
 def test_prefill_takes_gemm8_where_the_weight_and_the_isa_path_allow(isa: str, int8: bool) -> None:
     raw, _ = weight(QT.Q5_0, (40, 64))
     x = torch.randn(NATIVE_ROWS + 1, 64, generator=torch.Generator().manual_seed(3))
     lin = NativeLinear(raw, QT.Q5_0, 40, 64, kernels=native.kernels(isa), prefill_int8=int8)
     assert not lin.takes_int8(NATIVE_ROWS)
     assert lin.takes_int8(NATIVE_ROWS + 1) == (int8 and gemm8_prefill(isa, QT.Q5_0))
-    assert lin.takes_dense(NATIVE_ROWS + 1) != lin.takes_int8(NATIVE_ROWS + 1)
+    # else gemm16 where the path has it, else the float32 matmul
+    assert lin.takes_int16(NATIVE_ROWS + 1) == (
+        not lin.takes_int8(NATIVE_ROWS + 1) and gemm16_prefill(isa, QT.Q5_0)
+    )
+    assert lin.takes_dense(NATIVE_ROWS + 1) != lin.takes_codes(NATIVE_ROWS + 1)
     y = lin(x)
     if lin.takes_int8(x.shape[0]):
         want = torch.empty_like(y)
-        lin.int8_into(lin.quantize_rows(x), 0, 40, want)
+        lin.codes_into(lin.quantize_rows(x), 0, 40, want)
         assert torch.equal(y, want)
     tol = (3e-2 if lin.takes_int8(x.shape[0]) else 1e-4) * float(y.abs().max())
     assert torch.allclose(y, x @ lin.dequantize().t(), rtol=0, atol=tol)
@@ -401,6 +503,7 @@ def test_the_lane_kernels_give_every_isa_the_same_bits(qtype: QT) -> None:
     # rows8.h (8 weight rows a 256-bit register) and vnni.h (16 a 512-bit one; and amx.h's
     # tiles) make each block's sum exact in int32, then take the same float steps
     shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
+
     def takes(isa: str, rows: int) -> bool:
         return isa in LEAST_LANE_ROWS and int16_rows(isa, rows, qtype)
 
@@ -437,16 +540,18 @@ def test_avxvnni_gives_the_avx2_bits(qtype: QT, passes: int) -> None:
     if vnni.takes_int8(len(x)) == avx2.takes_int8(len(x)):
         assert torch.equal(vnni(x), avx2(x))
     if gemm8_prefill("avx2", qtype):
-        want, got = torch.empty(len(x), shape[0]), torch.empty(len(x), shape[0])
-        avx2.int8_into(avx2.quantize_rows(x), 0, shape[0], want)
-        vnni.int8_into(vnni.quantize_rows(x), 0, shape[0], got)
-        assert torch.equal(got, want)
+        want = prefill_product("gemm8", "avx2", raw, qtype, shape, x)
+        assert torch.equal(prefill_product("gemm8", "avxvnni", raw, qtype, shape, x), want)
+    if qtype in GEMM8:  # and gemm16
+        want = prefill_product("gemm16", "avx2", raw, qtype, shape, x)
+        assert torch.equal(prefill_product("gemm16", "avxvnni", raw, qtype, shape, x), want)
 
 
 def test_many_rows_take_the_float32_path_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     from ember.backend import weights
 
     monkeypatch.setattr(weights, "CHUNK_FLOATS", 32 * 64)  # 77 rows of 64: three chunks
+    monkeypatch.setattr(weights, "gemm16_prefill", lambda isa, ggml_type: False)
     raw, w = weight(QT.Q4_1, (77, 64))
     x = torch.randn(40, 64)
     got = NativeLinear(raw, QT.Q4_1, 77, 64)(x)

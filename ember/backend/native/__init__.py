@@ -49,6 +49,10 @@ class Kernels:
         rows of q8_row_bytes(K) bytes) for gemm8
     gemm8(type, W, xq, M, N, K, y, ldy) -> 0 | -1 | -2 | -3: y (M, N; rows ldy floats apart) =
         x @ W^T in int8, x as q8_rows made it (gemm8.h; fast on avx512 alone)
+    q16_rows(x, M, K, xq) -> 0 | -2 shape: x (M, K) float32 quantized per 32 values into xq (M
+        rows of q16_row_bytes(K) bytes) for gemm16
+    gemm16(type, W, xq, M, N, K, y, ldy) -> 0 | -1 | -2 | -3: y (M, N; rows ldy floats apart) =
+        x @ W^T in int16, x as q16_rows made it (gemm16.h; fast on the x86 paths)
     prompt_attend(q, T, H, D, k, v, H_kv, S, D_v, scale, out) -> 0 | -2 | -3: out (T, H, D_v) =
         one sequence's prompt attention under a plain causal mask, all float32 and contiguous
         (prompt_attend.h)
@@ -65,6 +69,8 @@ class Kernels:
     qk_rope: ctypes._CFuncPtr  # type: ignore[name-defined]
     q8_rows: ctypes._CFuncPtr  # type: ignore[name-defined]
     gemm8: ctypes._CFuncPtr  # type: ignore[name-defined]
+    q16_rows: ctypes._CFuncPtr  # type: ignore[name-defined]
+    gemm16: ctypes._CFuncPtr  # type: ignore[name-defined]
     prompt_attend: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def supports(self, ggml_type: int) -> bool:
@@ -189,18 +195,28 @@ def _kernels_of(isa: str) -> Kernels:
     q8_rows.argtypes = [_ptr, _i64, _i64, _ptr]
     gemm8 = getattr(lib, f"ember_gemm8_{isa}")
     gemm8.argtypes = [_int, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64]
+    q16_rows = getattr(lib, f"ember_q16_rows_{isa}")
+    q16_rows.argtypes = [_ptr, _i64, _i64, _ptr]
+    gemm16 = getattr(lib, f"ember_gemm16_{isa}")
+    gemm16.argtypes = [_int, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64]
     prompt_attend = getattr(lib, f"ember_prompt_attend_{isa}")
     prompt_attend.argtypes = [_ptr, *[_i64] * 3, _ptr, _ptr, *[_i64] * 3, ctypes.c_float, _ptr]
     return Kernels(
         isa,
         *(matmul, dequant, block_elems, attend, layer, act_mul, rms_norm, qk_rope),
-        *(q8_rows, gemm8, prompt_attend),
+        *(q8_rows, gemm8, q16_rows, gemm16, prompt_attend),
     )
 
 
 def q8_row_bytes(k: int) -> int:
     """Bytes of one row of x quantized for gemm8 (gemm8.h's em_g8_row_bytes)."""
     return k + k // 32 * 8 + k // 16 * 4
+
+
+def q16_row_bytes(k: int) -> int:
+    """Bytes of one row of x quantized for gemm16: k / 32 of simple.h's em_block_q16 (d, s and
+    32 int16 codes)."""
+    return k // 32 * 72
 
 
 def kernels(isa: str | None = None) -> Kernels | None:

@@ -111,19 +111,17 @@ static void em_g8_unpack_row(int type, const uint8_t *w, int64_t K, uint8_t *cod
         for (int64_t i = 0; i < K / KQ_QK; i++, w += 210, code += KQ_QK) {
             const float d = kq_f16_at(w + 208);
             const int8_t *sc = (const int8_t *)(w + 192);
-            for (int n = 0; n < 2; n++)
-                for (int sub = 0; sub < 4; sub++)
-                    for (int h = 0; h < 2; h++) {
-                        const int u = n * 8 + sub * 2 + h; /* the unit of 16 values */
-                        s[u] = d * (float)sc[u];
-                        o[u] = -32.0f * s[u];
-                        const uint8_t *ql = w + n * 64 + (sub & 1) * 32 + h * 16;
-                        const uint8_t *qh = w + 128 + n * 32 + h * 16;
-                        uint8_t *c = code + n * 128 + sub * 32 + h * 16;
-                        for (int l = 0; l < 16; l++)
-                            c[l] = (uint8_t)(((ql[l] >> (4 * (sub >> 1))) & 0xf) |
-                                             (((qh[l] >> (2 * sub)) & 3) << 4));
-                    }
+            for (int u = 0; u < 16; u++) s[u] = d * (float)sc[u], o[u] = -32.0f * s[u];
+            for (int n = 0; n < 2; n++) { /* llama.cpp's order: 32 lanes at a time, vectorized */
+                const uint8_t *ql = w + n * 64, *qh = w + 128 + n * 32;
+                uint8_t *c = code + n * 128;
+                for (int l = 0; l < 32; l++) {
+                    c[l] = (uint8_t)((ql[l] & 0xf) | ((qh[l] & 3) << 4));
+                    c[l + 32] = (uint8_t)((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4));
+                    c[l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                    c[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+                }
+            }
             s += 16, o += 16;
         }
         return;
@@ -260,94 +258,106 @@ static inline int em_g8_code_bits(int type) {
     }
 }
 
-/* rows of x a pass over half a panel, its sums and accumulators in registers (fastest so on the
- * Xeon: benchmarks/bench_gemm8.py) */
+/* rows of x a pass, and halves of the panel (rows 0-7, 8-15: a register each) that each
+ * broadcast of x meets: with both, AVX-VNNI's passes ran 10-15% faster than a half at a time
+ * (whose broadcasts' loads bound it), AVX2's (its int16 sums in twice the registers) 10% slower
+ * (`benchmarks/bench_gemm8.py`, the Zen 5 EPYC) */
 #if defined(__AVXVNNI__)
-#define EM_G8_MR2 4
+#define EM_G8_MR2 3
+#define EM_G8_HALVES 2
 #else
 #define EM_G8_MR2 3
+#define EM_G8_HALVES 1
 #endif
-/* mr rows of x against half a panel (8 weight rows). The unit U and `per` (groups of four
- * values whose int16 sums add up before widening: at most 8 for 4-bit codes, 4 for 5-bit, 2 for
- * 6-bit, to stay exact) are constants where inlined, so a unit's groups unroll into straight
- * code. */
+/* mr rows of x against nh halves of the panel (codes, ps and po at the first). The unit U and
+ * `per` (groups of four values whose int16 sums add up before widening: at most 8 for 4-bit
+ * codes, 4 for 5-bit, 2 for 6-bit, to stay exact) are constants where inlined, so a unit's
+ * groups unroll into straight code. */
 static inline __attribute__((always_inline)) void em_g8_tile2(
     const uint8_t *codes, const float *ps, const float *po, const int U, const int per, int64_t K,
-    const uint8_t *xq, int64_t xrb, float *y, int64_t ldy, __m256i keep, const int mr) {
+    const uint8_t *xq, int64_t xrb, float *y, int64_t ldy, const __m256i *keep, const int nh, const int mr) {
     const int64_t units = K / U;
     const int G = U / 4;
     const __m256i ones = _mm256_set1_epi16(1);
     em_g8_xrow x[EM_G8_MR2];
     for (int i = 0; i < mr; i++) x[i] = em_g8_row(xq + i * xrb, K, U);
-    __m256 acc[EM_G8_MR2];
-    for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
+    __m256 acc[EM_G8_HALVES * EM_G8_MR2];
+    for (int i = 0; i < nh * mr; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t u = 0; u < units; u++) {
         const int64_t k0 = u * U;
         const uint8_t *cw = codes + k0 * EM_G8_NR;
-        __m256i sum[EM_G8_MR2];
+        __m256i sum[EM_G8_HALVES * EM_G8_MR2];
         for (int g0 = 0; g0 < G; g0 += per) {
-            __m256i part[EM_G8_MR2];
+            __m256i part[EM_G8_HALVES * EM_G8_MR2];
             for (int g = g0; g < g0 + per; g++) {
-                const __m256i w = _mm256_load_si256((const __m256i *)(cw + g * 64));
+                __m256i w[EM_G8_HALVES];
+                for (int h = 0; h < nh; h++) w[h] = _mm256_load_si256((const __m256i *)(cw + g * 64 + 32 * h));
                 for (int i = 0; i < mr; i++) {
                     int32_t four;
                     memcpy(&four, x[i].q + k0 + 4 * g, 4);
                     const __m256i xb = _mm256_set1_epi32(four);
+                    for (int h = 0; h < nh; h++) {
+                        const int a = nh * i + h;
 #if defined(__AVXVNNI__) /* exact in int32 for every code width: no int16 sums */
-                    sum[i] = g ? _mm256_dpbusd_avx_epi32(sum[i], w, xb)
-                               : _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, xb);
+                        sum[a] = _mm256_dpbusd_avx_epi32(g ? sum[a] : _mm256_setzero_si256(), w[h], xb);
 #else
-                    const __m256i p = _mm256_maddubs_epi16(w, xb);
-                    part[i] = g > g0 ? _mm256_add_epi16(part[i], p) : p;
+                        const __m256i p = _mm256_maddubs_epi16(w[h], xb);
+                        part[a] = g > g0 ? _mm256_add_epi16(part[a], p) : p;
 #endif
+                    }
                 }
             }
 #if defined(__AVXVNNI__)
             (void)part, (void)ones;
 #else
-            for (int i = 0; i < mr; i++) {
-                const __m256i wide = _mm256_madd_epi16(part[i], ones);
-                sum[i] = g0 ? _mm256_add_epi32(sum[i], wide) : wide;
+            for (int a = 0; a < nh * mr; a++) {
+                const __m256i wide = _mm256_madd_epi16(part[a], ones);
+                sum[a] = g0 ? _mm256_add_epi32(sum[a], wide) : wide;
             }
 #endif
         }
-        const __m256 s = _mm256_load_ps(ps + u * EM_G8_NR), o = _mm256_load_ps(po + u * EM_G8_NR);
-        for (int i = 0; i < mr; i++) {
-            const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum[i]), _mm256_set1_ps(x[i].d[k0 / 32]));
-            acc[i] = _mm256_fmadd_ps(t, s, acc[i]);
-            acc[i] = _mm256_fmadd_ps(o, _mm256_set1_ps(x[i].sums[u]), acc[i]);
+        for (int h = 0; h < nh; h++) {
+            const __m256 s = _mm256_load_ps(ps + u * EM_G8_NR + 8 * h), o = _mm256_load_ps(po + u * EM_G8_NR + 8 * h);
+            for (int i = 0; i < mr; i++) {
+                const int a = nh * i + h;
+                const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum[a]), _mm256_set1_ps(x[i].d[k0 / 32]));
+                acc[a] = _mm256_fmadd_ps(t, s, acc[a]);
+                acc[a] = _mm256_fmadd_ps(o, _mm256_set1_ps(x[i].sums[u]), acc[a]);
+            }
         }
     }
-    for (int i = 0; i < mr; i++) _mm256_maskstore_ps(y + i * ldy, keep, acc[i]);
+    for (int i = 0; i < mr; i++)
+        for (int h = 0; h < nh; h++) _mm256_maskstore_ps(y + i * ldy + 8 * h, keep[h], acc[nh * i + h]);
 }
 
-/* A half panel against every row of x */
-static inline __attribute__((always_inline)) void em_g8_half_avx2(
+/* nh halves of the panel (from codes, ps and po) against every row of x */
+static inline __attribute__((always_inline)) void em_g8_rows_avx2(
     const uint8_t *c, const float *s, const float *o, const int U, const int per, int64_t K,
-    const uint8_t *xq, int64_t xrb, int64_t M, float *y, int64_t ldy, __m256i keep) {
+    const uint8_t *xq, int64_t xrb, int64_t M, float *y, int64_t ldy, const __m256i *keep, const int nh) {
     int64_t m = 0;
     for (; m + EM_G8_MR2 <= M; m += EM_G8_MR2)
-        em_g8_tile2(c, s, o, U, per, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, EM_G8_MR2);
-    for (; m < M; m++) em_g8_tile2(c, s, o, U, per, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, 1);
+        em_g8_tile2(c, s, o, U, per, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, nh, EM_G8_MR2);
+    for (; m < M; m++) em_g8_tile2(c, s, o, U, per, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, nh, 1);
 }
 
-/* The panel in two halves, rows 0-7 and 8-15; U and per as em_g8_panel_of finds them. (Taking
- * K 512 values at a time, so that the panel's codes stay in L1, was slower.) */
+/* U and per as em_g8_panel_of finds them; EM_G8_HALVES halves of the panel a pass. (Taking K
+ * 512 values at a time, so that the panel's codes stay in L1, was slower.) */
 static void em_g8_panel_avx2(const uint8_t *codes, const float *ps, const float *po, int U,
                              int per, int64_t K, const uint8_t *xq, int64_t xrb, int64_t M,
                              float *y, int64_t ldy, int nr) {
-    for (int h = 0; h < 2 && 8 * h < nr; h++) {
-        const int n = nr - 8 * h < 8 ? nr - 8 * h : 8;
-        const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i keep[2] = {_mm256_cmpgt_epi32(_mm256_set1_epi32(nr), lane),
+                             _mm256_cmpgt_epi32(_mm256_set1_epi32(nr - 8), lane)};
+    for (int h = 0; h < 2 && 8 * h < nr; h += EM_G8_HALVES) {
         const uint8_t *c = codes + 32 * h;
         const float *s = ps + 8 * h, *o = po + 8 * h;
         float *yh = y + 8 * h;
         if (U == 32) /* 4 groups a widening (5-bit codes' most): 4-bit ones ran 15-25% slower with all 8 */
-            em_g8_half_avx2(c, s, o, 32, 4, K, xq, xrb, M, yh, ldy, keep);
+            em_g8_rows_avx2(c, s, o, 32, 4, K, xq, xrb, M, yh, ldy, keep + h, EM_G8_HALVES);
         else if (per >= 4)
-            em_g8_half_avx2(c, s, o, 16, 4, K, xq, xrb, M, yh, ldy, keep);
+            em_g8_rows_avx2(c, s, o, 16, 4, K, xq, xrb, M, yh, ldy, keep + h, EM_G8_HALVES);
         else
-            em_g8_half_avx2(c, s, o, 16, 2, K, xq, xrb, M, yh, ldy, keep);
+            em_g8_rows_avx2(c, s, o, 16, 2, K, xq, xrb, M, yh, ldy, keep + h, EM_G8_HALVES);
     }
 }
 

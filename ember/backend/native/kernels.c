@@ -35,6 +35,7 @@ extern int ember_lanes_x8;    /* dispatch.c: 1 unless a benchmark compares int16
 #include "attend.h"
 #include "prompt_attend.h"
 #include "gemm8.h"
+#include "gemm16.h"
 #include "kquants.h"
 #include "simple.h"
 
@@ -547,44 +548,76 @@ int EM_EXPORT(ember_q8_rows)(const float *x, int64_t M, int64_t K, uint8_t *xq) 
     return 0;
 }
 
-/* y (M, N; rows ldy floats apart) = x @ W^T in int8 (gemm8.h), x given as ember_q8_rows made
- * it; -1 for a type this path lacks, -2 for a bad shape, -3 when out of memory. The threads
- * share W's panels; each unpacks a panel into its own scratch, then meets every row of x. */
-int EM_EXPORT(ember_gemm8)(int type, const void *w, const uint8_t *xq, int64_t M, int64_t N,
-                           int64_t K, float *y, int64_t ldy) {
-    const int U = em_g8_unit(type);
+/* ember_gemm8's and ember_gemm16's driver (`bits` 8 or 16): -1 for a type this path lacks, -2
+ * for a bad shape, -3 when out of memory. The threads share W's panels; each unpacks a panel into
+ * its own scratch (codes, then scales and offsets, 64-byte aligned, then the unpacking's), which
+ * then meets every row of x. */
+static int em_gemm_panels(int bits, int type, const void *w, const void *xq, int64_t M, int64_t N, int64_t K,
+                          float *y, int64_t ldy) {
+    const int U = bits == 8 ? em_g8_unit(type) : EM_QK, NR = bits == 8 ? EM_G8_NR : EM_G16_NR;
     int elems, bytes;
     em_block_size(type, &elems, &bytes);
-    if (!U || !elems) return -1;
-    if (M < 0 || N < 0 || K <= 0 || K % elems || ldy < N) return -2;
+    if (!em_g8_unit(type) || !elems) return -1;
+    if (M < 0 || N < 0 || K <= 0 || K % elems || K % EM_QK || ldy < N) return -2;
     if (M == 0 || N == 0) return 0;
-    const int64_t row_bytes = K / elems * bytes, xrb = em_g8_row_bytes(K), units = K / U;
-    const int64_t panels = (N + EM_G8_NR - 1) / EM_G8_NR;
-    /* codes, scales, offsets (64-byte aligned), then one row's codes, scales and offsets */
-    const size_t scratch = (size_t)(K * EM_G8_NR + 2 * units * EM_G8_NR * 4 + K + 2 * (K / 16) * 4 + 64);
+    const int64_t row_bytes = K / elems * bytes, units = K / U, panels = (N + NR - 1) / NR;
+    const size_t codes_bytes = (size_t)(K * NR * bits / 8), scales_bytes = (size_t)(2 * units * NR * 4);
+    const size_t unpack_bytes = bits == 8 ? (size_t)(K + 2 * (K / 16) * 4) : em_g16_pack_scratch(K);
+    const int affine = em_g16_centre(type) == 0 && type != KQ_TYPE_Q6_K;
     const int nth = em_team(M * N * K, 1 << 18);
     int failed = 0;
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
-        uint8_t *buf = (uint8_t *)em_alloc_lines(scratch);
+        uint8_t *buf = (uint8_t *)em_alloc_lines(codes_bytes + scales_bytes + unpack_bytes + 64);
         if (!buf) {
             #pragma omp atomic write
             failed = 1;
         }
-        float *ps = (float *)(buf + K * EM_G8_NR), *po = ps + units * EM_G8_NR;
-        uint8_t *row = (uint8_t *)(po + units * EM_G8_NR);
-        float *rs = (float *)(row + K), *ro = rs + K / 16;
+        float *ps = (float *)(buf + codes_bytes), *po = ps + units * NR;
+        uint8_t *unpack = (uint8_t *)(po + units * NR);
         #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; p++) {
             if (!buf) continue;
-            const int64_t n0 = p * EM_G8_NR;
-            const int nr = N - n0 < EM_G8_NR ? (int)(N - n0) : EM_G8_NR;
-            em_g8_pack(type, (const uint8_t *)w + n0 * row_bytes, row_bytes, nr, K, buf, ps, po, row, rs, ro);
-            em_g8_panel_of(type, buf, ps, po, U, K, xq, xrb, M, y + n0, ldy, nr);
+            const int64_t n0 = p * NR;
+            const int nr = N - n0 < NR ? (int)(N - n0) : NR;
+            const uint8_t *W = (const uint8_t *)w + n0 * row_bytes;
+            if (bits == 8) {
+                float *rs = (float *)(unpack + K);
+                em_g8_pack(type, W, row_bytes, nr, K, buf, ps, po, unpack, rs, rs + K / 16);
+                em_g8_panel_of(type, buf, ps, po, U, K, (const uint8_t *)xq, em_g8_row_bytes(K), M, y + n0, ldy,
+                               nr);
+            } else {
+                em_g16_pack(type, W, row_bytes, nr, K, (int16_t *)buf, ps, po, unpack);
+                em_g16_panel((const int16_t *)buf, ps, po, affine, K, (const em_block_q16 *)xq, units, M, y + n0,
+                             ldy, nr);
+            }
         }
         free(buf);
     }
     return failed ? -3 : 0;
+}
+
+/* y (M, N; rows ldy floats apart) = x @ W^T in int8 (gemm8.h), x given as ember_q8_rows made
+ * it; em_gemm_panels' codes. */
+int EM_EXPORT(ember_gemm8)(int type, const void *w, const uint8_t *xq, int64_t M, int64_t N,
+                           int64_t K, float *y, int64_t ldy) {
+    return em_gemm_panels(8, type, w, xq, M, N, K, y, ldy);
+}
+
+/* xq (M rows of K / 32 int16 blocks) = x (M, K) quantized per 32 values for ember_gemm16. */
+int EM_EXPORT(ember_q16_rows)(const float *x, int64_t M, int64_t K, em_block_q16 *xq) {
+    if (M < 0 || K <= 0 || K % EM_QK) return -2;
+    const int nth = em_team(M * K, 1 << 15);
+    #pragma omp parallel for schedule(static) num_threads(nth) if (nth > 1)
+    for (int64_t m = 0; m < M; m++) em_quantize_row_q16_to(x + m * K, xq + m * (K / EM_QK), K / EM_QK, EM_G16_LIMIT);
+    return 0;
+}
+
+/* y (M, N; rows ldy floats apart) = x @ W^T in int16 (gemm16.h), x given as ember_q16_rows made
+ * it; em_gemm_panels' codes. */
+int EM_EXPORT(ember_gemm16)(int type, const void *w, const em_block_q16 *xq, int64_t M, int64_t N,
+                            int64_t K, float *y, int64_t ldy) {
+    return em_gemm_panels(16, type, w, xq, M, N, K, y, ldy);
 }
 
 int EM_EXPORT(ember_dequant)(int type, const void *w, float *out, int64_t rows, int64_t K) {

@@ -130,14 +130,15 @@ static inline uint16_t em_bf16_from(float f) {
 
 /* ---- activations ---- */
 
-static void em_quantize_row_q16(const float *x, em_block_q16 *y, int64_t nb) {
+/* codes up to `limit` in size (32767; gemm16.h's 16383 leaves room in its int32 sums) */
+static inline void em_quantize_row_q16_to(const float *x, em_block_q16 *y, int64_t nb, const float limit) {
     for (int64_t b = 0; b < nb; b++, x += EM_QK) {
         float amax = 0.0f;
         for (int j = 0; j < EM_QK; j++) { /* fmaxf's result (NaN skipped), without its libm call */
             const float a = fabsf(x[j]);
             amax = a > amax ? a : amax;
         }
-        const float d = amax / 32767.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float d = amax / limit, id = d != 0.0f ? 1.0f / d : 0.0f;
         int sum = 0;
 #if defined(EM_X86)
         const __m256 vid = _mm256_set1_ps(id);
@@ -164,6 +165,10 @@ static void em_quantize_row_q16(const float *x, em_block_q16 *y, int64_t nb) {
         y[b].d = d;
         y[b].s = d * (float)sum;
     }
+}
+
+static void em_quantize_row_q16(const float *x, em_block_q16 *y, int64_t nb) {
+    em_quantize_row_q16_to(x, y, nb, 32767.0f);
 }
 
 /* ---- one block's codes as 32 int8 (portable and NEON paths) ---- */
