@@ -10,7 +10,8 @@ from ember.gguf import GGMLType
 # 2 threads: benchmarks/bench_prefill_kernels.py). Two passes cost twice, and the int16 path of
 # the 32-element types half torch's speed: those keep the float32 matmul for prefill. Not on
 # the avx512 path where oneDNN runs the float32 one (gemm.py): there it is the faster, 405-476
-# GFLOPS against the int8 kernel's 303-328 (the same command, a Zen 5 EPYC), and exact.
+# GFLOPS against the int8 kernel's 303-328 (the same command, a Zen 5 EPYC), and exact; gemm16
+# (below) takes those weights there now, faster again.
 # the paths of the avx512 copy: amx is avx512 with AMX's tiles for 8-16 rows of x (Q4_K, Q5_K)
 _AVX512 = ("avx512", "amx")
 

@@ -12,9 +12,10 @@ one row of Q8_0 reading float32 on the avx512 and amx paths; float32 for F16/BF1
 (ember/backend/gemm.py), so prefill keeps a BLAS's speed and the memory stays bounded, except a
 K type taking one q8_K pass: its int8 kernel outruns that, and the MLP's gate and up on the
 avx512 and avx2 paths, whose prefill takes gemm8 (x in int8 per 32 values: 1.3-2x the float32
-matmul). F32 weights stay a dense float32 tensor. Without the library (or for a type it lacks),
-every call takes the chunked dequantize-then-matmul path (ember/backend/quant.py, bit-equal to
-gguf-py).
+matmul); on the x86 paths the other weights of the types gemm16 has take it (x in int16 per 32
+values: 1.2-1.4x the float32 matmul). F32 weights stay a dense float32 tensor. Without the
+library (or for a type it lacks), every call takes the chunked dequantize-then-matmul path
+(ember/backend/quant.py, bit-equal to gguf-py).
 """
 
 import numpy as np
