@@ -77,29 +77,10 @@ static inline size_t em_g16_pack_scratch(int64_t K) {
     return (size_t)(2 * (K / 16) * 4 + 2 * (K / 32) * 4 + EM_G16_NR * K * 2 + K);
 }
 
-#if defined(__AVX2__)
-/* 8 registers of 8 dwords, a[i] lane j = element j of row i, transposed: a[j] lane i */
-static inline void em_g16_transpose8(__m256i *a) {
-    __m256i t[8], u[8];
-    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_epi32(a[i], a[i + 1]), t[i + 1] = _mm256_unpackhi_epi32(a[i], a[i + 1]);
-    for (int h = 0; h < 8; h += 4)
-        for (int i = 0; i < 2; i++) {
-            u[h + 2 * i] = _mm256_unpacklo_epi64(t[h + i], t[h + i + 2]);
-            u[h + 2 * i + 1] = _mm256_unpackhi_epi64(t[h + i], t[h + i + 2]);
-        }
-    /* u[i] (i < 4): elements i and i + 4 of rows 0-3 (128-bit halves); u[i + 4]: of rows 4-7 */
-    for (int i = 0; i < 4; i++) {
-        a[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
-        a[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
-    }
-}
-#endif
-
 /* A panel: nr <= EM_G16_NR weight rows (row_bytes apart) unpacked into `codes` (K / 2 lines of
  * EM_G16_NR dwords) and per 32 values EM_G16_NR scales `ps` and offsets `po`; the lanes past nr
  * are zero. `scratch`: em_g16_pack_scratch(K) bytes, 4-byte aligned. The rows are unpacked
- * whole, then 8 rows' 8 pairs at a time transposed into 8 lines (AVX2; one dword at a time in
- * the portable C). */
+ * whole, then interleaved a pair (dword) at a time (gemm8.h's em_g8_lines). */
 static void em_g16_pack(int type, const uint8_t *W, int64_t row_bytes, int nr, int64_t K, int16_t *codes,
                         float *ps, float *po, void *scratch) {
     const int64_t units = K / EM_QK;
@@ -115,21 +96,8 @@ static void em_g16_pack(int type, const uint8_t *W, int64_t row_bytes, int nr, i
         em_g16_unpack_row(type, W + r * row_bytes, K, rows + r * K, s, o, row, rs, ro);
         for (int64_t u = 0; u < units; u++) ps[u * EM_G16_NR + r] = s[u], po[u * EM_G16_NR + r] = o[u];
     }
-    int32_t *lines = (int32_t *)codes;
-#if defined(__AVX2__)
-    const int groups = (nr + 7) / 8;
-    memset(rows + nr * K, 0, (size_t)(8 * groups - nr) * K * sizeof(int16_t)); /* a group's rows past nr */
-    for (int g = 0; g < groups; g++)
-        for (int64_t k = 0; k < K; k += 16) {
-            __m256i a[8];
-            for (int i = 0; i < 8; i++) a[i] = _mm256_loadu_si256((const __m256i *)(rows + (8 * g + i) * K + k));
-            em_g16_transpose8(a);
-            for (int p = 0; p < 8; p++) _mm256_storeu_si256((__m256i *)(lines + (k / 2 + p) * EM_G16_NR + 8 * g), a[p]);
-        }
-#else
-    for (int r = 0; r < nr; r++)
-        for (int64_t p = 0; p < K / 2; p++) memcpy(lines + p * EM_G16_NR + r, rows + r * K + 2 * p, 4);
-#endif
+    memset(rows + nr * K, 0, (size_t)(EM_G16_NR - nr) * K * sizeof(int16_t));
+    em_g8_lines((const uint8_t *)rows, nr, 2 * K, EM_G16_NR, (int32_t *)codes);
 }
 
 /* the two int16 codes at c as one int32 */

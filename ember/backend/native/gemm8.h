@@ -137,30 +137,92 @@ static void em_g8_unpack_row(int type, const uint8_t *w, int64_t K, uint8_t *cod
     }
     int8_t q[EM_QK];
     for (int64_t b = 0; b < K / EM_QK; b++, w += bytes, code += EM_QK) {
-        em_codes(type, w, q);
-        for (int j = 0; j < EM_QK; j++) code[j] = (uint8_t)(q[j] + offset);
+#if defined(__AVX2__)
+        if (type != 8 && type != 20) { /* their codes are the nibbles (and fifth bits) themselves */
+            const int qs_at = type == 3 ? 4 : type == 6 ? 6 : type == 7 ? 8 : 2;
+            const __m128i qs = _mm_loadu_si128((const __m128i *)(w + qs_at));
+            __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(15));
+            if (type == 6 || type == 7) { /* bit j of qh: the fifth bit of code j */
+                uint32_t qh;
+                memcpy(&qh, w + qs_at - 4, 4);
+                const __m256i spread = _mm256_shuffle_epi8(
+                    _mm256_set1_epi32((int)qh), _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                                                  0x0303030303030303));
+                const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+                c = _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                                                        _mm256_set1_epi8(16)));
+            }
+            _mm256_storeu_si256((__m256i *)code, c);
+        } else
+#endif
+        {
+            em_codes(type, w, q);
+            for (int j = 0; j < EM_QK; j++) code[j] = (uint8_t)(q[j] + offset);
+        }
         const float d = em_f16(w);
         s[b] = d;
         o[b] = affine ? em_f16(w + 2) : -(float)offset * d;
     }
 }
 
+#if defined(__AVX2__)
+/* 8 registers of 8 dwords, a[i] lane j = element j of row i, transposed: a[j] lane i */
+static inline void em_g8_transpose8(__m256i *a) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_epi32(a[i], a[i + 1]), t[i + 1] = _mm256_unpackhi_epi32(a[i], a[i + 1]);
+    for (int h = 0; h < 8; h += 4)
+        for (int i = 0; i < 2; i++) {
+            u[h + 2 * i] = _mm256_unpacklo_epi64(t[h + i], t[h + i + 2]);
+            u[h + 2 * i + 1] = _mm256_unpackhi_epi64(t[h + i], t[h + i + 2]);
+        }
+    /* u[i] (i < 4): elements i and i + 4 of rows 0-3 (128-bit halves); u[i + 4]: of rows 4-7 */
+    for (int i = 0; i < 4; i++) {
+        a[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+        a[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+    }
+}
+#endif
+
+/* Rows of `bytes` bytes (nr of them at `rows`, then zeros up to a multiple of 8) interleaved a
+ * dword at a time: dword d of row r to lines[d * width + r]. With AVX2, 8 rows' 8 dwords at a
+ * time, transposed in registers (one 4-byte store a dword was 15-30% of a panel's products). */
+static void em_g8_lines(const uint8_t *rows, int nr, int64_t bytes, int width, int32_t *lines) {
+#if defined(__AVX2__)
+    for (int g = 0; g < (nr + 7) / 8; g++)
+        for (int64_t d = 0; d < bytes / 4; d += 8) {
+            __m256i a[8];
+            for (int i = 0; i < 8; i++) a[i] = _mm256_loadu_si256((const __m256i *)(rows + (8 * g + i) * bytes + 4 * d));
+            em_g8_transpose8(a);
+            for (int p = 0; p < 8; p++) _mm256_storeu_si256((__m256i *)(lines + (d + p) * width + 8 * g), a[p]);
+        }
+#else
+    for (int r = 0; r < nr; r++)
+        for (int64_t d = 0; d < bytes / 4; d++) memcpy(lines + d * width + r, rows + r * bytes + 4 * d, 4);
+#endif
+}
+
+/* Bytes of em_g8_pack's scratch for rows of K values */
+static inline size_t em_g8_pack_scratch(int64_t K) { return (size_t)(2 * (K / 16) * 4 + EM_G8_NR * K); }
+
 /* A panel: nr <= 16 weight rows (row_bytes apart) unpacked into `codes` (K / 4 lines of 64
- * bytes) and per unit 16 scales `ps` and 16 offsets `po`; the lanes past nr are zero. `row`
- * is scratch of K bytes, `rs`/`ro` of K / 16 floats. */
-static void em_g8_pack(int type, const uint8_t *W, int64_t row_bytes, int nr, int64_t K,
-                       uint8_t *codes, float *ps, float *po, uint8_t *row, float *rs, float *ro) {
+ * bytes) and per unit 16 scales `ps` and 16 offsets `po`; the lanes past nr are zero.
+ * `scratch`: em_g8_pack_scratch(K) bytes, 4-byte aligned. */
+static void em_g8_pack(int type, const uint8_t *W, int64_t row_bytes, int nr, int64_t K, uint8_t *codes, float *ps,
+                       float *po, void *scratch) {
     const int64_t units = K / em_g8_unit(type);
+    float *rs = (float *)scratch, *ro = rs + K / 16;
+    uint8_t *rows = (uint8_t *)(ro + K / 16); /* EM_G8_NR rows of K codes */
     if (nr < EM_G8_NR) {
         memset(codes, 0, (size_t)K * EM_G8_NR);
         memset(ps, 0, (size_t)units * EM_G8_NR * sizeof(float));
         memset(po, 0, (size_t)units * EM_G8_NR * sizeof(float));
+        memset(rows + nr * K, 0, (size_t)(EM_G8_NR - nr) * K);
     }
     for (int r = 0; r < nr; r++) {
-        em_g8_unpack_row(type, W + r * row_bytes, K, row, rs, ro);
-        for (int64_t g = 0; g < K / 4; g++) memcpy(codes + g * 64 + 4 * r, row + 4 * g, 4);
+        em_g8_unpack_row(type, W + r * row_bytes, K, rows + r * K, rs, ro);
         for (int64_t u = 0; u < units; u++) ps[u * EM_G8_NR + r] = rs[u], po[u * EM_G8_NR + r] = ro[u];
     }
+    em_g8_lines(rows, nr, K, EM_G8_NR, (int32_t *)codes);
 }
 
 /* y[m * ldy + r] for r < nr, m < M: the panel against M rows of quantized x (xrb bytes apart). */

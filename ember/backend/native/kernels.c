@@ -562,7 +562,7 @@ static int em_gemm_panels(int bits, int type, const void *w, const void *xq, int
     if (M == 0 || N == 0) return 0;
     const int64_t row_bytes = K / elems * bytes, units = K / U, panels = (N + NR - 1) / NR;
     const size_t codes_bytes = (size_t)(K * NR * bits / 8), scales_bytes = (size_t)(2 * units * NR * 4);
-    const size_t unpack_bytes = bits == 8 ? (size_t)(K + 2 * (K / 16) * 4) : em_g16_pack_scratch(K);
+    const size_t unpack_bytes = bits == 8 ? em_g8_pack_scratch(K) : em_g16_pack_scratch(K);
     const int affine = em_g16_centre(type) == 0 && type != KQ_TYPE_Q6_K;
     const int nth = em_team(M * N * K, 1 << 18);
     int failed = 0;
@@ -582,8 +582,7 @@ static int em_gemm_panels(int bits, int type, const void *w, const void *xq, int
             const int nr = N - n0 < NR ? (int)(N - n0) : NR;
             const uint8_t *W = (const uint8_t *)w + n0 * row_bytes;
             if (bits == 8) {
-                float *rs = (float *)(unpack + K);
-                em_g8_pack(type, W, row_bytes, nr, K, buf, ps, po, unpack, rs, rs + K / 16);
+                em_g8_pack(type, W, row_bytes, nr, K, buf, ps, po, unpack);
                 em_g8_panel_of(type, buf, ps, po, U, K, (const uint8_t *)xq, em_g8_row_bytes(K), M, y + n0, ldy,
                                nr);
             } else {
