@@ -38,7 +38,10 @@ def float_activations(isa: str | None) -> bool:
 # vpdpbusd, exact for every code width; everything else held to AVX2): 360-420 against 207-221,
 # Q6_K 291, Q8_0 358. Since gemm8.h's AVX2 code unrolls a unit (2026-11-28, an Intel Xeon:
 # avx2 Q5_0 262-302 against 207-231 before, Q6_K 208-218 against 147-168, oneDNN 180-208;
-# avxvnni 376-413 against 267-312), avx2's Q6_K (two int16 sums a unit) takes it too.
+# avxvnni 376-413 against 267-312), avx2's Q6_K (two int16 sums a unit) takes it too. Since its
+# panels unpack with AVX2 and AVX-VNNI's tile meets 16 weight rows a broadcast (2026-11-29, the
+# Zen 5): avx512 945-1,135 (Q6_K 755), avxvnni 595-650 (Q6_K 480), avx2 415-445 (Q6_K 375),
+# against oneDNN's 360-410 and 215-230.
 _GEMM8_AVX2 = frozenset(
     {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K}
     | {GGMLType.Q6_K}
@@ -52,8 +55,8 @@ _GEMM8 = {"avx512": _GEMM8_VNNI, "amx": _GEMM8_VNNI, "avxvnni": _GEMM8_VNNI, "av
 # neither gemm8 nor the one-pass q8_K kernel: the attention projections, their output and the
 # down projection. GFLOPS on 512 rows of Gemma 3's and Qwen 0.5B's projections, 2 threads, the
 # Zen 5 EPYC (`benchmarks/bench_gemm8.py --kernel gemm16 [--isa P]`, oneDNN held to AVX2 on the
-# lower paths), against the float32 matmul there: avx512 (vpdpwssd) 530-630 against oneDNN's
-# 450-460; avxvnni 345-390 and avx2 (vpmaddwd) 280-310 against oneDNN's AVX2 code's 225-245.
+# lower paths), against the float32 matmul there: avx512 (vpdpwssd) 625-640 against oneDNN's
+# 375-470; avxvnni 355-385 and avx2 (vpmaddwd) 295-310 against oneDNN's AVX2 code's 215-245.
 _GEMM16_ALL = frozenset(
     {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.IQ4_NL}
     | {GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
