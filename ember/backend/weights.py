@@ -328,7 +328,27 @@ class FusedLinear:
         self.kind: str = "+".join(p.kind for p in parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([p(x) for p in self.parts], dim=-1)
+        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        if flat.dtype != torch.float32:
+            flat = flat.float()
+        flat = flat.contiguous()
+        rows = flat.shape[0]
+        out = flat.new_empty(rows, self.out_features)
+        # a prompt's x quantized once for the parts whose kernel takes it so (gemm8's codes for
+        # some, gemm16's for others): Gemma 3's q/k/v (Q5_0, Q5_0, Q8_0) quantized it thrice
+        quantized: dict[bool, torch.Tensor] = {}
+        col = 0
+        for part in self.parts:
+            n, dst = part.out_features, out[:, col : col + part.out_features]
+            if isinstance(part, NativeLinear) and part.takes_codes(rows):
+                int8 = part.takes_int8(rows)
+                if int8 not in quantized:
+                    quantized[int8] = part.quantize_rows(flat)
+                part.codes_into(quantized[int8], 0, n, dst)
+            else:
+                dst.copy_(part(flat))
+            col += n
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
 
     def dequantize(self) -> torch.Tensor:
         return torch.cat([p.dequantize() for p in self.parts])

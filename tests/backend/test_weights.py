@@ -111,9 +111,13 @@ def test_concat_of_mixed_types_keeps_the_parts() -> None:
     b = linear_from_gguf(blocks(QT.Q6_K, (32, 256), 1), QT.Q6_K, (32, 256))
     fused = concat_linear([a, b])
     assert isinstance(fused, FusedLinear) and fused.nbytes == a.nbytes + b.nbytes
-    x = torch.randn(4, 256)
-    assert torch.equal(fused(x), torch.cat([a(x), b(x)], dim=-1))
+    for rows in (4, 40):  # decode's kernels, a prompt's (x quantized once for both parts)
+        x = torch.randn(2, rows // 2, 256)
+        assert torch.equal(fused(x), torch.cat([a(x), b(x)], dim=-1))
     assert torch.equal(fused.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    f32 = linear_from_gguf(quantized(QT.F32, (16, 256)), QT.F32, (16, 256))
+    x = torch.randn(40, 256)  # a dense part beside them
+    assert torch.equal(concat_linear([a, f32, b])(x), torch.cat([a(x), f32(x), b(x)], dim=-1))
     with pytest.raises(QuantError):
         concat_linear([])
 
