@@ -33,9 +33,14 @@
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #define EM_G16_NR 32 /* weight rows a panel: two registers of lanes */
 #define EM_G16_MR 6  /* rows of x a pass over a panel's lines */
-#else
+#elif defined(__AVXVNNI__)
 #define EM_G16_NR 16
 #define EM_G16_MR 3
+#else /* AVX2 without VNNI, its sums and float accumulators in memory: 4 rows ran 15-20% faster
+       * than 3 with them in registers (`bench_gemm8.py --kernel gemm16 --isa avx2`, the Zen 5),
+       * AVX-VNNI's 4 rows 25% slower than its 3 */
+#define EM_G16_NR 16
+#define EM_G16_MR 4
 #endif
 
 #define EM_G16_LIMIT 16383.0f /* x's codes at most this in size */
@@ -191,14 +196,15 @@ static inline __attribute__((always_inline)) void em_g16_rows(const int16_t *cod
 #elif defined(__AVX2__) && defined(__FMA__)
 #define EM_G16_FAST 1
 /* mr (<= EM_G16_MR) rows of x against the panel (two registers of 8 rows a line); AVX-VNNI's
- * vpdpwssd where this copy has it, else vpmaddwd and an add: the same int32 sums */
+ * vpdpwssd where this copy has it, else vpmaddwd and an add: the same int32 sums. The float
+ * accumulators stay in L1, met once a unit, so that 4 rows' sums fit AVX2's 16 registers. */
 static inline __attribute__((always_inline)) void em_g16_tile(const int16_t *codes, const float *ps,
                                                               const float *po, const int affine,
                                                               int64_t K, const em_block_q16 *xq, int64_t nb,
                                                               float *y, int64_t ldy, __m256i keep0,
                                                               __m256i keep1, const int mr) {
-    __m256 acc[2 * EM_G16_MR];
-    for (int i = 0; i < 2 * mr; i++) acc[i] = _mm256_setzero_ps();
+    float acc[2 * EM_G16_MR][8] __attribute__((aligned(32)));
+    for (int i = 0; i < 2 * mr; i++) _mm256_store_ps(acc[i], _mm256_setzero_ps());
     for (int64_t u = 0; u < K / EM_QK; u++) {
         const int64_t k0 = u * EM_QK;
         const int16_t *cw = codes + k0 * EM_G16_NR;
@@ -226,14 +232,15 @@ static inline __attribute__((always_inline)) void em_g16_tile(const int16_t *cod
             for (int i = 0; i < mr; i++) {
                 const em_block_q16 *xb = xq + i * nb + u;
                 const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(sum[2 * i + h]), _mm256_set1_ps(xb->d));
-                acc[2 * i + h] = _mm256_fmadd_ps(t, s, acc[2 * i + h]);
-                if (affine) acc[2 * i + h] = _mm256_fmadd_ps(o, _mm256_set1_ps(xb->s), acc[2 * i + h]);
+                __m256 a = _mm256_fmadd_ps(t, s, _mm256_load_ps(acc[2 * i + h]));
+                if (affine) a = _mm256_fmadd_ps(o, _mm256_set1_ps(xb->s), a);
+                _mm256_store_ps(acc[2 * i + h], a);
             }
         }
     }
     for (int i = 0; i < mr; i++) {
-        _mm256_maskstore_ps(y + i * ldy, keep0, acc[2 * i]);
-        _mm256_maskstore_ps(y + i * ldy + 8, keep1, acc[2 * i + 1]);
+        _mm256_maskstore_ps(y + i * ldy, keep0, _mm256_load_ps(acc[2 * i]));
+        _mm256_maskstore_ps(y + i * ldy + 8, keep1, _mm256_load_ps(acc[2 * i + 1]));
     }
 }
 
