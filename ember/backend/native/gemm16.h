@@ -36,9 +36,9 @@
 #elif defined(__AVXVNNI__)
 #define EM_G16_NR 16
 #define EM_G16_MR 3
-#else /* AVX2 without VNNI, its sums and float accumulators in memory: 4 rows ran 15-20% faster
-       * than 3 with them in registers (`bench_gemm8.py --kernel gemm16 --isa avx2`, the Zen 5),
-       * AVX-VNNI's 4 rows 25% slower than its 3 */
+#else /* AVX2 without VNNI (and the portable C): with the float accumulators in L1, 4 rows ran
+       * 15-20% faster than 3 (`bench_gemm8.py --kernel gemm16 --isa avx2`, the Zen 5); AVX-VNNI's
+       * 4 rows ran 25% slower than its 3 */
 #define EM_G16_NR 16
 #define EM_G16_MR 4
 #endif
