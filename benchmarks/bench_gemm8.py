@@ -27,13 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "backend"
 from quant_data import quantized, random_blocks
 
 # (type, out, in): SmolLM2's Q4_1 gate/up, Gemma 3's and Qwen 0.5B's Q5_0, the 3B file's Q4_K,
-# and Q6_K (a down projection's type, for its 16-value units) at the 3B file's width
+# and Q6_K (a down projection's type, for its 16-value units) at the 3B file's width and at an
+# 8B model's down projection's (a gemm16 panel of 32 rows then 0.9 MB)
 SHAPES = [
     (QT.Q4_1, 3072, 576),
     (QT.Q5_0, 4096, 640),
     (QT.Q5_0, 9728, 896),
     (QT.Q4_K, 16384, 3072),
     (QT.Q6_K, 3072, 3072),
+    (QT.Q6_K, 1024, 14336),
     (QT.Q8_0, 4096, 640),
 ]
 
