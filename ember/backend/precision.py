@@ -57,22 +57,17 @@ _GEMM8 = {"avx512": _GEMM8_VNNI, "amx": _GEMM8_VNNI, "avxvnni": _GEMM8_VNNI, "av
 # Zen 5 EPYC (`benchmarks/bench_gemm8.py --kernel gemm16 [--isa P]`, oneDNN held to AVX2 on the
 # lower paths), against the float32 matmul there: avx512 (vpdpwssd) 625-640 against oneDNN's
 # 375-470; avxvnni 355-385 and avx2 (vpmaddwd) 295-310 against oneDNN's AVX2 code's 215-245.
-_GEMM16_ALL = frozenset(
+_GEMM16_TYPES = frozenset(
     {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.IQ4_NL}
     | {GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
 )
-_GEMM16 = {
-    "avx512": _GEMM16_ALL,
-    "amx": _GEMM16_ALL,
-    "avxvnni": _GEMM16_ALL,
-    "avx2": _GEMM16_ALL,
-}
+_GEMM16_ISAS = frozenset({"avx512", "amx", "avxvnni", "avx2"})  # the x86 paths: fast code
 
 
 def gemm16_prefill(isa: str | None, ggml_type: int) -> bool:
     """Whether a weight of `ggml_type` that takes neither gemm8 nor the q8_K kernel for prefill
     takes gemm16 on this ISA path (else the float32 matmul)."""
-    return isa is not None and ggml_type in _GEMM16.get(isa, ())
+    return isa in _GEMM16_ISAS and ggml_type in _GEMM16_TYPES
 
 
 def gemm8_prefill(isa: str | None, ggml_type: int) -> bool:

@@ -1,5 +1,5 @@
-"""Weight objects models hold: linear layers kept as their GGUF blocks, run by the native kernels
-(ember/backend/native) or, without them, by torch; embedding tables decoded by row.
+"""The linear layers models hold, kept as their GGUF blocks, run by the native kernels
+(ember/backend/native) or, without them, by torch (embedding tables: ember/backend/embedding.py).
 
 Every quantized type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS) and F16/BF16
 stays in memory as the file's bytes (a view of the memory map where the caller passes one). A
@@ -23,7 +23,7 @@ import torch
 
 from ember.backend import gemm, native
 from ember.backend.precision import INT8_PREFILL, gemm8_prefill, gemm16_prefill, int8_prefill
-from ember.backend.quant import QuantError, as_byte_tensor, dequantize, dequantize_rows, row_nbytes
+from ember.backend.quant import QuantError, as_byte_tensor, dequantize, row_nbytes
 from ember.gguf import GGMLType
 
 NATIVE_ROWS = 16  # rows of x up to which the native kernel runs (it quantizes them once)
@@ -35,6 +35,17 @@ CHUNK_FLOATS = 8 << 20
 # (9728 x 896) as one 33 MB chunk and a small one; 512 rows lifted its 512-token prefill from
 # 97-113 to 137-171 tok/s (AVX2, 2 threads, benchmarks/bench_generate.py's Ember worker).
 CHUNK_ROWS = 512
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x (..., in) as float32 rows (M, in)."""
+    flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    return flat if flat.dtype == torch.float32 else flat.float()
+
+
+def _shaped(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """y (M, out) with x's leading dimensions."""
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 class LinearWeight:
@@ -138,9 +149,7 @@ class NativeLinear:
         return self._kernels.isa if self._kernels is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        if flat.dtype != torch.float32:
-            flat = flat.float()
+        flat = _rows(x)
         rows = flat.shape[0]
         if rows == 0:
             y = flat.new_empty(0, self.out_features)
@@ -152,7 +161,7 @@ class NativeLinear:
         else:
             y = flat.new_empty(rows, self.out_features)
             self.dense_into(flat.contiguous(), 0, self.out_features, y)
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+        return _shaped(y, x)
 
     def takes_dense(self, rows: int) -> bool:
         """Whether `rows` rows of x take the float32 path (dense_into), not the native kernel."""
@@ -328,10 +337,7 @@ class FusedLinear:
         self.kind: str = "+".join(p.kind for p in parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        if flat.dtype != torch.float32:
-            flat = flat.float()
-        flat = flat.contiguous()
+        flat = _rows(x).contiguous()
         rows = flat.shape[0]
         out = flat.new_empty(rows, self.out_features)
         # a prompt's x quantized once for the parts whose kernel takes it so (gemm8's codes for
@@ -348,7 +354,7 @@ class FusedLinear:
             else:
                 dst.copy_(part(flat))
             col += n
-        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+        return _shaped(out, x)
 
     def dequantize(self) -> torch.Tensor:
         return torch.cat([p.dequantize() for p in self.parts])
@@ -424,46 +430,3 @@ def concat_linear(parts: list[AnyLinear]) -> AnyLinear:
     if all(isinstance(p, LinearWeight) for p in parts):
         return LinearWeight.from_dense(torch.cat([p.dequantize() for p in parts]))
     return FusedLinear(parts)
-
-
-class EmbeddingWeight:
-    """A (vocab, dim) table kept as its GGUF bytes; `lookup` decodes only the rows asked for."""
-
-    __slots__ = ("_table", "embedding_dim", "ggml_type", "num_embeddings")
-
-    def __init__(self, table: torch.Tensor, ggml_type: int, shape: tuple[int, int]) -> None:
-        self._table = table
-        self.ggml_type = ggml_type
-        self.num_embeddings, self.embedding_dim = shape
-        # Validates type, shape and size once, so lookups can trust them.
-        dequantize_rows(table, ggml_type, shape, torch.zeros(0, dtype=torch.long))
-
-    @classmethod
-    def from_gguf(
-        cls, raw: torch.Tensor | np.ndarray, ggml_type: int, shape: tuple[int, ...]
-    ) -> "EmbeddingWeight":
-        """From a GGUF tensor's bytes (shared, not copied), `shape` (vocab, dim)."""
-        if len(shape) != 2:
-            raise QuantError(f"an embedding table is 2-D (vocab, dim), got shape {shape}")
-        return cls(as_byte_tensor(raw), ggml_type, (shape[0], shape[1]))
-
-    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (T,) int64 -> (T, dim) float32; raises QuantError for an id outside the table."""
-        shape = (self.num_embeddings, self.embedding_dim)
-        return dequantize_rows(self._table, self.ggml_type, shape, ids)
-
-    def as_linear(self) -> "AnyLinear":
-        """The table as an output head (tied embeddings), its blocks shared, not copied."""
-        return linear_from_gguf(
-            self._table, self.ggml_type, (self.num_embeddings, self.embedding_dim)
-        )
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the quantized table (shared with the file's memory map)."""
-        return self._table.nbytes
-
-
-# The short names the model layer binds with.
-Linear = LinearWeight
-Embedding = EmbeddingWeight

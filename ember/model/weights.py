@@ -3,11 +3,11 @@ loudly."""
 
 import torch
 
+from ember.backend.embedding import Embedding
 from ember.backend.precision import activation_passes, gemm8_input
 from ember.backend.quant import dequantize
 from ember.backend.weights import (
     AnyLinear,
-    Embedding,
     FusedLinear,
     concat_linear,
     expert_linears,

@@ -7,9 +7,9 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from quant_data import quantized, random_blocks
 
+from ember.backend.embedding import EmbeddingWeight
 from ember.backend.quant import QuantError, dequantize
 from ember.backend.weights import (
-    EmbeddingWeight,
     FusedLinear,
     LinearWeight,
     NativeLinear,

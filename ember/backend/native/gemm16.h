@@ -55,6 +55,9 @@ static inline int em_g16_centre(int type) {
     }
 }
 
+/* Whether the type's weights have an offset o (w = s * code + o) */
+static inline int em_g16_affine(int type) { return em_g16_centre(type) == 0 && type != KQ_TYPE_Q6_K; }
+
 /* One weight row (K values) as int16 codes and, per 32 values, s and o (see the top); `row`
  * and `rs`, `ro` scratch of K bytes and K / 16 floats */
 static void em_g16_unpack_row(int type, const uint8_t *w, int64_t K, int16_t *code, float *s, float *o,
@@ -68,7 +71,8 @@ static void em_g16_unpack_row(int type, const uint8_t *w, int64_t K, int16_t *co
                     const int64_t k = i * KQ_QK + 16 * j + l;
                     code[k] = (int16_t)(((int16_t)row[k] - 32) * sc[j]);
                 }
-            for (int j = 0; j < KQ_QK / EM_QK; j++) s[i * 8 + j] = kq_f16_at(w + 208), o[i * 8 + j] = 0.0f;
+            const float d = kq_f16_at(w + 208);
+            for (int j = 0; j < KQ_QK / EM_QK; j++) s[i * 8 + j] = d, o[i * 8 + j] = 0.0f;
         }
         return;
     }
@@ -145,8 +149,7 @@ __attribute__((unused)) static void em_g16_panel_generic(const int16_t *codes, c
 static inline __attribute__((always_inline)) void em_g16_tile(const int16_t *codes, const float *ps,
                                                               const float *po, const int affine,
                                                               int64_t K, const em_block_q16 *xq, int64_t nb,
-                                                              float *y, int64_t ldy, __mmask16 keep0,
-                                                              __mmask16 keep1, const int mr) {
+                                                              float *y, int64_t ldy, int nr, const int mr) {
     __m512 acc[2 * EM_G16_MR];
     for (int i = 0; i < 2 * mr; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t u = 0; u < K / EM_QK; u++) {
@@ -176,23 +179,14 @@ static inline __attribute__((always_inline)) void em_g16_tile(const int16_t *cod
             }
         }
     }
+    const __mmask16 keep0 = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1);
+    const __mmask16 keep1 = (__mmask16)(nr >= 32 ? 0xffff : nr <= 16 ? 0 : (1u << (nr - 16)) - 1);
     for (int i = 0; i < mr; i++) {
         _mm512_mask_storeu_ps(y + i * ldy, keep0, acc[2 * i]);
         _mm512_mask_storeu_ps(y + i * ldy + 16, keep1, acc[2 * i + 1]);
     }
 }
 
-static inline __attribute__((always_inline)) void em_g16_rows(const int16_t *codes, const float *ps,
-                                                              const float *po, const int affine,
-                                                              int64_t K, const em_block_q16 *xq, int64_t nb,
-                                                              int64_t M, float *y, int64_t ldy, int nr) {
-    const __mmask16 keep0 = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1);
-    const __mmask16 keep1 = (__mmask16)(nr >= 32 ? 0xffff : nr <= 16 ? 0 : (1u << (nr - 16)) - 1);
-    int64_t m = 0;
-    for (; m + EM_G16_MR <= M; m += EM_G16_MR)
-        em_g16_tile(codes, ps, po, affine, K, xq + m * nb, nb, y + m * ldy, ldy, keep0, keep1, EM_G16_MR);
-    for (; m < M; m++) em_g16_tile(codes, ps, po, affine, K, xq + m * nb, nb, y + m * ldy, ldy, keep0, keep1, 1);
-}
 #elif defined(__AVX2__) && defined(__FMA__)
 #define EM_G16_FAST 1
 /* mr (<= EM_G16_MR) rows of x against the panel (two registers of 8 rows a line); AVX-VNNI's
@@ -201,8 +195,7 @@ static inline __attribute__((always_inline)) void em_g16_rows(const int16_t *cod
 static inline __attribute__((always_inline)) void em_g16_tile(const int16_t *codes, const float *ps,
                                                               const float *po, const int affine,
                                                               int64_t K, const em_block_q16 *xq, int64_t nb,
-                                                              float *y, int64_t ldy, __m256i keep0,
-                                                              __m256i keep1, const int mr) {
+                                                              float *y, int64_t ldy, int nr, const int mr) {
     float acc[2 * EM_G16_MR][8] __attribute__((aligned(32)));
     for (int i = 0; i < 2 * mr; i++) _mm256_store_ps(acc[i], _mm256_setzero_ps());
     for (int64_t u = 0; u < K / EM_QK; u++) {
@@ -238,23 +231,26 @@ static inline __attribute__((always_inline)) void em_g16_tile(const int16_t *cod
             }
         }
     }
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i keep0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), lane);
+    const __m256i keep1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr - 8), lane);
     for (int i = 0; i < mr; i++) {
         _mm256_maskstore_ps(y + i * ldy, keep0, _mm256_load_ps(acc[2 * i]));
         _mm256_maskstore_ps(y + i * ldy + 8, keep1, _mm256_load_ps(acc[2 * i + 1]));
     }
 }
+#endif
 
+#if defined(EM_G16_FAST)
+/* Every row of x against the panel, EM_G16_MR at a time */
 static inline __attribute__((always_inline)) void em_g16_rows(const int16_t *codes, const float *ps,
-                                                              const float *po, const int affine,
-                                                              int64_t K, const em_block_q16 *xq, int64_t nb,
-                                                              int64_t M, float *y, int64_t ldy, int nr) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i keep0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), lane);
-    const __m256i keep1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr - 8), lane);
+                                                              const float *po, const int affine, int64_t K,
+                                                              const em_block_q16 *xq, int64_t nb, int64_t M,
+                                                              float *y, int64_t ldy, int nr) {
     int64_t m = 0;
     for (; m + EM_G16_MR <= M; m += EM_G16_MR)
-        em_g16_tile(codes, ps, po, affine, K, xq + m * nb, nb, y + m * ldy, ldy, keep0, keep1, EM_G16_MR);
-    for (; m < M; m++) em_g16_tile(codes, ps, po, affine, K, xq + m * nb, nb, y + m * ldy, ldy, keep0, keep1, 1);
+        em_g16_tile(codes, ps, po, affine, K, xq + m * nb, nb, y + m * ldy, ldy, nr, EM_G16_MR);
+    for (; m < M; m++) em_g16_tile(codes, ps, po, affine, K, xq + m * nb, nb, y + m * ldy, ldy, nr, 1);
 }
 #endif
 

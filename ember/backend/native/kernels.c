@@ -563,7 +563,6 @@ static int em_gemm_panels(int bits, int type, const void *w, const void *xq, int
     const int64_t row_bytes = K / elems * bytes, units = K / U, panels = (N + NR - 1) / NR;
     const size_t codes_bytes = (size_t)(K * NR * bits / 8), scales_bytes = (size_t)(2 * units * NR * 4);
     const size_t unpack_bytes = bits == 8 ? em_g8_pack_scratch(K) : em_g16_pack_scratch(K);
-    const int affine = em_g16_centre(type) == 0 && type != KQ_TYPE_Q6_K;
     const int nth = em_team(M * N * K, 1 << 18);
     int failed = 0;
     #pragma omp parallel num_threads(nth) if (nth > 1)
@@ -587,8 +586,8 @@ static int em_gemm_panels(int bits, int type, const void *w, const void *xq, int
                                nr);
             } else {
                 em_g16_pack(type, W, row_bytes, nr, K, (int16_t *)buf, ps, po, unpack);
-                em_g16_panel((const int16_t *)buf, ps, po, affine, K, (const em_block_q16 *)xq, units, M, y + n0,
-                             ldy, nr);
+                em_g16_panel((const int16_t *)buf, ps, po, em_g16_affine(type), K, (const em_block_q16 *)xq, units,
+                             M, y + n0, ldy, nr);
             }
         }
         free(buf);
