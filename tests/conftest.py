@@ -84,6 +84,7 @@ REFERENCE_KEYS = {
     "smollm2:135m": "smollm2-135m-instruct-q4_1",
     "gemma3:270m": "gemma-3-270m-q4_k_m",
     "qwen2.5-coder:0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m",
+    "qwen2.5-coder:1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m",
 }
 
 

