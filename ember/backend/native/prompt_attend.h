@@ -5,7 +5,7 @@
  *
  * em_pa_head(q, qs, T, D, kt, Sp, v, Dv, first, scale, o, p, out, os, tile): the rows of query
  * tile `tile` (tokens EM_PA_RT * tile and on, T in all; q rows qs floats apart, D each) against
- * one KV head: kt its keys transposed (D rows of Sp >= S floats, see em_pa_transpose), v its
+ * one KV head: kt its keys transposed (D rows of Sp >= S floats, see em_pa_transpose8), v its
  * values (S rows of Dv floats); token t sees cells 0..first + t; o (EM_PA_RT * Dv floats) and p
  * (EM_PA_RT * EM_PA_KB) are scratch; out rows os floats apart.
  *
@@ -52,19 +52,20 @@ EM_INLINE __m512 em_exp16(__m512 x) {
 }
 #endif
 
-/* kt (D, Sp) = k (S, D) transposed, cells S..Sp zero, for the cells of the 8-cell groups c0..c1
- * (a thread's share); 8 cells at a time, so that each pass over the D columns reads 8 rows */
-static void em_pa_transpose(const float *k, int64_t S, int64_t D, int64_t Sp, float *kt, int64_t c0, int64_t c1) {
-    (void)Sp;
-    for (int64_t s0 = 8 * c0; s0 < 8 * c1; s0 += 8) {
-        const int64_t n = S - s0 < 8 ? (S - s0 > 0 ? S - s0 : 0) : 8;
-        for (int64_t d = 0; d < D; d++) {
-            float *row = kt + d * Sp + s0;
-            for (int64_t i = 0; i < n; i++) row[i] = k[(s0 + i) * D + d];
-            for (int64_t i = n; i < 8; i++) row[i] = 0.0f;
-        }
+/* Cells s0..s0 + 7 of kt (D, Sp) = k (S, D) transposed, cells S..Sp zero: 8 cells at a time
+ * (the threads share them), so that each pass over the D columns reads 8 rows */
+static void em_pa_transpose8(const float *k, int64_t S, int64_t D, int64_t Sp, float *kt, int64_t s0) {
+    const int64_t n = S - s0 < 8 ? (S - s0 > 0 ? S - s0 : 0) : 8;
+    for (int64_t d = 0; d < D; d++) {
+        float *row = kt + d * Sp + s0;
+        for (int64_t i = 0; i < n; i++) row[i] = k[(s0 + i) * D + d];
+        for (int64_t i = n; i < 8; i++) row[i] = 0.0f;
     }
 }
+
+/* What a row's sums so far are scaled by when its running maximum m becomes mnew: 0 at the
+ * first block the row sees (m = -inf), and 1 exactly, without expf, where m holds */
+static inline float em_pa_rescale(float m, float mnew) { return mnew == m ? 1.0f : expf(m - mnew); }
 
 static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const float *kt, int64_t Sp,
                        const float *v, int64_t Dv, int64_t first, float scale, float *o, float *p,
@@ -108,7 +109,7 @@ static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const f
                 continue;
             }
             const float mnew = bmax > m[r] ? bmax : m[r];
-            corr[r] = mnew == m[r] ? 1.0f : expf(m[r] - mnew); /* 0 at the first block the row sees */
+            corr[r] = em_pa_rescale(m[r], mnew);
             const __m512 mv = _mm512_set1_ps(mnew);
             const __m512 e0 = em_exp16(_mm512_sub_ps(s0, mv)), e1 = em_exp16(_mm512_sub_ps(s1, mv));
             _mm512_storeu_ps(pr, e0), _mm512_storeu_ps(pr + 16, e1);
@@ -148,7 +149,7 @@ static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const f
                 continue;
             }
             const float mnew = bmax > m[r] ? bmax : m[r];
-            corr[r] = mnew == m[r] ? 1.0f : expf(m[r] - mnew); /* 0 at the first block the row sees */
+            corr[r] = em_pa_rescale(m[r], mnew);
             const __m256 mv = _mm256_set1_ps(mnew);
             const __m256 e0 = em_exp8(_mm256_sub_ps(s0, mv)), e1 = em_exp8(_mm256_sub_ps(s1, mv));
             _mm256_storeu_ps(pr, e0), _mm256_storeu_ps(pr + 8, e1);
@@ -175,7 +176,7 @@ static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const f
                 continue;
             }
             const float mnew = bmax > m[r] ? bmax : m[r];
-            corr[r] = mnew == m[r] ? 1.0f : expf(m[r] - mnew);
+            corr[r] = em_pa_rescale(m[r], mnew);
             float sum = 0.0f;
             for (int j = 0; j < EM_PA_KB; j++) sum += pr[j] = expf(s[r][j] - mnew);
             l[r] = l[r] * corr[r] + sum;
