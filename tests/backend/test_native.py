@@ -264,6 +264,33 @@ def test_gemm8_sums_hold_the_largest_codes_exactly(isa: str, qtype: QT) -> None:
     assert ((y.double() - want).abs() <= 2e-6 * (q8_0(x).abs() @ w.double().abs().t())).all()
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kernel", ["gemm8", "gemm16"])
+def test_prefill_quantization_is_the_portable_one(isa: str, kernel: str) -> None:
+    # x's rows as each copy quantizes them (vector code on the x86 paths) are the portable C's
+    # bytes: ties rounded half to even, -0.0, and for gemm8 NaN and inf (codes 0; the int16
+    # codes of a row holding them are not defined alike)
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(3))
+    x[1, :32] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5] * 5 + [127.0, -127.0])
+    x[2, 32:64] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5] * 5 + [16383.0, -16383.0])
+    x[4, :32] = -0.0
+    if kernel == "gemm8":
+        x[3, 3], x[3, 40], x[3, 70] = float("nan"), float("inf"), float("-inf")
+    rows = []
+    for path in (isa, "generic"):
+        kern = native.kernels(path)
+        assert kern is not None
+        size, quantize = (
+            (native.q8_row_bytes, kern.q8_rows)
+            if kernel == "gemm8"
+            else (native.q16_row_bytes, kern.q16_rows)
+        )
+        xq = torch.empty(5, size(128), dtype=torch.uint8)
+        assert quantize(x.data_ptr(), 5, 128, xq.data_ptr()) == 0
+        rows.append(xq)
+    assert torch.equal(rows[0], rows[1])
+
+
 def checked_prefill_product(
     kernel: str,
     isa: str,

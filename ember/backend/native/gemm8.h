@@ -65,19 +65,43 @@ static void em_g8_quantize_row(const float *x, uint8_t *row, int64_t K) {
     float *d = (float *)(row + K), *s32 = d + K / 32, *s16 = s32 + K / 32;
     for (int64_t b = 0; b < K / 32; b++) {
         const float *xb = x + 32 * b;
+        int sum[2] = {0, 0};
+#if defined(EM_X86) /* the same codes as the loops below: rounding half to even, NaN/inf to 0 */
+        const float amax = em_absmax32(xb);
+        const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+        __m256i v[4];
+        for (int i = 0; i < 4; i++) {
+            const __m256 f = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * i), vid),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(f, lo, _CMP_GE_OQ), _mm256_cmp_ps(f, hi, _CMP_LE_OQ));
+            v[i] = _mm256_cvtps_epi32(_mm256_and_ps(f, ok));
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256i t = _mm256_add_epi32(v[2 * h], v[2 * h + 1]);
+            __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
+            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
+            sum[h] = _mm_cvtsi128_si32(t4);
+        }
+        /* packs works within 128-bit lanes: dwords 0-3 of each 8 come out in order after the permute */
+        const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256((__m256i *)(q + 32 * b),
+                            _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#else
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) {
             const float a = fabsf(xb[j]);
             amax = a > amax ? a : amax;
         }
         const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
-        int sum[2] = {0, 0};
         for (int j = 0; j < 32; j++) {
             const float f = rintf(xb[j] * id); /* half to even, as llama.cpp's vector path */
             const int v = f >= -127.0f && f <= 127.0f ? (int)f : 0; /* NaN/inf in x: 0 */
             q[32 * b + j] = (int8_t)v;
             sum[j / 16] += v;
         }
+#endif
         d[b] = db;
         s32[b] = db * (float)(sum[0] + sum[1]);
         s16[2 * b] = db * (float)sum[0];

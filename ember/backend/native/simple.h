@@ -131,13 +131,31 @@ static inline uint16_t em_bf16_from(float f) {
 /* ---- activations ---- */
 
 /* codes up to `limit` in size (32767; gemm16.h's 16383 leaves room in its int32 sums) */
+#if defined(EM_X86)
+/* max |x| of 32 floats, NaN skipped (maxps returns its second operand when either is NaN), as
+ * the portable loop's a > amax ? a : amax */
+static inline float em_absmax32(const float *x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i)), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
 static inline void em_quantize_row_q16_to(const float *x, em_block_q16 *y, int64_t nb, const float limit) {
     for (int64_t b = 0; b < nb; b++, x += EM_QK) {
+#if defined(EM_X86)
+        const float amax = em_absmax32(x);
+#else
         float amax = 0.0f;
         for (int j = 0; j < EM_QK; j++) { /* fmaxf's result (NaN skipped), without its libm call */
             const float a = fabsf(x[j]);
             amax = a > amax ? a : amax;
         }
+#endif
         const float d = amax / limit, id = d != 0.0f ? 1.0f / d : 0.0f;
         int sum = 0;
 #if defined(EM_X86)
