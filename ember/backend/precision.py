@@ -13,6 +13,7 @@ from ember.gguf import GGMLType
 # GFLOPS against the int8 kernel's 303-328 (the same command, a Zen 5 EPYC), and exact; gemm16
 # (below) takes those weights there now, faster again.
 # the paths of the avx512 copy: amx is avx512 with AMX's tiles for 8-16 rows of x (Q4_K, Q5_K)
+# and for the prompts' gemm8 and gemm16 products (amx.h: the same bits)
 _AVX512 = ("avx512", "amx")
 
 INT8_PREFILL = frozenset(

@@ -554,16 +554,31 @@ int EM_EXPORT(ember_q8_rows)(const float *x, int64_t M, int64_t K, uint8_t *xq) 
  * then meets every row of x. */
 static int em_gemm_panels(int bits, int type, const void *w, const void *xq, int64_t M, int64_t N, int64_t K,
                           float *y, int64_t ldy) {
-    const int U = bits == 8 ? em_g8_unit(type) : EM_QK, NR = bits == 8 ? EM_G8_NR : EM_G16_NR;
     int elems, bytes;
     em_block_size(type, &elems, &bytes);
     if (!em_g8_unit(type) || !elems) return -1;
     if (M < 0 || N < 0 || K <= 0 || K % elems || K % EM_QK || ldy < N) return -2;
     if (M == 0 || N == 0) return 0;
+#if defined(EM_AMX)
+    const int tiles = em_amx_panel_type(type); /* amx.h: gemm8's panels of bytes for both */
+#else
+    const int tiles = 0;
+#endif
+    /* the tiles take a pair of gemm8's panels at a time, for both */
+    const int U = bits == 8 ? em_g8_unit(type) : EM_QK, NR = tiles ? 2 * EM_G8_NR : bits == 8 ? EM_G8_NR : EM_G16_NR;
+    const int code_bits = tiles ? 8 : bits;
     const int64_t row_bytes = K / elems * bytes, units = K / U, panels = (N + NR - 1) / NR;
-    const size_t codes_bytes = (size_t)(K * NR * bits / 8), scales_bytes = (size_t)(2 * units * NR * 4);
-    const size_t unpack_bytes = bits == 8 ? em_g8_pack_scratch(K) : em_g16_pack_scratch(K);
+    const size_t codes_bytes = (size_t)(K * NR * code_bits / 8), scales_bytes = (size_t)(2 * units * NR * 4);
+    const size_t unpack_bytes = code_bits == 8 ? em_g8_pack_scratch(K) : em_g16_pack_scratch(K);
     const int nth = em_team(M * N * K, 1 << 18);
+    uint8_t *split = 0; /* gemm16's x in the tiles: high and low bytes */
+#if defined(EM_AMX)
+    if (tiles && bits == 16) {
+        split = (uint8_t *)em_alloc_lines((size_t)((M + 15) / 16 * 16 * 2 * K));
+        if (!split) return -3;
+        em_amx_split_q16((const em_block_q16 *)xq, M, K, split);
+    }
+#endif
     int failed = 0;
     #pragma omp parallel num_threads(nth) if (nth > 1)
     {
@@ -574,12 +589,32 @@ static int em_gemm_panels(int bits, int type, const void *w, const void *xq, int
         }
         float *ps = (float *)(buf + codes_bytes), *po = ps + units * NR;
         uint8_t *unpack = (uint8_t *)(po + units * NR);
+#if defined(EM_AMX)
+        if (tiles) em_amx_panels_begin();
+#endif
         #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; p++) {
             if (!buf) continue;
             const int64_t n0 = p * NR;
             const int nr = N - n0 < NR ? (int)(N - n0) : NR;
             const uint8_t *W = (const uint8_t *)w + n0 * row_bytes;
+#if defined(EM_AMX)
+            if (tiles) {
+                for (int h = 0; h < 2; h++) {
+                    const int rows = nr - 16 * h < 0 ? 0 : nr - 16 * h > 16 ? 16 : nr - 16 * h;
+                    uint8_t *codes = buf + h * K * EM_G8_NR;
+                    em_g8_pack(type, W + h * 16 * row_bytes, row_bytes, rows, K, codes, ps + h * units * EM_G8_NR,
+                               po + h * units * EM_G8_NR, unpack);
+                    if (bits == 16) em_amx_centre_codes(type, codes, K);
+                }
+                if (bits == 8)
+                    em_g8_panels_amx(buf, ps, po, K, (const uint8_t *)xq, em_g8_row_bytes(K), M, y + n0, ldy, nr);
+                else
+                    em_g16_panels_amx(buf, ps, po, em_g16_affine(type), K, split, (const em_block_q16 *)xq, M,
+                                      y + n0, ldy, nr);
+                continue;
+            }
+#endif
             if (bits == 8) {
                 em_g8_pack(type, W, row_bytes, nr, K, buf, ps, po, unpack);
                 em_g8_panel_of(type, buf, ps, po, U, K, (const uint8_t *)xq, em_g8_row_bytes(K), M, y + n0, ldy,
@@ -590,8 +625,12 @@ static int em_gemm_panels(int bits, int type, const void *w, const void *xq, int
                              M, y + n0, ldy, nr);
             }
         }
+#if defined(EM_AMX)
+        if (tiles) _tile_release();
+#endif
         free(buf);
     }
+    free(split);
     return failed ? -3 : 0;
 }
 
