@@ -234,6 +234,14 @@ static inline __attribute__((always_inline)) void em_amx_steps(float *acc, const
     }
 }
 
+/* keep[p]: which of panel p's 16 weight rows are present, nr of the pair's 32 */
+static inline void em_amx_keep(int nr, __mmask16 *keep) {
+    for (int p = 0; p < 2; p++) {
+        const int rows = nr - 16 * p;
+        keep[p] = (__mmask16)(rows >= 16 ? 0xffff : rows <= 0 ? 0 : (1u << rows) - 1);
+    }
+}
+
 /* acc's 16 rows of x by 2 panels (acc[p]) to y; keep[p]: the panels' weight rows present */
 static inline void em_amx_store(float (*acc)[256], float *y, int64_t ldy, int rows, const __mmask16 *keep) {
     for (int i = 0; i < rows; i++)
@@ -291,8 +299,8 @@ static inline __attribute__((always_inline)) void em_g8_amx(const uint8_t *codes
  * rest as the avx512 path takes them (em_g8_tile: the same bits); nr: the weight rows present */
 static void em_g8_panels_amx(const uint8_t *codes, const float *ps, const float *po, int64_t K,
                              const uint8_t *xq, int64_t xrb, int64_t M, float *y, int64_t ldy, int nr) {
-    const __mmask16 keep[2] = {(__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1),
-                               (__mmask16)(nr >= 32 ? 0xffff : nr <= 16 ? 0 : (1u << (nr - 16)) - 1)};
+    __mmask16 keep[2];
+    em_amx_keep(nr, keep);
     int64_t m = 0;
     for (; m + 32 <= M; m += 32) em_g8_amx(codes, ps, po, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, 2);
     for (; m + 16 <= M; m += 16) em_g8_amx(codes, ps, po, K, xq + m * xrb, xrb, y + m * ldy, ldy, keep, 1);
@@ -385,8 +393,8 @@ static inline __attribute__((always_inline)) void em_g16_amx(const uint8_t *code
 static void em_g16_panels_amx(const uint8_t *codes, const float *ps, const float *po, int affine, int64_t K,
                               const uint8_t *split, const em_block_q16 *xq, int64_t M, float *y, int64_t ldy,
                               int nr) {
-    const __mmask16 keep[2] = {(__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1),
-                               (__mmask16)(nr >= 32 ? 0xffff : nr <= 16 ? 0 : (1u << (nr - 16)) - 1)};
+    __mmask16 keep[2];
+    em_amx_keep(nr, keep);
     const int64_t nb = K / EM_QK;
     for (int64_t m = 0; m < M; m += 16) {
         const int rows = M - m < 16 ? (int)(M - m) : 16;

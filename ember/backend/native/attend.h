@@ -108,11 +108,21 @@ EM_INLINE __m256 em_hsum8x8(const __m256 *a) {
 #endif
 
 /* scores of NT heads against the keys of cells cell(0..n): cell(i) = idx[i], or i without a
- * list; NT and kv_type are constants where inlined. Each cell asks for a later cell's key and
- * its own value, which the value pass reads next. With AVX2, 8 cells' products at a time, their
+ * list; NT and kv_type are constants where inlined. With AVX2, 8 cells' products at a time, their
  * sums taken together (em_hsum8x8) and scaled and masked 8 at a time: the same bits as a cell
  * at a time, which had spent more on each head's sum than on its 8-16 multiply-adds (D = 64-128). */
 EM_INLINE int64_t em_cell(const int32_t *idx, int64_t i) { return idx ? idx[i] : i; }
+
+/* cell i's key row (cell(i)), after asking for a later cell's key and for cell i's value, which
+ * the value pass reads next */
+EM_INLINE const void *em_attn_key(int kv_type, const void *k, int64_t k_cs, const void *v, int64_t v_cs,
+                                  int64_t D, int64_t Dv, const int32_t *idx, int64_t i, int64_t n) {
+    const int64_t width = kv_type == EM_KV_F32 ? 4 : 2, s = em_cell(idx, i);
+    if (i + EM_ATTN_PREFETCH_CELLS < n)
+        em_prefetch_row(em_kv_row(kv_type, k, em_cell(idx, i + EM_ATTN_PREFETCH_CELLS) * k_cs), D * width);
+    em_prefetch_row(em_kv_row(kv_type, v, s * v_cs), Dv * width);
+    return em_kv_row(kv_type, k, s * k_cs);
+}
 
 /* r plus q . key over values d.. of D, a value at a time (the tail past D's multiple of 8) */
 EM_INLINE float em_attn_tail(int kv_type, float r, const float *q, int64_t D, const void *ks, int64_t d) {
@@ -123,7 +133,6 @@ EM_INLINE float em_attn_tail(int kv_type, float r, const float *q, int64_t D, co
 EM_INLINE void em_attn_scores(int kv_type, const float *q, const int NT, int64_t D, const void *k,
                               int64_t k_cs, const void *v, int64_t v_cs, int64_t Dv, int64_t n,
                               const int32_t *idx, const float *mask, float scale, float *scores) {
-    const int64_t width = kv_type == EM_KV_F32 ? 4 : 2;
     int64_t i = 0;
 #if defined(EM_X86)
     const int64_t D8 = D / 8 * 8;
@@ -131,14 +140,7 @@ EM_INLINE void em_attn_scores(int kv_type, const float *q, const int NT, int64_t
     for (; i + 8 <= n; i += 8) {
         for (int c = 0; c < 8; c += 2) { /* two cells a pass: each load of q meets two keys */
             const void *ks[2];
-            for (int e = 0; e < 2; e++) {
-                const int64_t s = em_cell(idx, i + c + e);
-                if (i + c + e + EM_ATTN_PREFETCH_CELLS < n)
-                    em_prefetch_row(em_kv_row(kv_type, k, em_cell(idx, i + c + e + EM_ATTN_PREFETCH_CELLS) * k_cs),
-                                    D * width);
-                em_prefetch_row(em_kv_row(kv_type, v, s * v_cs), Dv * width);
-                ks[e] = em_kv_row(kv_type, k, s * k_cs);
-            }
+            for (int e = 0; e < 2; e++) ks[e] = em_attn_key(kv_type, k, k_cs, v, v_cs, D, Dv, idx, i + c + e, n);
             __m256 acc[EM_ATTN_TILE][2];
             for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
             for (int64_t d = 0; d < D8; d += 8) {
@@ -172,11 +174,7 @@ EM_INLINE void em_attn_scores(int kv_type, const float *q, const int NT, int64_t
     }
 #endif
     for (; i < n; i++) {
-        const int64_t s = em_cell(idx, i);
-        if (i + EM_ATTN_PREFETCH_CELLS < n)
-            em_prefetch_row(em_kv_row(kv_type, k, em_cell(idx, i + EM_ATTN_PREFETCH_CELLS) * k_cs), D * width);
-        em_prefetch_row(em_kv_row(kv_type, v, s * v_cs), Dv * width);
-        const void *ks = em_kv_row(kv_type, k, s * k_cs);
+        const void *ks = em_attn_key(kv_type, k, k_cs, v, v_cs, D, Dv, idx, i, n);
         float r[EM_ATTN_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
         int64_t d = 0;
 #if defined(EM_X86)
@@ -192,7 +190,7 @@ EM_INLINE void em_attn_scores(int kv_type, const float *q, const int NT, int64_t
             const float kx = em_kv_at(kv_type, ks, d);
             for (int j = 0; j < NT; j++) r[j] += q[j * D + d] * kx;
         }
-        const float m = mask ? mask[s] : 0.0f;
+        const float m = mask ? mask[em_cell(idx, i)] : 0.0f;
         for (int j = 0; j < NT; j++) scores[j * n + i] = scale * r[j] + m;
     }
 }

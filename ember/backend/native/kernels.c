@@ -560,11 +560,10 @@ static int em_gemm_panels(int bits, int type, const void *w, const void *xq, int
     if (M < 0 || N < 0 || K <= 0 || K % elems || K % EM_QK || ldy < N) return -2;
     if (M == 0 || N == 0) return 0;
 #if defined(EM_AMX)
-    const int tiles = em_amx_panel_type(type); /* amx.h: gemm8's panels of bytes for both */
+    const int tiles = em_amx_panel_type(type); /* amx.h: pairs of gemm8's panels, for both */
 #else
     const int tiles = 0;
 #endif
-    /* the tiles take a pair of gemm8's panels at a time, for both */
     const int U = bits == 8 ? em_g8_unit(type) : EM_QK, NR = tiles ? 2 * EM_G8_NR : bits == 8 ? EM_G8_NR : EM_G16_NR;
     const int code_bits = tiles ? 8 : bits;
     const int64_t row_bytes = K / elems * bytes, units = K / U, panels = (N + NR - 1) / NR;
@@ -600,8 +599,8 @@ static int em_gemm_panels(int bits, int type, const void *w, const void *xq, int
             const uint8_t *W = (const uint8_t *)w + n0 * row_bytes;
 #if defined(EM_AMX)
             if (tiles) {
-                for (int h = 0; h < 2; h++) {
-                    const int rows = nr - 16 * h < 0 ? 0 : nr - 16 * h > 16 ? 16 : nr - 16 * h;
+                for (int h = 0; h < 2; h++) { /* its two panels: 16 rows, the rest, or none */
+                    const int rows = nr <= 16 * h ? 0 : nr - 16 * h < 16 ? nr - 16 * h : 16;
                     uint8_t *codes = buf + h * K * EM_G8_NR;
                     em_g8_pack(type, W + h * 16 * row_bytes, row_bytes, rows, K, codes, ps + h * units * EM_G8_NR,
                                po + h * units * EM_G8_NR, unpack);
