@@ -6,11 +6,12 @@ rows, one top-k at the largest k); what follows top-k works on a few candidates 
 row draws from its own generator, so a sequence's tokens do not depend on its batch.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
-from ember.sample.sampler import Sampler, biased, penalize, truncate
+from ember.sample.sampler import Sampler, bias_entries, penalty_entries, truncate
 from ember.sample.topk import argmax_rows, block_maxima, sorted_row, top_k_rows
 
 
@@ -26,18 +27,19 @@ def sample_rows(
     with each token afterwards.
     """
     _check(samplers, logits, allowed)
-    work = _prepared(samplers, logits, allowed).contiguous()  # (R, V)
-    maxima = block_maxima(work)
-    vocab_size = work.shape[1]
-    greedy, partial, full = _groups(samplers, vocab_size)
-    tokens = [0] * len(samplers)
-    for r, token in zip(greedy, argmax_rows(work, greedy, maxima), strict=True):
-        tokens[r] = token
-    ks = [samplers[r].params.top_k for r in partial]
-    for r, (values, ids) in zip(partial, top_k_rows(work, partial, ks, maxima), strict=True):
-        tokens[r] = samplers[r].draw(*truncate(values, ids, samplers[r].params))
-    for r in full:
-        tokens[r] = samplers[r].draw(*truncate(*sorted_row(work[r]), samplers[r].params))
+    logits = logits.contiguous()
+    with _prepared(samplers, logits, allowed) as work:  # (R, V)
+        maxima = block_maxima(work)
+        vocab_size = work.shape[1]
+        greedy, partial, full = _groups(samplers, vocab_size)
+        tokens = [0] * len(samplers)
+        for r, token in zip(greedy, argmax_rows(work, greedy, maxima), strict=True):
+            tokens[r] = token
+        ks = [samplers[r].params.top_k for r in partial]
+        for r, (values, ids) in zip(partial, top_k_rows(work, partial, ks, maxima), strict=True):
+            tokens[r] = samplers[r].draw(*truncate(values, ids, samplers[r].params))
+        for r in full:
+            tokens[r] = samplers[r].draw(*truncate(*sorted_row(work[r]), samplers[r].params))
     return tokens
 
 
@@ -67,31 +69,39 @@ def _groups(samplers: Sequence[Sampler], vocab_size: int) -> tuple[list[int], li
     return greedy, partial, full
 
 
+@contextmanager
 def _prepared(
     samplers: Sequence[Sampler],
     logits: torch.Tensor,
     allowed: Sequence[torch.Tensor | None] | None,
-) -> torch.Tensor:
-    """The rows as each sampler sees them: biased (logit_bias, every row in one write), masked
-    by their grammar, then penalized over their recent tokens (Sampler.sample's order). logits
-    itself when no row changes, else a copy."""
+) -> Iterator[torch.Tensor]:
+    """logits (R, V) as each sampler sees them: biased (logit_bias, every row in one write),
+    masked by their grammar, then penalized over their recent tokens (Sampler.sample's order).
+    Changed in place and put back on exit: the caller's rows stay raw (logprobs, a slot's kept
+    logits) without a copy of the whole batch each step (8 MB for 8 rows of 262k tokens)."""
     masks = allowed if allowed is not None else [None] * len(samplers)
-    changed = [
-        r
-        for r, s in enumerate(samplers)
-        if masks[r] is not None or (s.params.has_penalties and s.counts)
-    ]
-    has_bias = any(s.params.logit_bias for s in samplers)
-    if not changed and not has_bias:
-        return logits
-    work = biased(logits, [s.params.logit_bias for s in samplers]) if has_bias else logits.clone()
-    for r in changed:
-        mask, s = masks[r], samplers[r]
-        if mask is not None:
-            _apply_mask(work[r], mask)
-        if s.params.has_penalties and s.counts:
-            work[r] = penalize(work[r], s.counts, s.params)
-    return work
+    undo: list[tuple[tuple[torch.Tensor, ...], torch.Tensor]] = []  # (index, the values it had)
+    try:
+        with torch.inference_mode():  # the head's logits are inference tensors
+            bias = bias_entries(logits, [s.params.logit_bias for s in samplers])
+            if bias is not None:
+                undo.append((bias[0], logits[bias[0]]))
+                logits.index_put_(*bias, accumulate=True)
+            for r, (mask, s) in enumerate(zip(masks, samplers, strict=True)):
+                row = (torch.tensor([r], device=logits.device),)
+                if mask is not None:
+                    undo.append((row, logits[r].clone()[None]))
+                    _apply_mask(logits[r], mask)
+                if s.params.has_penalties and s.counts:
+                    penalty = penalty_entries(logits[r], s.counts, s.params)
+                    if penalty is not None:
+                        undo.append(((*row, penalty[0]), logits[r, penalty[0]]))
+                        logits[r, penalty[0]] = penalty[1]
+        yield logits
+    finally:
+        with torch.inference_mode():
+            for index, values in reversed(undo):  # the latest change first: an entry changed
+                logits.index_put_(index, values)  # twice gets back the value before both
 
 
 def _apply_mask(row: torch.Tensor, allowed: torch.Tensor) -> None:

@@ -65,6 +65,17 @@ class Sampler:
 def biased(logits: torch.Tensor, biases: Sequence[Sequence[tuple[int, float]]]) -> torch.Tensor:
     """A copy of logits (R, V) with row r's (token, bias) pairs added, in one indexed write:
     biases clamped to [-100, 100], -100 banning the token (-inf), ids past V ignored."""
+    out = logits.clone()
+    entries = bias_entries(logits, biases)
+    if entries is not None:
+        out.index_put_(*entries, accumulate=True)
+    return out
+
+
+def bias_entries(
+    logits: torch.Tensor, biases: Sequence[Sequence[tuple[int, float]]]
+) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The (rows, ids) index and the values that `biased` adds to logits (R, V); None if none."""
     rows, ids, values = [], [], []
     for r, pairs in enumerate(biases):
         for token, bias in pairs:
@@ -73,30 +84,37 @@ def biased(logits: torch.Tensor, biases: Sequence[Sequence[tuple[int, float]]]) 
                 rows.append(r)
                 ids.append(token)
                 values.append(-math.inf if clamped <= -MAX_LOGIT_BIAS else clamped)
-    out = logits.clone()
-    if rows:
-        device = logits.device
-        index = (torch.tensor(rows, device=device), torch.tensor(ids, device=device))
-        added = torch.tensor(values, dtype=logits.dtype, device=device)
-        out.index_put_(index, added, accumulate=True)
-    return out
+    if not rows:
+        return None
+    device = logits.device
+    index = (torch.tensor(rows, device=device), torch.tensor(ids, device=device))
+    return index, torch.tensor(values, dtype=logits.dtype, device=device)
 
 
 def penalize(logits: torch.Tensor, counts: Mapping[int, int], p: SamplingParams) -> torch.Tensor:
-    """llama.cpp's penalties on a copy of logits (V,): each token seen c > 0 times is divided by
-    repeat_penalty (multiplied when <= 0, so it still drops), then lowered by
-    c * frequency_penalty + presence_penalty."""
+    """llama.cpp's penalties on a copy of logits (V,): see `penalty_entries`."""
+    entries = penalty_entries(logits, counts, p)
+    if entries is None:
+        return logits
+    out = logits.clone()
+    out[entries[0]] = entries[1]
+    return out
+
+
+def penalty_entries(
+    logits: torch.Tensor, counts: Mapping[int, int], p: SamplingParams
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The ids of logits (V,) that llama.cpp's penalties change and their new values (None if
+    none): each token seen c > 0 times is divided by repeat_penalty (multiplied when <= 0, so it
+    still drops), then lowered by c * frequency_penalty + presence_penalty."""
     seen = [t for t in counts if 0 <= t < logits.numel()]
     if not seen:
-        return logits
-    ids = torch.tensor(seen, dtype=torch.long)
-    c = torch.tensor([counts[t] for t in seen], dtype=logits.dtype)
+        return None
+    ids = torch.tensor(seen, dtype=torch.long, device=logits.device)
+    c = torch.tensor([counts[t] for t in seen], dtype=logits.dtype, device=logits.device)
     x = logits[ids]
     x = torch.where(x > 0, x / p.repeat_penalty, x * p.repeat_penalty)
-    x = x - (c * p.frequency_penalty + p.presence_penalty)
-    out = logits.clone()
-    out[ids] = x
-    return out
+    return ids, x - (c * p.frequency_penalty + p.presence_penalty)
 
 
 def candidates(logits: torch.Tensor, p: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,21 +19,25 @@ from ember.sample.sampler import Sampler
 from ember.sample.topk import BLOCK, argmax_rows, block_maxima, sorted_row, top_k_rows
 from ember.tokenizer import Tokenizer
 
+# penalized and masked too in some rows: each change to the caller's logits must be undone
+BIAS = ((5, 4.0), (7, -100.0), (11, -2.5), (10**6, 1.0))  # the last past every vocabulary
+
 # one of each kind of row; seeds differ so that no two rows draw alike
 ROWS: list[SamplingParams] = [
     SamplingParams(temperature=0),
-    SamplingParams(temperature=0, repeat_penalty=1.5, presence_penalty=0.5),
+    SamplingParams(temperature=0, repeat_penalty=1.5, presence_penalty=0.5, logit_bias=BIAS),
     SamplingParams(seed=1),  # Ollama's defaults: temperature .8, top_k 40, top_p .9
     SamplingParams(temperature=1.0, top_k=5, top_p=1.0, seed=2),
     SamplingParams(temperature=1.3, top_k=40, top_p=0.7, seed=3),
     SamplingParams(temperature=1.0, top_k=30, top_p=1.0, min_p=0.05, seed=4),
     SamplingParams(temperature=0.9, top_k=20, top_p=1.0, typical_p=0.8, seed=5),
     SamplingParams(temperature=1.0, top_k=10, repeat_penalty=1.3, frequency_penalty=0.2, seed=6),
+    SamplingParams(temperature=0.8, top_k=8, logit_bias=BIAS, seed=10),
     SamplingParams(temperature=0.7, top_k=0, top_p=0.95, seed=7),  # full sort
     SamplingParams(temperature=1.0, top_k=10**9, top_p=0.9, min_p=0.1, seed=8),  # k >= V
     SamplingParams(temperature=1.0, top_k=1, seed=9),
 ]
-MASKED = {1, 3, 4, 8}  # rows given a grammar mask
+MASKED = {1, 3, 4, 8, 11}  # rows given a grammar mask
 
 
 class FixedMask:
@@ -80,14 +84,14 @@ def test_rows_equal_their_sampler_alone(vocab_size: int, mask_size: int, tied: b
     gen = torch.Generator().manual_seed(vocab_size + tied)
     batched = [Sampler(p) for p in ROWS]
     alone = copy.deepcopy(batched)  # same generator states, same recent tokens
-    prompt = torch.randint(vocab_size, (20,), generator=gen).tolist()
+    prompt = [5, 7, 11, *torch.randint(vocab_size, (20,), generator=gen).tolist()]
     for s in batched + alone:
         s.accept_all(prompt)
     for step in range(30):
         logits = torch.randn(len(ROWS), vocab_size, generator=gen) * 3
         if tied:
             logits = logits.round()
-        masks = [random_mask(gen, mask_size, step) if r in MASKED else None for r in range(11)]
+        masks = [random_mask(gen, mask_size, step) if r in MASKED else None for r in range(12)]
         before = logits.clone()
         tokens = sample_rows(batched, logits, masks)
         assert tokens == one_by_one(alone, logits, masks), step
