@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 
-from ember.backend import heap
+from ember.backend import heap, startup_pages
 from ember.gguf import GGUFFile
 from ember.model.activations import Activations
 from ember.model.base import Model
@@ -50,6 +50,7 @@ def load_model(gguf: GGUFFile, projector: GGUFFile | None = None) -> Model:
     model.activations = Activations.of(  # type: ignore[attr-defined]
         gguf, experts_used=config.uint("expert_used_count", 1, maximum=1 << 10)
     )
+    startup_pages.let_go()  # torch's code that only its start ran: see backend/startup_pages.py
     return model
 
 
