@@ -57,6 +57,31 @@ EM_INLINE __m256 em_kv_load8(int kv_type, const void *p, int64_t i) {
     }
 }
 
+#if defined(__AVX512F__)
+EM_INLINE __m512 em_kv_load16(int kv_type, const void *p, int64_t i) {
+    const void *at = em_kv_row(kv_type, p, i);
+    switch (kv_type) {
+    case EM_KV_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)at));
+    case EM_KV_BF16:
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)at)), 16));
+    default: return _mm512_loadu_ps((const float *)at);
+    }
+}
+
+/* values i..i+8 of two rows, a and b, side by side: a's in the low lanes */
+EM_INLINE __m512 em_kv_load8x2(int kv_type, const void *a, const void *b, int64_t i) {
+    const void *pa = em_kv_row(kv_type, a, i), *pb = em_kv_row(kv_type, b, i);
+    if (kv_type == EM_KV_F32)
+        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps((const float *)pa))),
+                                                   _mm256_castps_pd(_mm256_loadu_ps((const float *)pb)), 1));
+    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
+                                              _mm_loadu_si128((const __m128i *)pb), 1);
+    if (kv_type == EM_KV_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 /* exp(x) for x <= 0 (scores minus their maximum): 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2],
  * p of degree 6 (Cephes' expf coefficients); below -87 it underflows to 0 */
 EM_INLINE __m256 em_exp8(__m256 x) {
@@ -110,7 +135,11 @@ EM_INLINE __m256 em_hsum8x8(const __m256 *a) {
 /* scores of NT heads against the keys of cells cell(0..n): cell(i) = idx[i], or i without a
  * list; NT and kv_type are constants where inlined. With AVX2, 8 cells' products at a time, their
  * sums taken together (em_hsum8x8) and scaled and masked 8 at a time: the same bits as a cell
- * at a time, which had spent more on each head's sum than on its 8-16 multiply-adds (D = 64-128). */
+ * at a time, which had spent more on each head's sum than on its 8-16 multiply-adds (D = 64-128).
+ * With AVX-512 a pass's two keys share a register (and the values' pass takes 32 lanes), each
+ * lane's steps unchanged: the same bits, one multiply-add where two were (`bench_attention.py
+ * --cells 1024 --threads 1`, us a layer warm / cold, alternated three times on a noisy Xeon:
+ * Gemma 3 84-95 / 172-181 -> 62-76 / 153-168, SmolLM2 60-70 / 104-116 -> 54-70 / 102-112). */
 EM_INLINE int64_t em_cell(const int32_t *idx, int64_t i) { return idx ? idx[i] : i; }
 
 /* cell i's key row (cell(i)), after asking for a later cell's key and for cell i's value, which
@@ -141,6 +170,20 @@ EM_INLINE void em_attn_scores(int kv_type, const float *q, const int NT, int64_t
         for (int c = 0; c < 8; c += 2) { /* two cells a pass: each load of q meets two keys */
             const void *ks[2];
             for (int e = 0; e < 2; e++) ks[e] = em_attn_key(kv_type, k, k_cs, v, v_cs, D, Dv, idx, i + c + e, n);
+#if defined(__AVX512F__) /* the two keys' 8 values side by side in one register: the same lanes' steps */
+            __m512 acc[EM_ATTN_TILE];
+            for (int j = 0; j < NT; j++) acc[j] = _mm512_setzero_ps();
+            for (int64_t d = 0; d < D8; d += 8) {
+                const __m512 kk = em_kv_load8x2(kv_type, ks[0], ks[1], d);
+                for (int j = 0; j < NT; j++) {
+                    const __m256d qj = _mm256_loadu_pd((const double *)(q + j * D + d)); /* 8 floats, both halves */
+                    acc[j] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_broadcast_f64x4(qj)), kk, acc[j]);
+                }
+            }
+            for (int j = 0; j < NT; j++)
+                part[j][c] = _mm512_castps512_ps256(acc[j]),
+                part[j][c + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1));
+#else
             __m256 acc[EM_ATTN_TILE][2];
             for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
             for (int64_t d = 0; d < D8; d += 8) {
@@ -152,6 +195,7 @@ EM_INLINE void em_attn_scores(int kv_type, const float *q, const int NT, int64_t
                 }
             }
             for (int j = 0; j < NT; j++) part[j][c] = acc[j][0], part[j][c + 1] = acc[j][1];
+#endif
         }
         __m256 m = _mm256_setzero_ps();
         if (mask) {
@@ -250,6 +294,28 @@ EM_INLINE void em_attn_values(int kv_type, const float *p, const int NT, const f
         if (i0 % 8 == 0) seen[i0 / 8] = 0;
         seen[i0 / 8] |= (uint8_t)(any << (i0 % 8));
     }
+#if defined(__AVX512F__)
+    /* 32 lanes a pass in 512-bit registers: each lane's sum takes the steps it takes below */
+    for (; c + 32 <= Dv; c += 32) {
+        __m512 o[EM_ATTN_TILE][2];
+        for (int j = 0; j < NT; j++) o[j][0] = o[j][1] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i++) {
+            if (!((seen[i / 8] >> (i % 8)) & 1)) continue;
+            const void *vs = em_kv_row(kv_type, v, em_cell(idx, i) * v_cs + c);
+            const __m512 v0 = em_kv_load16(kv_type, vs, 0), v1 = em_kv_load16(kv_type, vs, 16);
+            for (int j = 0; j < NT; j++) {
+                const __m512 w = _mm512_set1_ps(p[j * n + i]);
+                o[j][0] = _mm512_fmadd_ps(w, v0, o[j][0]);
+                o[j][1] = _mm512_fmadd_ps(w, v1, o[j][1]);
+            }
+        }
+        for (int j = 0; j < NT; j++) {
+            const __m512 sc = _mm512_set1_ps(inv[j]);
+            _mm512_storeu_ps(out + j * Dv + c, _mm512_mul_ps(o[j][0], sc));
+            _mm512_storeu_ps(out + j * Dv + c + 16, _mm512_mul_ps(o[j][1], sc));
+        }
+    }
+#endif
     for (; c + 16 <= Dv; c += 16) {
         __m256 o[EM_ATTN_TILE][2];
         for (int j = 0; j < NT; j++) o[j][0] = o[j][1] = _mm256_setzero_ps();
