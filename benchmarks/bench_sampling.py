@@ -25,6 +25,8 @@ CASES = {
     "top_k 40": SamplingParams(temperature=0.8, top_k=40, top_p=1.0),
     "defaults": SamplingParams(),  # Ollama's: temperature 0.8, top_k 40, top_p 0.9
     "greedy": SamplingParams(temperature=0),
+    # bench_parallel.py's rows: end tokens banned, a bias the batch applies in place
+    "ban ends": SamplingParams(temperature=0, logit_bias=((1, -100.0), (106, -100.0))),
 }
 
 
