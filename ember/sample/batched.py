@@ -88,6 +88,8 @@ def _prepared(
                 undo.append((bias[0], logits[bias[0]]))
                 logits.index_put_(*bias, accumulate=True)
             for r, (mask, s) in enumerate(zip(masks, samplers, strict=True)):
+                if mask is None and not (s.params.has_penalties and s.counts):
+                    continue
                 row = (torch.tensor([r], device=logits.device),)
                 if mask is not None:
                     undo.append((row, logits[r].clone()[None]))

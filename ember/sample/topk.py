@@ -6,7 +6,11 @@ with the largest maxima, so only k blocks are searched. Ties come back in a cano
 (value descending, id ascending), so a row's result never depends on which rows share the batch.
 """
 
+import ctypes
+
 import torch
+
+from ember.backend import native
 
 BLOCK = 64  # measured: 32..256 all ~5x faster than torch.topk; 64 divides every vocabulary here
 NEG_INF = float("-inf")
@@ -23,6 +27,16 @@ def argmax_rows(logits: torch.Tensor, rows: list[int], maxima: torch.Tensor) -> 
     maxima (as torch.argmax, NaN counted as the largest); maxima from block_maxima(logits)."""
     if not rows:
         return []
+    kern = _native(logits)
+    num_rows, vocab_size = logits.shape
+    if (
+        kern is not None
+        and maxima.is_contiguous()
+        and maxima.dtype == torch.float32
+        and maxima.shape == (num_rows, vocab_size // BLOCK)
+        and all(0 <= r < num_rows for r in rows)
+    ):
+        return _native_argmax(kern, logits, rows, maxima)
     index = torch.tensor(rows, device=logits.device)
     if maxima.shape[1] == 0:
         return logits[index].argmax(1).tolist()
@@ -61,6 +75,28 @@ def sorted_row(row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Every token of row (V,), descending, ties by id: top_k 0 (or >= V) as Ollama's full sort."""
     values, ids = row.sort(descending=True, stable=True)
     return values, ids
+
+
+def _native(logits: torch.Tensor) -> native.Kernels | None:
+    """The native kernels where they take logits: float32, contiguous, on the CPU."""
+    if logits.dtype != torch.float32 or logits.device.type != "cpu" or not logits.is_contiguous():
+        return None
+    return native.usable_kernels()
+
+
+def _native_argmax(
+    kern: native.Kernels, logits: torch.Tensor, rows: list[int], maxima: torch.Tensor
+) -> list[int]:
+    """argmax_rows in one native call (sample.h): ~10 small torch operators ran cold after the
+    head, 0.45 ms for eight rows of Gemma 3's vocabulary."""
+    wanted = (ctypes.c_int64 * len(rows))(*rows)
+    ids = (ctypes.c_int64 * len(rows))()
+    rc = kern.argmax_rows(
+        logits.data_ptr(), logits.shape[1], maxima.data_ptr(), BLOCK, wanted, len(rows), ids
+    )
+    if rc:
+        raise native.NativeError(f"argmax_rows({tuple(logits.shape)}) failed: {rc}")
+    return list(ids)
 
 
 def _columns(blocks: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 import torch
+from native_isas import ISAS
 
 from ember.gguf import GGUFFile
-from ember.sample import SamplingParams
+from ember.sample import SamplingParams, topk
 from ember.sample.batched import sample_rows
 from ember.sample.grammar import Grammar, constrain
 from ember.sample.sampler import Sampler
@@ -129,16 +130,41 @@ def test_a_seeded_row_gives_its_tokens_whatever_shares_the_batch() -> None:
     assert tokens([SamplingParams(top_k=200, seed=3)] * 3, 1) == alone  # a larger batch top-k
 
 
+# torch's operators, then each native copy (sample.h) that this CPU runs
+PATHS = [pytest.param(None, id="torch"), *ISAS]
+
+
+@pytest.fixture(params=PATHS)
+def kernel_path(request, monkeypatch) -> None:
+    if request.param is None:
+        monkeypatch.setattr(topk, "_native", lambda logits: None)
+    else:
+        monkeypatch.setenv("EMBER_CPU_ISA", request.param)
+        assert topk._native(torch.zeros(1, BLOCK)) is not None
+
+
+@pytest.mark.usefixtures("kernel_path")
 def test_argmax_rows_is_torch_argmax_ties_and_nan_included() -> None:
     gen = torch.Generator().manual_seed(1)
-    logits = torch.randint(-5, 3, (6, 10 * BLOCK + 5), generator=gen).float()  # many ties
+    logits = torch.randint(-5, 3, (9, 10 * BLOCK + 5), generator=gen).float()  # many ties
     logits[1, -2] = 9.0  # the max in the tail
     logits[2, 3 * BLOCK + 7] = float("nan")
     logits[3] = float("-inf")
-    rows = [0, 1, 2, 3, 5]
-    got = argmax_rows(logits, rows, block_maxima(logits))
+    logits[4, [BLOCK + 1, 7 * BLOCK]] = float("nan")  # the first NaN wins
+    logits[5, -1] = float("nan")  # in the tail
+    logits[6] = -0.0
+    logits[6, 5 * BLOCK + 2] = 0.0  # equal to -0.0: the first still wins
+    logits[7, 2 * BLOCK + 9] = float("inf")
+    rows = [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    maxima = block_maxima(logits)
+    whole = logits[:, : 10 * BLOCK].view(9, 10, BLOCK).amax(2)
+    torch.testing.assert_close(maxima, whole, rtol=0, atol=0, equal_nan=True)
+    got = argmax_rows(logits, rows, maxima)
     assert got == logits[rows].argmax(1).tolist()
-    assert got[1:3] == [10 * BLOCK + 3, 3 * BLOCK + 7]
+    expected = [10 * BLOCK + 3, 3 * BLOCK + 7, 0, BLOCK + 1, 10 * BLOCK + 4, 0, 2 * BLOCK + 9]
+    assert got[1:8] == expected
+    short = torch.randn(3, BLOCK - 1, generator=gen)  # no whole block: the rows themselves
+    assert argmax_rows(short, [2, 0], block_maxima(short)) == short[[2, 0]].argmax(1).tolist()
 
 
 def oracle_top_k(row: torch.Tensor, k: int) -> tuple[list[float], list[int]]:

@@ -56,6 +56,8 @@ class Kernels:
     prompt_attend(q, T, H, D, k, v, H_kv, S, D_v, scale, out) -> 0 | -2 | -3: out (T, H, D_v) =
         one sequence's prompt attention under a plain causal mask, all float32 and contiguous
         (prompt_attend.h)
+    argmax_rows(x, V, maxima, block, rows, G, ids) -> 0 | -2: ids (G int64) = torch.argmax of
+        the G rows `rows` (int64) of x, through their block maxima (sample.h)
     """
 
     isa: str
@@ -72,6 +74,7 @@ class Kernels:
     q16_rows: ctypes._CFuncPtr  # type: ignore[name-defined]
     gemm16: ctypes._CFuncPtr  # type: ignore[name-defined]
     prompt_attend: ctypes._CFuncPtr  # type: ignore[name-defined]
+    argmax_rows: ctypes._CFuncPtr  # type: ignore[name-defined]
 
     def supports(self, ggml_type: int) -> bool:
         return self.block_elems(int(ggml_type)) > 0
@@ -201,10 +204,12 @@ def _kernels_of(isa: str) -> Kernels:
     gemm16.argtypes = [_int, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64]
     prompt_attend = getattr(lib, f"ember_prompt_attend_{isa}")
     prompt_attend.argtypes = [_ptr, *[_i64] * 3, _ptr, _ptr, *[_i64] * 3, ctypes.c_float, _ptr]
+    argmax_rows = getattr(lib, f"ember_argmax_rows_{isa}")
+    argmax_rows.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr]
     return Kernels(
         isa,
         *(matmul, dequant, block_elems, attend, layer, act_mul, rms_norm, qk_rope),
-        *(q8_rows, gemm8, q16_rows, gemm16, prompt_attend),
+        *(q8_rows, gemm8, q16_rows, gemm16, prompt_attend, argmax_rows),
     )
 
 

@@ -23,6 +23,8 @@
  *   ember_rms_norm_<isa>(x, M, n, ldx, w, eps, out, ldo): RMSNorm over M rows (a prompt's).
  *   ember_qk_rope_<isa>(x, M, H, D, ldx, Hq, norm, qn, kn, eps, cos, sin, rope_dim, neox,
  *       q_scale, out): a prompt's q and k heads normalised, rotated and q scaled.
+ *   ember_argmax_rows_<isa>(x, V, maxima, block, rows, G, ids): the sampler's argmax over rows
+ *       of a batch's logits through their block maxima (sample.h).
  */
 #include <stdlib.h>
 
@@ -758,6 +760,18 @@ int EM_EXPORT(ember_prompt_attend)(const float *q, int64_t T, int64_t H, int64_t
 }
 
 #include "layer.h" /* after the matmul pieces it uses */
+#include "sample.h"
+
+/* ids[g] = the argmax of row rows[g] of x (rows of V floats) as torch.argmax takes it (the first
+ * of the largest, NaN the largest), through the row's block maxima (V / block floats a row, NaN
+ * where the block holds one: torch's amax over each whole block) */
+int EM_EXPORT(ember_argmax_rows)(const float *x, int64_t V, const float *maxima, int64_t block,
+                                 const int64_t *rows, int64_t G, int64_t *ids) {
+    if (V <= 0 || block <= 0 || G < 0) return -2;
+    const int64_t nb = V / block;
+    for (int64_t g = 0; g < G; g++) ids[g] = em_argmax_row(x + rows[g] * V, V, maxima + rows[g] * nb, block);
+    return 0;
+}
 
 /* out (M, F; rows ldo >= F floats apart) = act(g) * u for each row [g | u] of gu (M rows of
  * ld >= 2F floats): a gated MLP's activation for a prompt's rows (layer.h's em_act_mul), the
