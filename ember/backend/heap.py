@@ -34,8 +34,8 @@ LARGE_BATCH = 128  # tokens of a forward pass whose freed temporaries are given 
 
 
 @functools.cache
-def _glibc_function(name: str) -> Any:
-    """libc's function `name`, or None where this C library has none (macOS's has neither)."""
+def libc_function(name: str) -> Any:
+    """libc's function `name`, or None where this C library lacks it (macOS's has no mallopt)."""
     try:
         return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
@@ -45,7 +45,7 @@ def _glibc_function(name: str) -> Any:
 @functools.cache
 def keep_freed_memory() -> bool:
     """Sets glibc's thresholds once per process; False where malloc is not glibc's."""
-    mallopt = _glibc_function("mallopt")
+    mallopt = libc_function("mallopt")
     if mallopt is None:  # its malloc as it is
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
@@ -57,5 +57,5 @@ def keep_freed_memory() -> bool:
 def give_back_freed(tokens: int) -> None:
     """After the layers of a forward pass of `tokens`: a large batch's freed heap goes back to
     the system (glibc's malloc_trim: the free pages anywhere in its heaps, not just the top)."""
-    if tokens >= LARGE_BATCH and (trim := _glibc_function("malloc_trim")) is not None:
+    if tokens >= LARGE_BATCH and (trim := libc_function("malloc_trim")) is not None:
         trim(ctypes.c_size_t(0))

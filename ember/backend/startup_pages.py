@@ -15,26 +15,12 @@ Nothing happens where /proc or madvise is missing (another system).
 """
 
 import ctypes
-import ctypes.util
-import functools
-import logging
 from pathlib import Path
-from typing import Any
 
-log = logging.getLogger(__name__)
+from ember.backend.heap import libc_function
 
 MADV_DONTNEED = 4  # linux/mman.h
 LIBRARIES = frozenset({"libtorch_cpu.so", "libtorch_python.so", "libtorch.so"})
-
-
-@functools.cache
-def _madvise() -> Any:
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return fn
 
 
 def clean_code_mappings(smaps: str, names: frozenset[str] = LIBRARIES) -> list[tuple[int, int]]:
@@ -60,17 +46,17 @@ def clean_code_mappings(smaps: str, names: frozenset[str] = LIBRARIES) -> list[t
 def let_go() -> int:
     """Unmaps the resident code pages of torch's libraries (see the module's note); the bytes of
     the mappings advised."""
-    madvise = _madvise()
+    madvise = libc_function("madvise")
+    if madvise is None:
+        return 0
     try:
         smaps = Path("/proc/self/smaps").read_text()
     except OSError:
         return 0
-    if madvise is None:
-        return 0
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     advised = 0
     for start, end in clean_code_mappings(smaps):
         if madvise(start, end - start, MADV_DONTNEED) != 0:
-            log.debug("madvise(MADV_DONTNEED) failed: errno %d", ctypes.get_errno())
             return advised
         advised += end - start
     return advised

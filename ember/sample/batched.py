@@ -88,13 +88,14 @@ def _prepared(
                 undo.append((bias[0], logits[bias[0]]))
                 logits.index_put_(*bias, accumulate=True)
             for r, (mask, s) in enumerate(zip(masks, samplers, strict=True)):
-                if mask is None and not (s.params.has_penalties and s.counts):
+                penalized = s.params.has_penalties and bool(s.counts)
+                if mask is None and not penalized:
                     continue
                 row = (torch.tensor([r], device=logits.device),)
                 if mask is not None:
                     undo.append((row, logits[r].clone()[None]))
                     _apply_mask(logits[r], mask)
-                if s.params.has_penalties and s.counts:
+                if penalized:
                     penalty = penalty_entries(logits[r], s.counts, s.params)
                     if penalty is not None:
                         undo.append(((*row, penalty[0]), logits[r, penalty[0]]))
