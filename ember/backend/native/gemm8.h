@@ -355,6 +355,40 @@ static inline int em_g8_code_bits(int type) {
 #define EM_G8_MR2 3
 #define EM_G8_HALVES 1
 #endif
+#if !defined(__AVXVNNI__)
+/* Three rows' sums of a unit of 32 values against half a panel (sum[0..2]), four groups summed
+ * in int16 a widening, in assembly: GCC 12 reloaded a group's codes for each row and spilled
+ * sums, where this keeps the 9 registers it needs. */
+#define EM_G8_ROW0(G, X, P) "vpbroadcastd 4*" #G "(%[" #X "]), %[b]\n\tvpmaddubsw %[b], %[w], %[" #P "]\n\t"
+#define EM_G8_ROW(G, X, P)                                                                          \
+    "vpbroadcastd 4*" #G "(%[" #X "]), %[b]\n\tvpmaddubsw %[b], %[w], %[t]\n\tvpaddw %[t], %[" #P     \
+    "], %[" #P "]\n\t"
+#define EM_G8_GROUP0(G) "vmovdqa 64*" #G "(%[cw]), %[w]\n\t" EM_G8_ROW0(G, x0, p0) EM_G8_ROW0(G, x1, p1) EM_G8_ROW0(G, x2, p2)
+#define EM_G8_GROUP(G) "vmovdqa 64*" #G "(%[cw]), %[w]\n\t" EM_G8_ROW(G, x0, p0) EM_G8_ROW(G, x1, p1) EM_G8_ROW(G, x2, p2)
+#define EM_G8_WIDEN0(P, S) "vpmaddwd %[ones], %[" #P "], %[" #S "]\n\t"
+#define EM_G8_WIDEN(P, S) "vpmaddwd %[ones], %[" #P "], %[t]\n\tvpaddd %[t], %[" #S "], %[" #S "]\n\t"
+static inline __attribute__((always_inline)) void em_g8_unit3(const uint8_t *cw, const int8_t *x0, const int8_t *x1,
+                                                              const int8_t *x2, __m256i *sum) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s0, s1, s2, p0, p1, p2, w, b, t;
+    __asm__(EM_G8_GROUP0(0) EM_G8_GROUP(1) EM_G8_GROUP(2) EM_G8_GROUP(3)
+            EM_G8_WIDEN0(p0, s0) EM_G8_WIDEN0(p1, s1) EM_G8_WIDEN0(p2, s2)
+            EM_G8_GROUP0(4) EM_G8_GROUP(5) EM_G8_GROUP(6) EM_G8_GROUP(7)
+            EM_G8_WIDEN(p0, s0) EM_G8_WIDEN(p1, s1) EM_G8_WIDEN(p2, s2)
+            : [s0] "=&x"(s0), [s1] "=&x"(s1), [s2] "=&x"(s2), [p0] "=&x"(p0), [p1] "=&x"(p1), [p2] "=&x"(p2),
+              [w] "=&x"(w), [b] "=&x"(b), [t] "=&x"(t)
+            : [cw] "r"(cw), [x0] "r"(x0), [x1] "r"(x1), [x2] "r"(x2), [ones] "m"(ones)
+            : "memory");
+    sum[0] = s0, sum[1] = s1, sum[2] = s2;
+}
+#undef EM_G8_ROW0
+#undef EM_G8_ROW
+#undef EM_G8_GROUP0
+#undef EM_G8_GROUP
+#undef EM_G8_WIDEN0
+#undef EM_G8_WIDEN
+#endif
+
 /* mr rows of x against nh halves of the panel (codes, ps and po at the first). The unit U and
  * `per` (groups of four values whose int16 sums add up before widening: at most 8 for 4-bit
  * codes, 4 for 5-bit, 2 for 6-bit, to stay exact) are constants where inlined, so a unit's
@@ -373,6 +407,11 @@ static inline __attribute__((always_inline)) void em_g8_tile2(
         const int64_t k0 = u * U;
         const uint8_t *cw = codes + k0 * EM_G8_NR;
         __m256i sum[EM_G8_HALVES * EM_G8_MR2];
+#if !defined(__AVXVNNI__)
+        if (U == 32 && per == 4 && nh == 1 && mr == 3) /* the same sums, in assembly */
+            em_g8_unit3(cw, x[0].q + k0, x[1].q + k0, x[2].q + k0, sum);
+        else
+#endif
         for (int g0 = 0; g0 < G; g0 += per) {
             __m256i part[EM_G8_HALVES * EM_G8_MR2];
             for (int g = g0; g < g0 + per; g++) {
