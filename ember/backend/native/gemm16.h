@@ -144,6 +144,35 @@ __attribute__((unused)) static void em_g16_panel_generic(const int16_t *codes, c
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #define EM_G16_FAST 1
+/* Six rows' sums of a unit against the panel (sum[0..11]: rows 0-5, each two registers of 16
+ * weight rows), vpdpwssd onto each sum in place, in assembly (three rows a statement: an asm
+ * takes at most 30 operands): GCC 12 copied the sums between registers around the products,
+ * ~12 moves a pair of values beside its 12 products. */
+#define EM_G16_ROW(AT, S0, S1)                                                                       \
+    "vpbroadcastd " AT ", %[b]\n\tvpdpwssd %[b], %[w0], %[" #S0 "]\n\tvpdpwssd %[b], %[w1], %[" #S1 "]\n\t"
+#define EM_G16_ROWS3(X, A, B, C, D, E, F)                                                              \
+    __asm__(EM_G16_ROW("(%[x])", A, B) EM_G16_ROW("(%[x],%[st],1)", C, D) EM_G16_ROW("(%[x],%[st],2)", E, F) \
+            : [A] "+v"(A), [B] "+v"(B), [C] "+v"(C), [D] "+v"(D), [E] "+v"(E), [F] "+v"(F), [b] "=&v"(b)    \
+            : [w0] "v"(w0), [w1] "v"(w1), [x] "r"(X), [st] "r"(st)                                       \
+            : "memory")
+static inline __attribute__((always_inline)) void em_g16_unit6(const int16_t *cw, const int16_t *const *xc,
+                                                               __m512i *sum) {
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    __m512i s8 = s0, s9 = s0, s10 = s0, s11 = s0, b;
+    const int64_t st = (const char *)xc[1] - (const char *)xc[0]; /* rows of x equally apart */
+#pragma GCC unroll 16
+    for (int P = 0; P < EM_QK / 2; P++) {
+        const __m512i w0 = _mm512_load_si512((const void *)(cw + P * 2 * EM_G16_NR));
+        const __m512i w1 = _mm512_load_si512((const void *)(cw + P * 2 * EM_G16_NR + 32));
+        EM_G16_ROWS3(xc[0] + 2 * P, s0, s1, s2, s3, s4, s5);
+        EM_G16_ROWS3(xc[3] + 2 * P, s6, s7, s8, s9, s10, s11);
+    }
+    sum[0] = s0, sum[1] = s1, sum[2] = s2, sum[3] = s3, sum[4] = s4, sum[5] = s5;
+    sum[6] = s6, sum[7] = s7, sum[8] = s8, sum[9] = s9, sum[10] = s10, sum[11] = s11;
+}
+#undef EM_G16_ROW
+#undef EM_G16_ROWS3
+
 /* mr (<= EM_G16_MR) rows of x against the panel (two registers of 16 rows a line); affine and
  * mr constants where inlined, so that a unit's lines unroll */
 static inline __attribute__((always_inline)) void em_g16_tile(const int16_t *codes, const float *ps,
@@ -159,6 +188,9 @@ static inline __attribute__((always_inline)) void em_g16_tile(const int16_t *cod
         for (int i = 0; i < 2 * mr; i++) sum[i] = _mm512_setzero_si512();
         const int16_t *xc[EM_G16_MR]; /* each row's codes of the unit */
         for (int i = 0; i < mr; i++) xc[i] = xq[i * nb + u].qs;
+        if (mr == 6) /* the same sums, in assembly */
+            em_g16_unit6(cw, xc, sum);
+        else
         for (int p = 0; p < EM_QK / 2; p++) {
             const __m512i w0 = _mm512_load_si512((const void *)(cw + p * 2 * EM_G16_NR));
             const __m512i w1 = _mm512_load_si512((const void *)(cw + p * 2 * EM_G16_NR + 32));
