@@ -412,7 +412,10 @@ static inline __attribute__((always_inline)) void em_rows_r8_group(int type, int
                 continue;
             }
             em_r8_load16(rp, off + qs_at, g);
+            /* unrolled, so that em_r8_fifth's shuffle controls are constants */
+#pragma GCC unroll 2
             for (int half = 0; half < 2; half++) { /* elements j low nibbles, j + 16 high */
+#pragma GCC unroll 4
                 for (int t = 0; t < 4; t++) {
                     v[t] = _mm256_and_si256(_mm256_srli_epi32(g[t], 4 * half), low4);
                     if (qh_at) v[t] = _mm256_or_si256(v[t], em_r8_fifth(qh, 2 * half + t / 2, 4 * (t % 2)));
