@@ -81,3 +81,9 @@ class PlainCausal(Protocol):
 
     def plain_causal(self) -> bool:
         """Whether get()'s (T, S) mask is the lower-right causal one."""
+
+    def sliding_band(self) -> tuple[torch.Tensor, int] | None:
+        """Where get()'s mask is one sequence's prompt under a sliding window: (cells, window),
+        cells (m int64) the indices of the sequence's m cells among get()'s S in order of
+        position, its T tokens the last; token i sees the last `window` of cells[0..m-T+i].
+        Else None."""

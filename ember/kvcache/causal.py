@@ -41,6 +41,7 @@ class CausalCache:
         self.cell_pos = np.full(0, -1, dtype=np.int64)
         self.cell_seqs = np.zeros(0, dtype=np.int64)  # bit mask of the sequences of a cell
         self.plain = False  # whether the mask is plain causal (PlainCausal)
+        self.band: tuple[torch.Tensor, int] | None = None  # its sliding band (PlainCausal)
 
     @property
     def dtype(self) -> torch.dtype | str:
@@ -88,7 +89,7 @@ class CausalCache:
             self.span: tuple[int, int] | None = (0, n)
             self.lo, self.hi = 0, min(self.num_cells, max(batch.positions) + 1)
             self.mask: torch.Tensor | None = None
-            self.plain = False
+            self.plain, self.band = False, None
             return
         positions = np.asarray(batch.positions, dtype=np.int64)
         seq_bits = np.left_shift(1, np.asarray(batch.sequences, dtype=np.int64))
@@ -148,9 +149,29 @@ class CausalCache:
                 np.array_equal(visible, np.tri(num_tokens, num_cells, num_cells - num_tokens, bool))
             )
         )
+        self.band = None
+        if self.window is not None and self.chunk is None and num_tokens > 1 and one_sequence:
+            self.band = self._band(in_seq[0], cell_pos, positions)
         if visible.all():
             return None  # plain attention over everything: no mask to add
         return torch.from_numpy(np.where(visible, np.float32(0), np.float32(-np.inf)))
+
+    def _band(
+        self, mine: np.ndarray, cell_pos: np.ndarray, positions: np.ndarray
+    ) -> tuple[torch.Tensor, int] | None:
+        """sliding_band's (cells, window) for one sequence's batch: its cells among lo..hi
+        (mine) sorted by position must hold each position from the first once, the batch's
+        positions the last of them; then its window mask is a band in that order."""
+        assert self.window is not None
+        cells = np.flatnonzero(mine)
+        order = np.argsort(cell_pos[cells], kind="stable")
+        cells, pos = cells[order], cell_pos[cells[order]]
+        held, tokens = pos.size, positions.size
+        if held < tokens or pos[-1] - pos[0] != held - 1:
+            return None
+        if not np.array_equal(pos[held - tokens :], positions):
+            return None
+        return torch.from_numpy(cells), self.window
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         dst_bit, src_bit = 1 << dst, 1 << src
@@ -221,6 +242,9 @@ class CausalCache:
 
     def plain_causal(self) -> bool:
         return self.plain
+
+    def sliding_band(self) -> tuple[torch.Tensor, int] | None:
+        return self.band
 
     def stored_floats(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The current layer's keys (H, cells, Dk) and values as stored, for a native layer that

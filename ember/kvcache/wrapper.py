@@ -68,3 +68,6 @@ class WrapperCache:
 
     def plain_causal(self) -> bool:
         return isinstance(self.current, PlainCausal) and self.current.plain_causal()
+
+    def sliding_band(self) -> tuple[torch.Tensor, int] | None:
+        return self.current.sliding_band() if isinstance(self.current, PlainCausal) else None

@@ -56,6 +56,14 @@ def attention(
     q4, keys4, values4 = q.transpose(0, 1)[None], keys[None], values[None]
     gqa = num_heads != num_kv_heads
     if mask is None or not (isinstance(cache, PlainCausal) and cache.plain_causal()):
+        band = cache.sliding_band() if mask is not None and isinstance(cache, PlainCausal) else None
+        if band is not None:  # one sequence's prompt past a sliding window: the native kernel
+            cells, window = band  # takes its cells in order of position, and skips the hidden
+            banded = prompt_attention.native_attention(
+                q, keys[:, cells], values[:, cells], scale, window
+            )
+            if banded is not None:
+                return banded
         out = F.scaled_dot_product_attention(
             q4, keys4, values4, attn_mask=mask, scale=scale, enable_gqa=gqa
         )  # (1, H, T, D_v)

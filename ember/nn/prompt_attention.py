@@ -1,4 +1,5 @@
-"""One sequence's prompt attention (a plain causal mask): on x86 the native kernel
+"""One sequence's prompt attention (a plain causal mask, or on AVX-512's paths the band of a
+sliding window: _WINDOW_ISAS): on x86 the native kernel
 (ember/backend/native/prompt_attend.h: blocks of 16 keys, 32 on AVX-512, met by tiles of a
 query head's tokens, with a running softmax, in one pass over the keys); elsewhere two float32
 matmuls a block of queries, through oneDNN (ember/backend/gemm.py), with the mask and softmax in
@@ -145,6 +146,14 @@ NATIVE_CELLS = 512
 # on AMD's CPUs it takes any length.
 NATIVE_KV_BYTES = 1 << 20
 _WIDE_ISAS = frozenset({"avx512", "amx"})
+# The paths whose kernel takes a sliding window's band (one sequence's prompt past the window:
+# Gemma 3's local layers after a first batch), where torch's SDPA had computed every cell under
+# the mask and then hidden most. Gemma 3's 2,048-token prompt in batches of 512 (2 threads, the
+# Xeon, alternated twice): amx 1,471-1,526 -> 1,333-1,409 ms, 4,096 tokens 3,327-3,383 ->
+# 3,084-3,159; avx2 (torch held to AVX2) only 2,423-2,456 -> 2,308-2,407, and there its other
+# rounding put the long-window reference prompt's top two first logits (0.116 apart in the
+# reference) level: not taken on 256-bit registers.
+_WINDOW_ISAS = _WIDE_ISAS
 
 
 def half_of_cache(size: str) -> int:
@@ -182,12 +191,17 @@ def native_runs(num_cells: int, kv_dims: int) -> bool:
 
 
 def native_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, window: int = 0
 ) -> torch.Tensor | None:
-    """causal_attention by the native kernel (prompt_attend.h), or None where it does not run."""
+    """causal_attention by the native kernel (prompt_attend.h), or None where it does not run;
+    with window > 0 token i sees only the last `window` of its cells (a sliding window)."""
     kern = native.usable_kernels()
     floats = q.dtype == keys.dtype == values.dtype == torch.float32
-    if not floats or not native_runs(keys.shape[1], keys.shape[2] + values.shape[2]):
+    if window > 0 and (kern is None or kern.isa not in _WINDOW_ISAS):
+        return None
+    # with a window each tile of tokens rereads only its window's cells, as a prompt that long
+    reread = min(keys.shape[1], window) if window > 0 else keys.shape[1]
+    if not floats or not native_runs(reread, keys.shape[2] + values.shape[2]):
         return None
     assert kern is not None
     q, keys, values = q.contiguous(), keys.contiguous(), values.contiguous()
@@ -206,6 +220,7 @@ def native_attention(
         num_cells,
         dim_v,
         ctypes.c_float(scale),
+        window,
         out.data_ptr(),
     )
     if rc:

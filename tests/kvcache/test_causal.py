@@ -244,9 +244,12 @@ def test_one_sequences_prompt_batch_after_batch_is_plain_causal():
     assert windowed.plain_causal()
     windowed.start_forward(batch([2, 3, 4, 5]))  # a band
     assert not windowed.plain_causal()
+    band = windowed.sliding_band()  # position 2 took cell 0 (freed): cells in order of position
+    assert band is not None and band[0].tolist() == [1, 0, 2, 3, 4] and band[1] == 2
     wrapper = WrapperCache([windowed, cache], [0, 1])
     wrapper.start_forward(batch([6, 7], [1, 1]))  # sequence 1 is new to windowed, not to cache
     wrapper.set_layer(0)
     assert wrapper.plain_causal()
     wrapper.set_layer(1)  # sequence 0's cells lie between sequence 1's: masked in the middle
     assert not wrapper.plain_causal()
+    assert wrapper.sliding_band() is None  # no window there

@@ -21,9 +21,13 @@ attention_module = importlib.import_module("ember.nn.attention")  # not ember.nn
 needs_onednn = pytest.mark.skipif(not gemm.available(), reason="torch without oneDNN here")
 
 
-def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+def sdpa(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, window: int = 0
+) -> torch.Tensor:
     tokens, cells = q.shape[0], keys.shape[1]
     mask = torch.full((tokens, cells), float("-inf")).triu(cells - tokens + 1)
+    if window:  # and before the last `window` cells of each token's
+        mask += torch.full((tokens, cells), float("-inf")).tril(cells - tokens - window)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1)[None],
         keys[None],
@@ -54,14 +58,14 @@ def inputs(heads, kv_heads, dim, earlier, tokens, dim_v=None):
     return q, keys, torch.randn(kv_heads, cells, dim_v or dim, generator=g)
 
 
-def kernel_attention(isa, q, keys, values, scale):
+def kernel_attention(isa, q, keys, values, scale, window=0):
     """The native kernel of one ISA path, called straight (the portable C included)."""
     tokens, heads, dim = q.shape
     kv_heads, cells, dim_v = values.shape
     out = torch.empty(tokens, heads * dim_v)
     rc = native.kernels(isa).prompt_attend(
         q.data_ptr(), tokens, heads, dim, keys.data_ptr(), values.data_ptr(), kv_heads, cells,
-        dim_v, ctypes.c_float(scale), out.data_ptr(),
+        dim_v, ctypes.c_float(scale), window, out.data_ptr(),
     )  # fmt: skip
     assert rc == 0
     return out
@@ -89,6 +93,25 @@ def test_the_native_kernel_equals_sdpa_on_every_isa_path(
     torch.testing.assert_close(got, sdpa(q, keys, values, 0.3), rtol=1e-5, atol=1e-4)
 
 
+WINDOWED = [  # heads, KV heads, head size, earlier cells, tokens, window
+    (4, 1, 256, 512, 512, 512),  # Gemma 3's local layers: a second batch of 512 tokens
+    (9, 3, 64, 100, 150, 64),  # windows that are not whole blocks or tiles
+    (6, 2, 40, 0, 70, 5),
+    (4, 2, 32, 30, 40, 1),  # each token sees itself alone
+    (4, 2, 32, 30, 40, 500),  # wider than every token's cells: plain causal
+]
+
+
+@pytest.mark.parametrize("isa", native.runnable_isas())
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "earlier", "tokens", "window"), WINDOWED)
+def test_the_native_kernel_takes_a_sliding_window_on_every_isa_path(
+    isa, heads, kv_heads, dim, earlier, tokens, window
+):
+    q, keys, values = inputs(heads, kv_heads, dim, earlier, tokens, dim_v=dim + 8)
+    got = kernel_attention(isa, q, keys, values, 0.3, window)
+    torch.testing.assert_close(got, sdpa(q, keys, values, 0.3, window), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("isa", native.runnable_isas())
 def test_the_running_softmax_holds_scores_far_apart(isa):
     # scores in the hundreds, rising along the cells: each block's maximum outgrows the last
@@ -106,13 +129,14 @@ def test_the_native_kernel_refuses_bad_shapes():
     q, keys, values = inputs(4, 2, 16, 0, 8)
     out = torch.empty(8, 64)
 
-    def call(tokens, heads, kv_heads, cells):
+    def call(tokens, heads, kv_heads, cells, window=0):
         return kern.prompt_attend(
             q.data_ptr(), tokens, heads, 16, keys.data_ptr(), values.data_ptr(), kv_heads,
-            cells, 16, ctypes.c_float(1.0), out.data_ptr(),
+            cells, 16, ctypes.c_float(1.0), window, out.data_ptr(),
         )  # fmt: skip
 
     assert call(8, 4, 2, 8) == 0
+    assert call(8, 4, 2, 8, window=-1) == -2  # a window is at least 1 cell (0: none)
     assert call(8, 4, 2, 7) == -2  # fewer cells than tokens
     assert call(8, 4, 3, 8) == -2  # heads not a multiple of the KV heads
     assert call(0, 4, 2, 8) == -2
@@ -214,3 +238,39 @@ def test_a_prompt_through_the_cache_takes_it(monkeypatch):
     assert calls == [(100, 4, 128)]
     want = sdpa(q, k.transpose(0, 1), v.transpose(0, 1), 0.1)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_prompt_past_a_sliding_window_takes_the_band(monkeypatch):
+    # a second batch of one sequence past a window of 48: the cache's cells come out of order
+    # (a freed early cell is taken again), yet each token sees its last 48 positions; the
+    # native kernel takes them in order of position where its path has the band, else SDPA
+    # under the mask: the same attention either way
+    windows = []
+    real = prompt_attention.native_attention
+
+    def spy(q, keys, values, scale, window=0):
+        out = real(q, keys, values, scale, window)
+        if window and out is not None:
+            windows.append(window)
+        return out
+
+    monkeypatch.setattr(prompt_attention, "native_attention", spy)
+    cache = CausalCache(window=48)
+    cache.init(max_sequences=1, capacity=200, max_batch=40)
+    cache.set_layer(0)
+    g = torch.Generator().manual_seed(2)
+    seen_k, seen_v = [], []
+    for start in (0, 40, 80):
+        cache.start_forward(Batch.single(list(range(start, start + 40)), start))
+        q, k, v = (torch.randn(40, n, 64, generator=g) for n in (6, 2, 2))
+        seen_k.append(k)
+        seen_v.append(v)
+        got = attention_module.attention(q, k, v, cache, scale=0.2)
+    band = cache.sliding_band()
+    assert band is not None and band[1] == 48
+    # the last batch's first token (80) sees positions 33 on: every cell from there, in order
+    keys, values = (torch.cat(kv)[33:].transpose(0, 1) for kv in (seen_k, seen_v))
+    want = sdpa(q, keys, values, 0.2, window=48)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    kern = native.usable_kernels()
+    assert bool(windows) == (kern is not None and kern.isa in {"avx512", "amx"})

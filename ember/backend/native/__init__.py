@@ -20,7 +20,7 @@ from ember.errors import EmberError
 # numbered as dispatch.c: generic 0, avx2 1, avxvnni 2, avx512 3, neon 4, amx 5
 ISAS = envconfig.CPU_ISAS
 _HERE = Path(__file__).parent
-_i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+_i64, _ptr, _int, _float = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 
 class NativeError(EmberError, RuntimeError):
@@ -53,9 +53,9 @@ class Kernels:
         rows of q16_row_bytes(K) bytes) for gemm16
     gemm16(type, W, xq, M, N, K, y, ldy) -> 0 | -1 | -2 | -3: y (M, N; rows ldy floats apart) =
         x @ W^T in int16, x as q16_rows made it (gemm16.h; fast on the x86 paths)
-    prompt_attend(q, T, H, D, k, v, H_kv, S, D_v, scale, out) -> 0 | -2 | -3: out (T, H, D_v) =
-        one sequence's prompt attention under a plain causal mask, all float32 and contiguous
-        (prompt_attend.h)
+    prompt_attend(q, T, H, D, k, v, H_kv, S, D_v, scale, window, out) -> 0 | -2 | -3: out (T, H,
+        D_v) = one sequence's prompt attention under a causal mask, the last `window` cells of
+        each token's where window > 0, all float32 and contiguous (prompt_attend.h)
     argmax_rows(x, V, maxima, block, rows, G, ids) -> 0 | -2: ids (G int64) = torch.argmax of
         the G rows `rows` (int64) of x, through their block maxima (sample.h)
     """
@@ -203,7 +203,7 @@ def _kernels_of(isa: str) -> Kernels:
     gemm16 = getattr(lib, f"ember_gemm16_{isa}")
     gemm16.argtypes = [_int, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64]
     prompt_attend = getattr(lib, f"ember_prompt_attend_{isa}")
-    prompt_attend.argtypes = [_ptr, *[_i64] * 3, _ptr, _ptr, *[_i64] * 3, ctypes.c_float, _ptr]
+    prompt_attend.argtypes = [_ptr, *[_i64] * 3, _ptr, _ptr, *[_i64] * 3, _float, _i64, _ptr]
     argmax_rows = getattr(lib, f"ember_argmax_rows_{isa}")
     argmax_rows.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr]
     return Kernels(

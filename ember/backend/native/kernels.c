@@ -16,8 +16,9 @@
  *   ember_block_elems_<isa>(type): elements of a block, 0 for a type it lacks.
  *   ember_attend_<isa>(...): one token's attention over a float KV cache range (attend.h);
  *       returns 0, -1 for a cache type it lacks, -2 for a bad shape, -3 when out of memory.
- *   ember_prompt_attend_<isa>(q, T, H, D, k, v, H_kv, S, D_v, scale, out): one sequence's prompt
- *       attention under a plain causal mask (prompt_attend.h); 0, -2 bad shape, -3 memory.
+ *   ember_prompt_attend_<isa>(q, T, H, D, k, v, H_kv, S, D_v, scale, window, out): one sequence's
+ *       prompt attention under a causal mask, with a sliding window where window > 0
+ *       (prompt_attend.h); 0, -2 bad shape, -3 memory.
  *   ember_layer_<isa>(layer, threads): one decoder layer for a few tokens (layer.h).
  *   ember_act_mul_<isa>(act, gu, M, F, ld, out, ldo): a gated MLP's act(gate) * up for M rows.
  *   ember_rms_norm_<isa>(x, M, n, ldx, w, eps, out, ldo): RMSNorm over M rows (a prompt's).
@@ -721,14 +722,15 @@ int EM_EXPORT(ember_attend)(int kv_type, const float *q, int64_t H, int64_t D, c
     return 0;
 }
 
-/* out (T, H, Dv) = one sequence's prompt attention under a plain causal mask (prompt_attend.h):
- * q (T, H, D), k (Hkv, S, D) and v (Hkv, S, Dv) contiguous float32, token t seeing cells
- * 0..S - T + t. One KV head at a time: its keys transposed once, then its query heads' tiles of
- * tokens shared among the threads, the latest (the most cells) first. */
+/* out (T, H, Dv) = one sequence's prompt attention under a causal mask (prompt_attend.h):
+ * q (T, H, D), k (Hkv, S, D) and v (Hkv, S, Dv) contiguous float32, cells in order of position,
+ * token t seeing cells 0..S - T + t, or with window > 0 the last `window` of them. One KV head at
+ * a time: its keys transposed once, then its query heads' tiles of tokens shared among the
+ * threads, the latest (the most cells, without a window) first. */
 int EM_EXPORT(ember_prompt_attend)(const float *q, int64_t T, int64_t H, int64_t D, const float *k,
                                    const float *v, int64_t Hkv, int64_t S, int64_t Dv, float scale,
-                                   float *out) {
-    if (T <= 0 || H <= 0 || Hkv <= 0 || H % Hkv || D <= 0 || Dv <= 0 || S < T) return -2;
+                                   int64_t window, float *out) {
+    if (T <= 0 || H <= 0 || Hkv <= 0 || H % Hkv || D <= 0 || Dv <= 0 || S < T || window < 0) return -2;
     const int64_t group = H / Hkv, Sp = (S + EM_PA_KB - 1) / EM_PA_KB * EM_PA_KB;
     const int64_t tiles = (T + EM_PA_RT - 1) / EM_PA_RT, units = group * tiles;
     float *kt = (float *)em_alloc_lines((size_t)(D * Sp) * sizeof(float));
@@ -749,7 +751,7 @@ int EM_EXPORT(ember_prompt_attend)(const float *q, int64_t T, int64_t H, int64_t
             for (int64_t u = 0; u < units; u++) {
                 if (!o) continue;
                 const int64_t h = g * group + u % group, tile = tiles - 1 - u / group;
-                em_pa_head(q + h * D, H * D, T, D, kt, Sp, v + g * S * Dv, Dv, S - T, scale, o,
+                em_pa_head(q + h * D, H * D, T, D, kt, Sp, v + g * S * Dv, Dv, S - T, window, scale, o,
                            o + EM_PA_RT * Dv, out + h * Dv, H * Dv, tile);
             }
             free(o);

@@ -3,11 +3,13 @@
  * consecutive tokens), with a running maximum and sum per row (flash attention's order), so no
  * row of scores is ever stored whole and nothing but the tile's weights leaves the registers.
  *
- * em_pa_head(q, qs, T, D, kt, Sp, v, Dv, first, scale, o, p, out, os, tile): the rows of query
- * tile `tile` (tokens EM_PA_RT * tile and on, T in all; q rows qs floats apart, D each) against
- * one KV head: kt its keys transposed (D rows of Sp >= S floats, see em_pa_transpose8), v its
- * values (S rows of Dv floats); token t sees cells 0..first + t; o (EM_PA_RT * Dv floats) and p
- * (EM_PA_RT * EM_PA_KB) are scratch; out rows os floats apart.
+ * em_pa_head(q, qs, T, D, kt, Sp, v, Dv, first, window, scale, o, p, out, os, tile): the rows of
+ * query tile `tile` (tokens EM_PA_RT * tile and on, T in all; q rows qs floats apart, D each)
+ * against one KV head: kt its keys transposed (D rows of Sp >= S floats, see em_pa_transpose8),
+ * v its values (S rows of Dv floats); token t sees cells 0..first + t, or with a sliding window
+ * (window > 0) the last `window` of them, first + t - window + 1..first + t (cells in order of
+ * position), and a tile meets only the blocks of keys some row of it sees; o (EM_PA_RT * Dv
+ * floats) and p (EM_PA_RT * EM_PA_KB) are scratch; out rows os floats apart.
  *
  * Float32 throughout, with attend.h's exp (within 2 ulp of expf): results match torch's float32
  * attention to ~1e-6 relative, not bit for bit. */
@@ -68,8 +70,8 @@ static void em_pa_transpose8(const float *k, int64_t S, int64_t D, int64_t Sp, f
 static inline float em_pa_rescale(float m, float mnew) { return mnew == m ? 1.0f : expf(m - mnew); }
 
 static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const float *kt, int64_t Sp,
-                       const float *v, int64_t Dv, int64_t first, float scale, float *o, float *p,
-                       float *out, int64_t os, int64_t tile) {
+                       const float *v, int64_t Dv, int64_t first, int64_t window, float scale, float *o,
+                       float *p, float *out, int64_t os, int64_t tile) {
     const int64_t t0 = tile * EM_PA_RT;
     const int nr = T - t0 < EM_PA_RT ? (int)(T - t0) : EM_PA_RT;
     const float *qr[EM_PA_RT]; /* rows past nr repeat the last: computed, never stored */
@@ -78,8 +80,11 @@ static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const f
     float m[EM_PA_RT], l[EM_PA_RT], corr[EM_PA_RT];
     for (int r = 0; r < EM_PA_RT; r++) m[r] = -INFINITY, l[r] = 0.0f;
     for (int64_t i = 0; i < EM_PA_RT * Dv; i++) o[i] = 0.0f;
-    for (int64_t j0 = 0; j0 <= last; j0 += EM_PA_KB) {
-        const int whole = j0 + EM_PA_KB - 1 <= lim0; /* every row sees every cell of the block */
+    /* row r sees cells from low0 + r with a window (0 without), every row of the tile from high */
+    const int64_t low0 = window > 0 ? lim0 - window + 1 : 0, high = low0 + EM_PA_RT - 1;
+    for (int64_t j0 = low0 > 0 ? low0 / EM_PA_KB * EM_PA_KB : 0; j0 <= last; j0 += EM_PA_KB) {
+        /* every row sees every cell of the block */
+        const int whole = j0 + EM_PA_KB - 1 <= lim0 && (window <= 0 || j0 >= high);
 #if defined(EM_X86) && defined(__AVX512F__)
         __m512 acc[EM_PA_RT][2];
         for (int r = 0; r < EM_PA_RT; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -96,14 +101,19 @@ static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const f
         const __m512 lane = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         for (int r = 0; r < EM_PA_RT; r++) {
             __m512 s0 = _mm512_mul_ps(acc[r][0], vs), s1 = _mm512_mul_ps(acc[r][1], vs);
-            if (!whole) { /* -inf past the row's own cell */
-                const __m512 lim = _mm512_set1_ps((float)(lim0 + r - j0));
+            if (!whole) { /* -inf past the row's own cell, and before its window */
+                const __m512 lim = _mm512_set1_ps((float)(lim0 + r - j0)), low = _mm512_set1_ps((float)(low0 + r - j0));
+                const __m512 lane1 = _mm512_add_ps(lane, _mm512_set1_ps(16.0f));
                 s0 = _mm512_mask_mov_ps(s0, _mm512_cmp_ps_mask(lane, lim, _CMP_GT_OQ), ninf);
-                s1 = _mm512_mask_mov_ps(s1, _mm512_cmp_ps_mask(_mm512_add_ps(lane, _mm512_set1_ps(16.0f)), lim, _CMP_GT_OQ), ninf);
+                s1 = _mm512_mask_mov_ps(s1, _mm512_cmp_ps_mask(lane1, lim, _CMP_GT_OQ), ninf);
+                if (window > 0) {
+                    s0 = _mm512_mask_mov_ps(s0, _mm512_cmp_ps_mask(lane, low, _CMP_LT_OQ), ninf);
+                    s1 = _mm512_mask_mov_ps(s1, _mm512_cmp_ps_mask(lane1, low, _CMP_LT_OQ), ninf);
+                }
             }
             const float bmax = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
             float *pr = p + r * EM_PA_KB;
-            if (bmax == -INFINITY) { /* a row whose cells all come later */
+            if (bmax == -INFINITY) { /* a row whose cells all come later (or before its window) */
                 _mm512_storeu_ps(pr, _mm512_setzero_ps()), _mm512_storeu_ps(pr + 16, _mm512_setzero_ps());
                 corr[r] = 1.0f;
                 continue;
@@ -132,10 +142,15 @@ static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const f
         const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
         for (int r = 0; r < EM_PA_RT; r++) {
             __m256 s0 = _mm256_mul_ps(acc[r][0], vs), s1 = _mm256_mul_ps(acc[r][1], vs);
-            if (!whole) { /* -inf past the row's own cell */
-                const __m256 lim = _mm256_set1_ps((float)(lim0 + r - j0));
+            if (!whole) { /* -inf past the row's own cell, and before its window */
+                const __m256 lim = _mm256_set1_ps((float)(lim0 + r - j0)), low = _mm256_set1_ps((float)(low0 + r - j0));
+                const __m256 lane1 = _mm256_add_ps(lane, _mm256_set1_ps(8.0f));
                 s0 = _mm256_blendv_ps(s0, ninf, _mm256_cmp_ps(lane, lim, _CMP_GT_OQ));
-                s1 = _mm256_blendv_ps(s1, ninf, _mm256_cmp_ps(_mm256_add_ps(lane, _mm256_set1_ps(8.0f)), lim, _CMP_GT_OQ));
+                s1 = _mm256_blendv_ps(s1, ninf, _mm256_cmp_ps(lane1, lim, _CMP_GT_OQ));
+                if (window > 0) {
+                    s0 = _mm256_blendv_ps(s0, ninf, _mm256_cmp_ps(lane, low, _CMP_LT_OQ));
+                    s1 = _mm256_blendv_ps(s1, ninf, _mm256_cmp_ps(lane1, low, _CMP_LT_OQ));
+                }
             }
             __m256 mx = _mm256_max_ps(s0, s1);
             mx = _mm256_max_ps(mx, _mm256_permute2f128_ps(mx, mx, 1));
@@ -143,7 +158,7 @@ static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const f
             mx = _mm256_max_ps(mx, _mm256_shuffle_ps(mx, mx, 0xb1));
             const float bmax = _mm256_cvtss_f32(mx);
             float *pr = p + r * EM_PA_KB;
-            if (bmax == -INFINITY) { /* a row whose cells all come later */
+            if (bmax == -INFINITY) { /* a row whose cells all come later (or before its window) */
                 _mm256_storeu_ps(pr, _mm256_setzero_ps()), _mm256_storeu_ps(pr + 8, _mm256_setzero_ps());
                 corr[r] = 1.0f;
                 continue;
@@ -166,7 +181,8 @@ static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const f
         for (int r = 0; r < EM_PA_RT; r++) {
             float bmax = -INFINITY;
             for (int j = 0; j < EM_PA_KB; j++) {
-                s[r][j] = whole || j0 + j <= lim0 + r ? s[r][j] * scale : -INFINITY;
+                const int seen = j0 + j <= lim0 + r && (window <= 0 || j0 + j >= low0 + r);
+                s[r][j] = whole || seen ? s[r][j] * scale : -INFINITY;
                 bmax = s[r][j] > bmax ? s[r][j] : bmax;
             }
             float *pr = p + r * EM_PA_KB;
@@ -238,7 +254,7 @@ static void em_pa_head(const float *q, int64_t qs, int64_t T, int64_t D, const f
                 o[r * Dv + c] = a;
             }
     }
-    for (int r = 0; r < nr; r++) { /* every row sees cell 0: l > 0 */
+    for (int r = 0; r < nr; r++) { /* every row sees its own cell: l > 0 */
         const float inv = 1.0f / l[r];
         for (int64_t c = 0; c < Dv; c++) out[(t0 + r) * os + c] = o[r * Dv + c] * inv;
     }
