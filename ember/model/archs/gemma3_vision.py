@@ -246,6 +246,7 @@ def _bidirectional(cache: Cache, spans: list[tuple[int, int]]) -> None:
         for begin, end in spans:
             cells = c.locs[begin:end] - c.lo
             c.mask[begin:end, cells] = 0.0
+        c.plain, c.band = False, None  # the mask is neither plain causal nor a window's band now
 
 
 def build(gguf: GGUFFile, config: Config) -> Gemma3:
