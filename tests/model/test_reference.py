@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from ember.backend import native
+from ember.backend.precision import float_activations
 from ember.batch import Batch
 from ember.model import forward
 
@@ -30,6 +31,16 @@ OWN_TIE = 0.02
 # issue's 0.2 over any cache, as llama.cpp's would be. Qwen2.5-Coder 1.5B's "capital of France"
 # parts at a reference gap of 0.098 over a float32 cache (its own gap 0.022 the other way).
 INT8_ACTIVATIONS = {"qwen2.5-coder:1.5b"}
+
+
+def int16_activations() -> bool:
+    """Whether this run's kernels take one row's x as int16 codes per 32 values for the
+    32-element types (the avx2, avxvnni and portable paths; the AVX-512 ones take float32 x:
+    precision.float_activations). Its greedy runs are held to the issue's 0.2 as well: on the
+    avx2 path SmolLM2's chat prompt's second step (a reference gap of 0.054) comes out 0.04 the
+    other way, its Q8_0 head's x rounded where the AVX-512 paths' is not (a tie of 0.003 there)."""
+    kern = native.usable_kernels()
+    return kern is not None and not float_activations(kern.isa)
 
 
 def run_prompt(
@@ -148,7 +159,7 @@ def check(real_llm, reference, name, prompt, record_property, **run) -> None:
     assert closeness < LOGIT_TOLERANCE
 
     gaps, expected_ids = greedy["gap_to_second"], greedy["ids"]
-    reduced = run.get("kv_type", "f32") != "f32" or name in INT8_ACTIVATIONS
+    reduced = run.get("kv_type", "f32") != "f32" or name in INT8_ACTIVATIONS or int16_activations()
     near_tie = GAP_REQUIRED_REDUCED_CACHE if reduced else GAP_REQUIRED
     parted = next(
         (i for i, (a, b) in enumerate(zip(ids, expected_ids, strict=True)) if a != b), None
