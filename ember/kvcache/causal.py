@@ -156,6 +156,14 @@ class CausalCache:
             return None  # plain attention over everything: no mask to add
         return torch.from_numpy(np.where(visible, np.float32(0), np.float32(-np.inf)))
 
+    def see_both_ways(self, begin: int, end: int) -> None:
+        """Lets the batch's rows begin..end see each other's cells both ways (an image's tokens,
+        all of one sequence): the mask is then neither plain causal nor a window's band."""
+        if self.mask is None:  # every row sees every cell already
+            return
+        self.mask[begin:end, self.locs[begin:end] - self.lo] = 0.0
+        self.plain, self.band = False, None
+
     def _band(
         self, mine: np.ndarray, cell_pos: np.ndarray, positions: np.ndarray
     ) -> tuple[torch.Tensor, int] | None:

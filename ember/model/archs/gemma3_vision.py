@@ -241,12 +241,9 @@ def _bidirectional(cache: Cache, spans: list[tuple[int, int]]) -> None:
         return
     caches = cache.caches if isinstance(cache, WrapperCache) else [cache]
     for c in caches:
-        if not isinstance(c, CausalCache) or c.mask is None:
-            continue
-        for begin, end in spans:
-            cells = c.locs[begin:end] - c.lo
-            c.mask[begin:end, cells] = 0.0
-        c.plain, c.band = False, None  # the mask is neither plain causal nor a window's band now
+        if isinstance(c, CausalCache):
+            for begin, end in spans:
+                c.see_both_ways(begin, end)
 
 
 def build(gguf: GGUFFile, config: Config) -> Gemma3:
