@@ -7,7 +7,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from quant_data import quantized, random_blocks
 
-from ember.backend.embedding import EmbeddingWeight
+from ember.backend.embedding import NATIVE_LOOKUP_ROWS, EmbeddingWeight
 from ember.backend.quant import QuantError, dequantize
 from ember.backend.weights import (
     FusedLinear,
@@ -122,16 +122,29 @@ def test_concat_of_mixed_types_keeps_the_parts() -> None:
         concat_linear([])
 
 
-@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.Q8_0, QT.Q4_K], ids=lambda t: t.name)
-def test_embedding_lookup_equals_rows_of_the_table(qtype: QT) -> None:
+@pytest.mark.parametrize("isa", [None, "generic"])
+@pytest.mark.parametrize(
+    "qtype",
+    [QT.F32, QT.F16, QT.BF16, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q4_K, QT.Q6_K],
+    ids=lambda t: t.name,
+)
+def test_embedding_lookup_equals_rows_of_the_table(
+    qtype: QT, isa: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few ids (a decode step's: the native rows) and many (a prompt's: torch's decoding)
+    give the table's rows bit for bit, on the chosen ISA's kernels and the portable ones."""
+    if isa:
+        monkeypatch.setenv("EMBER_CPU_ISA", isa)
     shape = (100, 256)
-    raw = random_blocks(qtype, shape) if qtype == QT.Q4_K else quantized(qtype, shape)
+    raw = random_blocks(qtype, shape) if qtype in (QT.Q4_K, QT.Q6_K) else quantized(qtype, shape)
     emb = EmbeddingWeight.from_gguf(raw, qtype, shape)
-    ids = torch.tensor([5, 99, 0, 5])
-    assert torch.equal(emb.lookup(ids), dequantize(raw, qtype, shape)[ids])
+    table = dequantize(raw, qtype, shape)
+    for ids in (torch.tensor([5, 99, 0, 5]), torch.arange(NATIVE_LOOKUP_ROWS + 1) % 100):
+        assert torch.equal(emb.lookup(ids), table[ids])
     assert emb.nbytes == raw.nbytes  # still quantized
-    with pytest.raises(QuantError):
-        emb.lookup(torch.tensor([100]))
+    for bad in ([100], [-1], [3, 100]):
+        with pytest.raises(QuantError):
+            emb.lookup(torch.tensor(bad))
 
 
 def test_embedding_shares_the_file_bytes() -> None:

@@ -361,6 +361,9 @@ EM_INLINE void em_attend_tile(int kv_type, const float *q, const int NT, int64_t
         idx = (int32_t *)(scores + NT * S), n = 0;
         for (int64_t s = 0; s < S; s++)
             if (mask[s] != -INFINITY) idx[n++] = (int32_t)s;
+        /* a mask that hides no cell (one sequence's decode step) visits them all in order, as
+         * the list would, without reading it: 15-20% of SmolLM2's attention on the Zen 2 */
+        if (n == S) idx = 0;
     }
     em_attn_scores(kv_type, q, NT, D, k, k_cs, v, v_cs, Dv, n, idx, mask, scale, scores);
     float inv[EM_ATTN_TILE];

@@ -166,6 +166,20 @@ static em_dots_q16 em_q16_dots_of(int type) {
     }
 }
 
+#if defined(EM_X86)
+typedef void (*em_dot2_q16)(const uint8_t *, int64_t, const em_block_q16 *, int64_t, int, float *);
+static em_dot2_q16 em_q16_dot2_of(int type) {
+    switch (type) {
+    case EM_Q4_0: return em_dot2_q4_0;
+    case EM_Q4_1: return em_dot2_q4_1;
+    case EM_Q5_0: return em_dot2_q5_0;
+    case EM_Q5_1: return em_dot2_q5_1;
+    case EM_Q8_0: return em_dot2_q8_0;
+    default: return em_dot2_iq4_nl;
+    }
+}
+#endif
+
 #if defined(EM_FLOAT_X)
 static em_dotsf em_f32x_dots_of(int type) {
     pthread_once(&em_f16_values_once, em_f16_values_fill);
@@ -463,7 +477,19 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
         return;
     }
 #endif
-    for (int64_t n = n0; n < n1; n++) {
+    int64_t n = n0;
+#if defined(EM_X86)
+    if (M == 1 && q16) { /* decode: two weight rows a pass (simple.h's em_dot2_T), their bits */
+        const em_dot2_q16 dot2 = em_q16_dot2_of(p->type);
+        for (; n + 1 < n1; n += 2) {
+            const uint8_t *wrow = W + n * p->row_bytes;
+            if (!self_pf)
+                for (int64_t o = 0; o < 2 * p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PF_AHEAD + o);
+            dot2(wrow, p->row_bytes, q16, nb, self_pf, y + n);
+        }
+    }
+#endif
+    for (; n < n1; n++) {
         const uint8_t *wrow = W + n * p->row_bytes;
         if (M == 1 && !self_pf)
             for (int64_t o = 0; o < p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PF_AHEAD + o);

@@ -408,8 +408,48 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
                 out[m] = pf ? em_dot_pf_##T(w, x + m * nb, nb, 1) : em_dot_##T(w, x + m * nb, nb); \
         }                                                                                     \
     }
-#define EM_DOT_SYM(T, BYTES) EM_DOT_X86(T, BYTES, 0) EM_DOTS_X86(T, BYTES, 0)
-#define EM_DOT_AFFINE(T, BYTES) EM_DOT_X86(T, BYTES, 1) EM_DOTS_X86(T, BYTES, 1)
+/* Two weight rows (w and w + stride) against one row of x, each row's steps those of em_dot_T (its
+ * bits), the two rows' blocks interleaved. Decode's rows are short (SmolLM2's 576 values are 18
+ * blocks), and a row alone spent ~1 ns of each block's ~2.7 on starting and ending its chains,
+ * which out-of-order execution does not overlap with the next row's: two rows a pass give it
+ * independent work and load each block of x once (README's speed log, the Zen 2 session). */
+#define EM_DOT2_BLOCK(T, w, x, ACC, OFF)                                                       \
+    do {                                                                                      \
+        const __m128 s_ = em_scales(w, x);                                                    \
+        ACC = _mm256_add_ps(ACC, _mm256_mul_ps(_mm256_broadcastss_ps(s_), em_dot_w16(em_w_##T(w), (x)->qs))); \
+        OFF = _mm_add_ps(OFF, s_);                                                            \
+    } while (0)
+#define EM_DOT2_X86(T, BYTES, AFFINE)                                                         \
+    static inline __attribute__((always_inline)) void em_dot2_pf_##T(                         \
+        const uint8_t *w, int64_t stride, const em_block_q16 *x, int64_t nb, const int PF, float *out) { \
+        const uint8_t *v = w + stride;                                                        \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;                           \
+        __m128 ao0 = _mm_setzero_ps(), ao1 = ao0, bo0 = ao0, bo1 = ao0;                       \
+        int64_t b = 0;                                                                        \
+        for (; b + 1 < nb; b += 2, w += 2 * BYTES, v += 2 * BYTES) {                          \
+            if (PF) __builtin_prefetch(w + EM_PF_AHEAD), __builtin_prefetch(v + EM_PF_AHEAD); \
+            if (PF && 2 * BYTES > 64)                                                         \
+                __builtin_prefetch(w + EM_PF_AHEAD + 64), __builtin_prefetch(v + EM_PF_AHEAD + 64); \
+            EM_DOT2_BLOCK(T, w, x + b, a0, ao0);                                              \
+            EM_DOT2_BLOCK(T, v, x + b, b0, bo0);                                              \
+            EM_DOT2_BLOCK(T, w + BYTES, x + b + 1, a1, ao1);                                  \
+            EM_DOT2_BLOCK(T, v + BYTES, x + b + 1, b1, bo1);                                  \
+        }                                                                                     \
+        if (b < nb) {                                                                         \
+            EM_DOT2_BLOCK(T, w, x + b, a0, ao0);                                              \
+            EM_DOT2_BLOCK(T, v, x + b, b0, bo0);                                              \
+        }                                                                                     \
+        const float sa = em_hsum8(_mm256_add_ps(a0, a1)), sb = em_hsum8(_mm256_add_ps(b0, b1)); \
+        out[0] = AFFINE ? sa + (_mm_cvtss_f32(_mm_movehdup_ps(ao0)) + _mm_cvtss_f32(_mm_movehdup_ps(ao1))) : sa; \
+        out[1] = AFFINE ? sb + (_mm_cvtss_f32(_mm_movehdup_ps(bo0)) + _mm_cvtss_f32(_mm_movehdup_ps(bo1))) : sb; \
+    }                                                                                         \
+    static void em_dot2_##T(const uint8_t *w, int64_t stride, const em_block_q16 *x, int64_t nb, int pf, \
+                            float *out) {                                                     \
+        if (pf) em_dot2_pf_##T(w, stride, x, nb, 1, out);                                     \
+        else em_dot2_pf_##T(w, stride, x, nb, 0, out);                                        \
+    }
+#define EM_DOT_SYM(T, BYTES) EM_DOT_X86(T, BYTES, 0) EM_DOTS_X86(T, BYTES, 0) EM_DOT2_X86(T, BYTES, 0)
+#define EM_DOT_AFFINE(T, BYTES) EM_DOT_X86(T, BYTES, 1) EM_DOTS_X86(T, BYTES, 1) EM_DOT2_X86(T, BYTES, 1)
 
 #else /* portable and NEON: codes to int8, then the same lanes and float steps as on x86 */
 
