@@ -443,8 +443,8 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
         out[0] = AFFINE ? sa + (_mm_cvtss_f32(_mm_movehdup_ps(ao0)) + _mm_cvtss_f32(_mm_movehdup_ps(ao1))) : sa; \
         out[1] = AFFINE ? sb + (_mm_cvtss_f32(_mm_movehdup_ps(bo0)) + _mm_cvtss_f32(_mm_movehdup_ps(bo1))) : sb; \
     }                                                                                         \
-    static void em_dot2_##T(const uint8_t *w, int64_t stride, const em_block_q16 *x, int64_t nb, int pf, \
-                            float *out) {                                                     \
+    __attribute__((unused)) static void em_dot2_##T(const uint8_t *w, int64_t stride,          \
+                                                    const em_block_q16 *x, int64_t nb, int pf, float *out) { \
         if (pf) em_dot2_pf_##T(w, stride, x, nb, 1, out);                                     \
         else em_dot2_pf_##T(w, stride, x, nb, 0, out);                                        \
     }
