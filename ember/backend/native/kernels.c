@@ -176,9 +176,9 @@ static em_dot2_q16 em_q16_dot2_of(int type) {
     case EM_Q5_1: return em_dot2_q5_1;
     case EM_IQ4_NL: return em_dot2_iq4_nl;
     /* Q8_0 reads 34 bytes a block where the others read 18-24 for as much work, so its decode
-     * rows (a tied head's 145-178 MB) go at the memory's rate: two rows a pass read them ~15%
-     * slower from memory on the Zen 2 (their lines asked for in bursts twice as long), though
-     * ~30% faster from L3 */
+     * rows (a tied head's 145-178 MB) go at the memory's rate: two rows a pass read them ~30%
+     * slower from memory on the Zen 2, though ~30% faster from L3 (no prefetch distance, nor
+     * asking as the products go, brought the memory's rate back) */
     default: return 0;
     }
 }

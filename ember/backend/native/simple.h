@@ -412,7 +412,7 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
  * bits), the two rows' blocks interleaved. Decode's rows are short (SmolLM2's 576 values are 18
  * blocks), and a row alone spent ~1 ns of each block's ~2.7 on starting and ending its chains,
  * which out-of-order execution does not overlap with the next row's: two rows a pass give it
- * independent work and load each block of x once (README's speed log, the Zen 2 session). */
+ * independent work and load each block of x once (docs/speed-log.md, the twenty-eighth session). */
 #define EM_DOT2_BLOCK(T, w, x, ACC, OFF)                                                       \
     do {                                                                                      \
         const __m128 s_ = em_scales(w, x);                                                    \
