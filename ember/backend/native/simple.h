@@ -314,6 +314,16 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
     return _mm_mul_ps(wf, _mm_castpd_ps(_mm_load_sd((const double *)&x->d)));
 }
 
+/* One block of a weight row against one row of x: its products, times the block's scale, into
+ * ACC; the scale products into OFF, whose lane 1 sums the offsets' (unused, and dropped by the
+ * compiler, for the types without one). */
+#define EM_DOT_BLOCK(T, w, x, ACC, OFF)                                                       \
+    do {                                                                                      \
+        const __m128 s_ = em_scales(w, x);                                                    \
+        ACC = _mm256_add_ps(ACC, _mm256_mul_ps(_mm256_broadcastss_ps(s_), em_dot_w16(em_w_##T(w), (x)->qs))); \
+        OFF = _mm_add_ps(OFF, s_);                                                            \
+    } while (0)
+
 /* Two blocks a step into two accumulators (even and odd blocks), so the adds overlap; the
  * offsets' sums build in lane 1 of two more, in block order as the portable code's. */
 #define EM_DOT_X86(T, BYTES, AFFINE)                                                          \
@@ -325,16 +335,10 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
         for (; b + 1 < nb; b += 2, w += 2 * BYTES) {                                          \
             if (PF) __builtin_prefetch(w + EM_PF_AHEAD);                                      \
             if (PF && 2 * BYTES > 64) __builtin_prefetch(w + EM_PF_AHEAD + 64);               \
-            const __m128 s0 = em_scales(w, x + b), s1 = em_scales(w + BYTES, x + b + 1);      \
-            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_broadcastss_ps(s0), em_dot_w16(em_w_##T(w), x[b].qs))); \
-            acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_broadcastss_ps(s1), em_dot_w16(em_w_##T(w + BYTES), x[b + 1].qs))); \
-            if (AFFINE) off0 = _mm_add_ps(off0, s0), off1 = _mm_add_ps(off1, s1);             \
+            EM_DOT_BLOCK(T, w, x + b, acc0, off0);                                            \
+            EM_DOT_BLOCK(T, w + BYTES, x + b + 1, acc1, off1);                                \
         }                                                                                     \
-        if (b < nb) {                                                                         \
-            const __m128 s0 = em_scales(w, x + b);                                            \
-            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_broadcastss_ps(s0), em_dot_w16(em_w_##T(w), x[b].qs))); \
-            if (AFFINE) off0 = _mm_add_ps(off0, s0);                                          \
-        }                                                                                     \
+        if (b < nb) EM_DOT_BLOCK(T, w, x + b, acc0, off0);                                    \
         const float sum = em_hsum8(_mm256_add_ps(acc0, acc1));                                \
         if (!AFFINE) return sum;                                                              \
         return sum + (_mm_cvtss_f32(_mm_movehdup_ps(off0)) + _mm_cvtss_f32(_mm_movehdup_ps(off1))); \
@@ -413,12 +417,6 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
  * blocks), and a row alone spent ~1 ns of each block's ~2.7 on starting and ending its chains,
  * which out-of-order execution does not overlap with the next row's: two rows a pass give it
  * independent work and load each block of x once (docs/speed-log.md, the twenty-eighth session). */
-#define EM_DOT2_BLOCK(T, w, x, ACC, OFF)                                                       \
-    do {                                                                                      \
-        const __m128 s_ = em_scales(w, x);                                                    \
-        ACC = _mm256_add_ps(ACC, _mm256_mul_ps(_mm256_broadcastss_ps(s_), em_dot_w16(em_w_##T(w), (x)->qs))); \
-        OFF = _mm_add_ps(OFF, s_);                                                            \
-    } while (0)
 #define EM_DOT2_X86(T, BYTES, AFFINE)                                                         \
     static inline __attribute__((always_inline)) void em_dot2_pf_##T(                         \
         const uint8_t *w, int64_t stride, const em_block_q16 *x, int64_t nb, const int PF, float *out) { \
@@ -430,14 +428,14 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
             if (PF) __builtin_prefetch(w + EM_PF_AHEAD), __builtin_prefetch(v + EM_PF_AHEAD); \
             if (PF && 2 * BYTES > 64)                                                         \
                 __builtin_prefetch(w + EM_PF_AHEAD + 64), __builtin_prefetch(v + EM_PF_AHEAD + 64); \
-            EM_DOT2_BLOCK(T, w, x + b, a0, ao0);                                              \
-            EM_DOT2_BLOCK(T, v, x + b, b0, bo0);                                              \
-            EM_DOT2_BLOCK(T, w + BYTES, x + b + 1, a1, ao1);                                  \
-            EM_DOT2_BLOCK(T, v + BYTES, x + b + 1, b1, bo1);                                  \
+            EM_DOT_BLOCK(T, w, x + b, a0, ao0);                                               \
+            EM_DOT_BLOCK(T, v, x + b, b0, bo0);                                               \
+            EM_DOT_BLOCK(T, w + BYTES, x + b + 1, a1, ao1);                                   \
+            EM_DOT_BLOCK(T, v + BYTES, x + b + 1, b1, bo1);                                   \
         }                                                                                     \
         if (b < nb) {                                                                         \
-            EM_DOT2_BLOCK(T, w, x + b, a0, ao0);                                              \
-            EM_DOT2_BLOCK(T, v, x + b, b0, bo0);                                              \
+            EM_DOT_BLOCK(T, w, x + b, a0, ao0);                                               \
+            EM_DOT_BLOCK(T, v, x + b, b0, bo0);                                               \
         }                                                                                     \
         const float sa = em_hsum8(_mm256_add_ps(a0, a1)), sb = em_hsum8(_mm256_add_ps(b0, b1)); \
         out[0] = AFFINE ? sa + (_mm_cvtss_f32(_mm_movehdup_ps(ao0)) + _mm_cvtss_f32(_mm_movehdup_ps(ao1))) : sa; \
