@@ -440,7 +440,7 @@ static __attribute__((noinline)) void em_rows_f32x(const em_prep *p, const uint8
          * (dispatch.c's ember_pf_batches: on the Xeon two sequences of SmolLM2 step 1.3-1.4x
          * as fast; on the Zen 5 asking cost 5%). */
         if ((M == 1 || nw == 2 || M > EM_XROWS / 2 || ember_pf_batches) && !self_pf)
-            for (int64_t o = 0; o < nw * row_bytes; o += 64) __builtin_prefetch(wrow + EM_PF_AHEAD + o);
+            for (int64_t o = 0; o < nw * row_bytes; o += 64) EM_PF_WEIGHT(wrow + EM_PF_AHEAD + o);
         const int gx = nw == 2 ? EM_XROWS / 2 : EM_XROWS;
         for (int64_t g = 0; g < M; g += gx) {
             const int mc = M - g < gx ? (int)(M - g) : gx;
@@ -488,7 +488,7 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
         for (; n + 1 < n1; n += 2) {
             const uint8_t *wrow = W + n * p->row_bytes;
             if (!self_pf)
-                for (int64_t o = 0; o < 2 * p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PF_AHEAD + o);
+                for (int64_t o = 0; o < 2 * p->row_bytes; o += 64) EM_PF_WEIGHT(wrow + EM_PF_AHEAD + o);
             dot2(wrow, p->row_bytes, q16, nb, self_pf, y + n);
         }
     }
@@ -496,7 +496,7 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
     for (; n < n1; n++) {
         const uint8_t *wrow = W + n * p->row_bytes;
         if (M == 1 && !self_pf)
-            for (int64_t o = 0; o < p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PF_AHEAD + o);
+            for (int64_t o = 0; o < p->row_bytes; o += 64) EM_PF_WEIGHT(wrow + EM_PF_AHEAD + o);
         if (p->type == EM_F16 || p->type == EM_BF16) {
             const em_dot_f32 dot = p->type == EM_F16 ? (self_pf ? em_dot_f16_pf : em_dot_f16)
                                                      : (self_pf ? em_dot_bf16_pf : em_dot_bf16);
@@ -520,7 +520,7 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
         } else {
             const em_dots_q16 dots = em_q16_dots_of(p->type);
             if (M > 1 && ember_pf_batches) /* several rows of x: the row ahead too (dispatch.c) */
-                for (int64_t o = 0; o < p->row_bytes; o += 64) __builtin_prefetch(wrow + EM_PF_AHEAD + o);
+                for (int64_t o = 0; o < p->row_bytes; o += 64) EM_PF_WEIGHT(wrow + EM_PF_AHEAD + o);
             float part[EM_DOTS];
             for (int64_t g = 0; g < M; g += EM_DOTS) {
                 const int mc = M - g < EM_DOTS ? (int)(M - g) : EM_DOTS;

@@ -76,8 +76,9 @@
 #ifndef KQ_PF_AHEAD /* kernels.c: dispatch.c's ember_kq_pf_ahead, chosen for the CPU */
 #define KQ_PF_AHEAD 4096
 #endif
+/* non-temporal (prefetchnta): the bytes are read once a step (simple.h's EM_PF_WEIGHT says why) */
 #define KQ_PREFETCH(b, size)                                                                      \
-    for (int pf_ = 0; pf_ < (size); pf_ += 64) __builtin_prefetch((const uint8_t *)(b) + KQ_PF_AHEAD + pf_)
+    for (int pf_ = 0; pf_ < (size); pf_ += 64) __builtin_prefetch((const uint8_t *)(b) + KQ_PF_AHEAD + pf_, 0, 0)
 
 #include <stdint.h>
 #include <string.h>
