@@ -6,6 +6,8 @@ layer rotates its queries and keys together: x * cos + partner(x) * sin, where p
 each rotated dimension with the other of its pair, then the scaled heads times their scale.
 """
 
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +20,47 @@ def rope_tables(cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tenso
     """RoPE.cos_sin's (T, 1, dim/2) tables as the native kernels read them: (T, dim/2)."""
     cos, sin = cos_sin
     return cos.reshape(cos.shape[0], -1).contiguous(), sin.reshape(sin.shape[0], -1).contiguous()
+
+
+class RopeRows:
+    """A RoPE's cos_sin tables as the native layers read them, (T, dim/2) float32 each, for a
+    decode step's few positions: computed BLOCK positions at a time and kept (the last KEEP
+    blocks), so a step slices rows: computing a step's own took ~10 torch ops, 0.21 ms of
+    SmolLM2's 8.8 ms decode step on the Zen 2 (timed around the call in a loop of steps)."""
+
+    BLOCK = 64
+    KEEP = 32  # blocks: 2,048 positions, ~1 MB for 128-dimension heads
+
+    def __init__(self, rope: "RoPE") -> None:
+        self.rope = rope
+        self._blocks: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+
+    def __call__(self, positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin), each (len(positions), dim/2) contiguous float32."""
+        first, n = positions[0], len(positions)
+        block, at = divmod(first, self.BLOCK)
+        if at + n <= self.BLOCK and all(p == first + i for i, p in enumerate(positions)):
+            cos, sin = self._block(block)  # consecutive in one block: one slice each
+            return cos[at : at + n], sin[at : at + n]
+        rows = [self._row(p) for p in positions]
+        return torch.cat([c for c, _ in rows]), torch.cat([s for _, s in rows])
+
+    def _row(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        block, at = divmod(position, self.BLOCK)
+        cos, sin = self._block(block)
+        return cos[at : at + 1], sin[at : at + 1]
+
+    def _block(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tables = self._blocks.get(block)
+        if tables is None:
+            start = block * self.BLOCK
+            tables = rope_tables(self.rope.cos_sin(torch.arange(start, start + self.BLOCK)))
+            self._blocks[block] = tables
+            if len(self._blocks) > self.KEEP:
+                self._blocks.popitem(last=False)
+        else:
+            self._blocks.move_to_end(block)
+        return tables
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,8 @@ from ember.model.config import Config
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import RoPE, Rotation, attention, rms_norm
-from ember.nn.native_layers import rope_tables, run_native
+from ember.nn.native_layers import run_native
+from ember.nn.rope import RopeRows
 
 SLIDING, GLOBAL = 0, 1
 LOCAL_ROPE_BASE = 10_000.0  # not in the file: Gemma 3's default
@@ -174,10 +175,10 @@ class Gemma3:
         """The blocks and final norm over embeddings x (T, C) of batch's tokens: a small batch
         through the native layers where they run, else through the Python blocks."""
         o = self.options
-        positions = torch.tensor(batch.positions)
         if len(batch) <= MAX_ROWS:
-            local = rope_tables(o.local_rope.cos_sin(positions))
-            world = rope_tables(o.global_rope.cos_sin(positions))
+            if not hasattr(self, "_rope_rows"):
+                self._rope_rows = RopeRows(o.local_rope), RopeRows(o.global_rope)
+            local, world = (rows(batch.positions) for rows in self._rope_rows)
             kinds = [o.layer_type(i) for i in range(o.num_layers)]
             done = run_native(
                 self.native_layers(), x, cache, lambda i: world if kinds[i] == GLOBAL else local
@@ -185,6 +186,7 @@ class Gemma3:
             if done is not None:
                 rows = _rows(batch)
                 return rms_norm(done if rows is None else done[rows], self.output_norm, o.eps)
+        positions = torch.tensor(batch.positions)
         groups = [(o.num_heads, o.query_scale), (o.num_kv_heads, 1.0)]
         rots = {
             SLIDING: o.local_rope.rotation(positions, o.head_dim, groups),

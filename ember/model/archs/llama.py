@@ -17,7 +17,8 @@ from ember.model.config import Config
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import RoPE, Rotation, attention, rms_norm
-from ember.nn.native_layers import rope_tables, run_native
+from ember.nn.native_layers import run_native
+from ember.nn.rope import RopeRows
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,18 +165,24 @@ class Llama:
         """Each token's RoPE position (T,): its cache position (M-RoPE models differ)."""
         return torch.tensor(batch.positions)
 
+    def native_rope(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The native layers' (cos, sin) tables (T, dim/2) of the batch's tokens."""
+        if not hasattr(self, "_rope_rows"):
+            self._rope_rows = RopeRows(self.options.rope)
+        return self._rope_rows(batch.positions)
+
     def layers(self, x: torch.Tensor, batch: Batch, cache: Cache) -> torch.Tensor:
         """The blocks and final norm over embeddings x (T, C) of batch's tokens: a small batch
         through the native layers where they run, else through the Python blocks."""
         o = self.options
-        positions = self.rope_positions(batch)
         outputs = _rows(batch)
         if len(batch) <= MAX_ROWS:
-            tables = rope_tables(o.rope.cos_sin(positions))
+            tables = self.native_rope(batch)
             done = run_native(self.native_layers(), x, cache, lambda i: tables)
             if done is not None:
                 x = done if outputs is None else done[outputs]
                 return rms_norm(x, self.output_norm, o.eps)
+        positions = self.rope_positions(batch)
         groups = [(o.num_heads, o.head_dim**-0.5), (o.num_kv_heads, 1.0)]
         rot = o.rope.rotation(positions, o.head_dim, groups)
         for i, block in enumerate(self.blocks):

@@ -26,6 +26,7 @@ from ember.model.imageproc import decode_image
 from ember.model.registry import register, register_projector
 from ember.model.weights import RenamedGGUF, Weights
 from ember.nn import RoPE
+from ember.nn.rope import rope_tables
 
 PROJECTOR_TYPES = ("qwen2.5vl_merger", "qwen25vl")
 # Ollama's fixed ids, for a vocabulary that does not name the tokens
@@ -94,6 +95,9 @@ class Qwen2VL(Qwen2):
                 span = torch.stack([torch.zeros_like(r), r // piece.width, r % piece.width])
                 positions[:, index : index + n] = start + span
         return positions
+
+    def native_rope(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_tables(self.options.rope.cos_sin(self.rope_positions(batch)))
 
 
 class Qwen25VL(Qwen2VL):
