@@ -9,9 +9,8 @@ import torch
 
 from ember.backend.layer import MAX_ROWS, NativeLayer, StepView
 from ember.kvcache import Cache, CausalCache, WrapperCache
-from ember.nn.rope import rope_tables
 
-__all__ = ["RopeTables", "rope_tables", "run_native"]
+__all__ = ["RopeTables", "run_native"]
 
 RopeTables = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # layer -> (cos, sin) (T, dim/2)
 
@@ -32,13 +31,20 @@ def run_native(
         if kv is None:
             return None
         stored.append((layer_cache, kv))
-    views: dict[int, StepView] = {}
+    # each cache's view and each RoPE table's addresses once a step, not once a layer
+    views: dict[int, tuple[StepView, tuple[int, int, int, int | None]]] = {}
+    ropes: dict[int, tuple[int, int]] = {}
+    threads = torch.get_num_threads()
     x = x.float().contiguous().clone()
     for i, (layer, (c, (keys, values))) in enumerate(zip(layers, stored, strict=True)):
         view = views.get(id(c))
         if view is None:
             mask = None if c.mask is None else c.mask.float().contiguous()
-            view = views[id(c)] = StepView(c.locs.long().contiguous(), c.lo, c.hi - c.lo, mask)
-        cos, sin = tables(i)
-        layer(x, cos, sin, keys, values, view)
+            kept = StepView(c.locs.long().contiguous(), c.lo, c.hi - c.lo, mask)
+            view = views[id(c)] = kept, kept.fields()
+        cos_sin = tables(i)
+        rope = ropes.get(id(cos_sin))
+        if rope is None:
+            rope = ropes[id(cos_sin)] = cos_sin[0].data_ptr(), cos_sin[1].data_ptr()
+        layer(x, rope, keys, values, view[1], threads)
     return x

@@ -3,6 +3,9 @@ same logits to float32 rounding for decode steps and small batches of several se
 every ISA path this CPU runs, over f32, f16 and bf16 caches; a cache it cannot read (q8_0)
 leaves the step to the Python layers."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 from tinymodels import write_tiny_gguf
@@ -113,3 +116,26 @@ def test_a_quantized_cache_takes_the_python_layers(files, monkeypatch):
     monkeypatch.setattr(NativeLayer, "__call__", lambda *a: calls.append(1))
     decode(model, native_on=True, kv="q8_0")
     assert not calls
+
+
+def test_a_new_cache_rebinds_the_layers_and_an_old_one_is_freed(files, monkeypatch):
+    # the layers remember the cache tensors they point into (weakly): the same model's next
+    # cache, of another float type, must be read where it is, as it is; an old one must not
+    # stay alive
+    model = load(files["llama"], native.runnable_isas()[0], monkeypatch)
+    layers = model.native_layers()
+    assert layers is not None
+    ours = {kv: decode(model, native_on=True, kv=kv) for kv in ("f16", "f32", "bf16")}
+    assert model.native_layers() is layers  # the same layers took the three caches in turn
+    cache = model.make_cache()
+    cache.init(max_sequences=1, capacity=64, max_batch=32, dtype="f32")
+    forward(model, cache, Batch.single(PROMPT[:3], 0))
+    forward(model, cache, Batch.single([7], 3))  # a native step: the layers bind this cache
+    keys = weakref.ref(cache.stores[0].k)
+    del cache
+    gc.collect()
+    assert keys() is None
+    for kv, logits in ours.items():
+        theirs = decode(model, native_on=False, kv=kv)
+        for a, b in zip(logits, theirs, strict=True):
+            assert (a - b).abs().max() <= TOLERANCE[kv] * b.abs().max()
