@@ -19,7 +19,8 @@ from ember.backend.norm import qk_rope_rows
 def rope_tables(cos_sin: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE.cos_sin's (T, 1, dim/2) tables as the native kernels read them: (T, dim/2)."""
     cos, sin = cos_sin
-    return cos.reshape(cos.shape[0], -1).contiguous(), sin.reshape(sin.shape[0], -1).contiguous()
+    rows, half = cos.shape[0], cos.shape[-1]
+    return cos.reshape(rows, half).contiguous(), sin.reshape(rows, half).contiguous()
 
 
 class RopeRows:
@@ -37,6 +38,8 @@ class RopeRows:
 
     def __call__(self, positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin), each (len(positions), dim/2) contiguous float32."""
+        if not positions:
+            return rope_tables(self.rope.cos_sin(torch.zeros(0, dtype=torch.long)))
         first, n = positions[0], len(positions)
         block, at = divmod(first, self.BLOCK)
         if at + n <= self.BLOCK and all(p == first + i for i, p in enumerate(positions)):

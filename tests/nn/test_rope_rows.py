@@ -17,6 +17,7 @@ CASES = {
     "eight sequences": [700, 3, 64, 129, 4000, 31, 63, 65],
     "the same position twice": [9, 9],
     "far": [131_071, 200_000],
+    "none": [],
 }
 
 
