@@ -33,7 +33,7 @@ def run_native(
         stored.append((layer_cache, kv))
     # each cache's view and each RoPE table's addresses once a step, not once a layer
     views: dict[int, tuple[StepView, tuple[int, int, int, int | None]]] = {}
-    ropes: dict[int, tuple[int, int]] = {}
+    ropes: dict[int, tuple[tuple[torch.Tensor, torch.Tensor], tuple[int, int]]] = {}
     threads = torch.get_num_threads()
     x = x.float().contiguous().clone()
     for i, (layer, (c, (keys, values))) in enumerate(zip(layers, stored, strict=True)):
@@ -44,7 +44,7 @@ def run_native(
             view = views[id(c)] = kept, kept.fields()
         cos_sin = tables(i)
         rope = ropes.get(id(cos_sin))
-        if rope is None:
-            rope = ropes[id(cos_sin)] = cos_sin[0].data_ptr(), cos_sin[1].data_ptr()
-        layer(x, rope, keys, values, view[1], threads)
+        if rope is None:  # the tables kept with their addresses: their id stays theirs
+            rope = ropes[id(cos_sin)] = cos_sin, (cos_sin[0].data_ptr(), cos_sin[1].data_ptr())
+        layer(x, rope[1], keys, values, view[1], threads)
     return x

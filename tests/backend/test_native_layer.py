@@ -15,6 +15,7 @@ from ember.backend.layer import NativeLayer
 from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.model import forward, load_model
+from ember.nn.native_layers import run_native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no native library")
 
@@ -139,3 +140,23 @@ def test_a_new_cache_rebinds_the_layers_and_an_old_one_is_freed(files, monkeypat
         theirs = decode(model, native_on=False, kv=kv)
         for a, b in zip(logits, theirs, strict=True):
             assert (a - b).abs().max() <= TOLERANCE[kv] * b.abs().max()
+
+
+def test_rope_tables_made_for_each_layer_give_the_same_step(files, monkeypatch):
+    # run_native reads each table's addresses once a step, keyed by the tables' id (and keeps
+    # them alive, so that no id is reused): tables made afresh for each layer give the step
+    # the shared ones give
+    model = load(files["llama"], native.runnable_isas()[0], monkeypatch)
+    cache = model.make_cache()
+    cache.init(max_sequences=1, capacity=64, max_batch=32, dtype="f32")
+    forward(model, cache, Batch.single(PROMPT, 0))
+    batch = Batch.single([7], len(PROMPT))
+    cache.start_forward(batch)
+    x = model.token_embd.lookup(torch.tensor(batch.tokens))
+    shared = model.native_rope(batch)
+    fresh = lambda i: (shared[0].clone(), shared[1].clone())  # noqa: E731
+    with torch.inference_mode():
+        once = run_native(model.native_layers(), x, cache, lambda i: shared)
+        again = run_native(model.native_layers(), x, cache, fresh)  # the same cells rewritten
+    assert once is not None and again is not None
+    assert torch.equal(once, again)
