@@ -22,7 +22,7 @@ from ember.store import kquants as encoders
 
 SHIM = Path(__file__).with_name("kquants_shim.c")
 QK = 256
-Q8_BYTES = 4 + 256 + 32
+Q8_BYTES = 4 + 256 + 32 + 16  # d, qs, bsums (16 values each), bsums32 (32 each)
 
 # ggml type -> (block bytes, byte offsets of its fp16 fields)
 TYPES = {
@@ -164,12 +164,13 @@ def quantize_x(lib: ctypes.CDLL, x: np.ndarray) -> np.ndarray:
     return buf
 
 
-def parse_q8(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def parse_q8(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     blocks = buf.reshape(-1, Q8_BYTES)
     d = blocks[:, :4].copy().view(np.float32).reshape(-1)
     qs = blocks[:, 4:260].copy().view(np.int8)
-    bsums = blocks[:, 260:].copy().view(np.int16)
-    return qs, d, bsums
+    bsums = blocks[:, 260:292].copy().view(np.int16)
+    bsums32 = blocks[:, 292:].copy().view(np.int16)
+    return qs, d, bsums, bsums32
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i != "generic"])
@@ -209,11 +210,12 @@ def test_q8_k_is_llama_cpp_reference(lib, k):
     x = (rng.standard_normal(k) * rng.uniform(0.1, 10)).astype(np.float32)
     x[:QK] = 0.0 if k > QK else x[:QK]  # an all-zero block when there are several
     x[-5] = -40.0  # the signed maximum of the last block is negative
-    qs, d, bsums = parse_q8(quantize_x(so, x))
+    qs, d, bsums, bsums32 = parse_q8(quantize_x(so, x))
     ref_qs, ref_d = q8_k_numpy(x)
     np.testing.assert_array_equal(qs, ref_qs)
     np.testing.assert_array_equal(d, ref_d)
     np.testing.assert_array_equal(bsums, qs.reshape(-1, 16, 16).astype(np.int32).sum(-1))
+    np.testing.assert_array_equal(bsums32, qs.reshape(-1, 8, 32).astype(np.int32).sum(-1))
 
 
 # (type, encoded): random valid blocks for every type, llama.cpp-exact encodings where Ember has one
@@ -244,7 +246,7 @@ def test_dot_equals_float64_reference(lib, qtype, k, encoded):
     wf = gguf.quants.dequantize(w, qtype).astype(np.float64)
     x = rng.standard_normal(k).astype(np.float32)
     xq = quantize_x(so, x)
-    qs, d, _ = parse_q8(xq)
+    qs, d, _, _ = parse_q8(xq)
     xd = (qs.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(-1)
 
     got = np.empty(rows, np.float32)
@@ -289,7 +291,7 @@ def test_dot_extreme_blocks(lib, qtype, fill):
         np.where(np.arange(k) % 3 == 0, -1.0, 1.0).astype(np.float32),
     ):
         xq = quantize_x(so, x)
-        qs, d, _ = parse_q8(xq)
+        qs, d, _, _ = parse_q8(xq)
         assert np.abs(qs.astype(int)).max() == 127
         xd = (qs.astype(np.float64) * d.astype(np.float64)[:, None]).reshape(-1)
         got = np.empty(rows, np.float32)

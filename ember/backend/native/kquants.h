@@ -110,7 +110,10 @@ typedef struct {
     float d;
     int8_t qs[256];
     int16_t bsums[16];
-} kq_block_q8_K; /* activations: value j = d * qs[j]; bsums[g] = sum of qs[16g .. 16g+15] */
+    int16_t bsums32[8];
+} kq_block_q8_K; /* activations: value j = d * qs[j]; bsums[g] = sum of qs[16g .. 16g+15];
+                  * bsums32[j] = bsums[2j] + bsums[2j+1], the 32-value sums Q4_K's and Q5_K's
+                  * mins meet: made once with the codes, not again for each weight row */
 
 #define KQ_TYPE_Q2_K 10
 #define KQ_TYPE_Q3_K 11
@@ -222,6 +225,7 @@ static inline void kq_quantize_row_q8_K(const float *x, kq_block_q8_K *y, int64_
             y[i].d = 0;
             memset(y[i].qs, 0, sizeof y[i].qs);
             memset(y[i].bsums, 0, sizeof y[i].bsums);
+            memset(y[i].bsums32, 0, sizeof y[i].bsums32);
             continue;
         }
         const float iscale = -127.f / max;
@@ -234,6 +238,7 @@ static inline void kq_quantize_row_q8_K(const float *x, kq_block_q8_K *y, int64_
             for (int j = 0; j < 16; j++) s += y[i].qs[16 * g + j];
             y[i].bsums[g] = (int16_t)s;
         }
+        for (int j = 0; j < 8; j++) y[i].bsums32[j] = (int16_t)(y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
         y[i].d = 1 / iscale;
     }
 }
@@ -430,7 +435,7 @@ static inline float kq_dot_q4_K_generic(const void *w, const kq_block_q8_K *x, i
             }
         int32_t sumi = 0, summ = 0;
         for (int j = 0; j < 8; j++) {
-            summ += sm[8 + j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+            summ += sm[8 + j] * x[i].bsums32[j];
             sumi += sm[j] * kq_dot_i8(q + 32 * j, x[i].qs + 32 * j, 32);
         }
         sumf += x[i].d * kq_f16_at(b) * (float)sumi - x[i].d * kq_f16_at(b + 2) * (float)summ;
@@ -453,7 +458,7 @@ static inline float kq_dot_q5_K_generic(const void *w, const kq_block_q8_K *x, i
             }
         int32_t sumi = 0, summ = 0;
         for (int j = 0; j < 8; j++) {
-            summ += sm[8 + j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+            summ += sm[8 + j] * x[i].bsums32[j];
             sumi += sm[j] * kq_dot_i8(q + 32 * j, x[i].qs + 32 * j, 32);
         }
         sumf += x[i].d * kq_f16_at(b) * (float)sumi - x[i].d * kq_f16_at(b + 2) * (float)summ;
@@ -645,8 +650,7 @@ static inline float kq_dot_q4_K_x86(const void *w, const kq_block_q8_K *x, int64
         KQ_PREFETCH(b, 144);
         const int8_t *q8 = x[i].qs;
         const __m256i ms = _mm256_cvtepu8_epi16(kq_scales_k4_x86(b + 4));
-        const __m256i bs = _mm256_loadu_si256((const __m256i *)x[i].bsums);
-        const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        const __m128i bs32 = _mm_loadu_si128((const __m128i *)x[i].bsums32);
         const __m128i prodm = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), bs32);
         accm = _mm_fmadd_ps(_mm_set1_ps(x[i].d * kq_f16_at(b + 2)), _mm_cvtepi32_ps(prodm), accm);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(ms));
@@ -678,8 +682,7 @@ static inline float kq_dot_q5_K_x86(const void *w, const kq_block_q8_K *x, int64
         KQ_PREFETCH(b, 176);
         const int8_t *q8 = x[i].qs;
         const __m256i ms = _mm256_cvtepu8_epi16(kq_scales_k4_x86(b + 4));
-        const __m256i bs = _mm256_loadu_si256((const __m256i *)x[i].bsums);
-        const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        const __m128i bs32 = _mm_loadu_si128((const __m128i *)x[i].bsums32);
         const __m128i prodm = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), bs32);
         accm = _mm_fmadd_ps(_mm_set1_ps(x[i].d * kq_f16_at(b + 2)), _mm_cvtepi32_ps(prodm), accm);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(ms));
@@ -788,8 +791,7 @@ static inline float kq_dot_iq4_xs_x86(const void *w, const kq_block_q8_K *x, int
 
 /* Q4_K's mins against one x row's block sums, added to accm: d_x * dmin * min_j * bsum32_j */
 static inline __m128 kq_q4_K_mins(__m128 accm, __m128i mins, const kq_block_q8_K *xr, float dmw) {
-    const __m256i bs = _mm256_loadu_si256((const __m256i *)xr->bsums);
-    const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    const __m128i bs32 = _mm_loadu_si128((const __m128i *)xr->bsums32);
     return _mm_fmadd_ps(_mm_set1_ps(xr->d * dmw), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs32)), accm);
 }
 
@@ -1046,10 +1048,10 @@ static inline int32x4_t kq_neon_dot16(int8x16_t q, const int8_t *a) {
     return vpaddlq_s16(vmlal_high_s8(vmull_s8(vget_low_s8(q), vget_low_s8(a0)), q, a0));
 }
 
-/* sum of scale * min * (pair of bsums) over the 8 sub-blocks: the mins' term of Q4_K/Q5_K */
-static inline int32_t kq_neon_mins(const uint8_t *sm, const int16_t *bsums) {
+/* sum of scale * min * (32-value sum of x) over the 8 sub-blocks: the mins' term of Q4_K/Q5_K */
+static inline int32_t kq_neon_mins(const uint8_t *sm, const int16_t *bsums32) {
     int32_t summ = 0;
-    for (int j = 0; j < 8; j++) summ += sm[8 + j] * (bsums[2 * j] + bsums[2 * j + 1]);
+    for (int j = 0; j < 8; j++) summ += sm[8 + j] * bsums32[j];
     return summ;
 }
 
@@ -1083,7 +1085,7 @@ static inline __attribute__((always_inline)) float kq_dot_k45_neon(const void *w
             const int32x4_t phi = kq_neon_dot32(vreinterpretq_s8_u8(hi0), vreinterpretq_s8_u8(hi1), q8 + 64 * c + 32);
             acc = vmlaq_n_s32(vmlaq_n_s32(acc, plo, sm[2 * c]), phi, sm[2 * c + 1]);
         }
-        const int32_t sumi = vaddvq_s32(acc), summ = kq_neon_mins(sm, x[i].bsums);
+        const int32_t sumi = vaddvq_s32(acc), summ = kq_neon_mins(sm, x[i].bsums32);
         sumf += x[i].d * kq_f16_at(b) * (float)sumi - x[i].d * kq_f16_at(b + 2) * (float)summ;
     }
     return sumf;
