@@ -54,9 +54,9 @@
  * Q4_K takes ~37 TSC cycles per 256 weights, Q6_K ~42, Q2_K ~37, Q5_K ~48, IQ4_XS ~47, Q3_K ~52
  * (the same within noise under -mtune=znver1/haswell/skylake or -falign-loops=32; one quieter
  * moment gave 15-20% less across the board, so read all figures here as +-20%).
- * kq_dot_rows_* (several rows of x per weight row, bit-identical per row): Q4_K and Q6_K unpack
+ * kq_dot_rows_* (several rows of x per weight row, bit-identical per row): Q4_K, Q5_K and Q6_K unpack
  * the weights once for 2 or 4 rows of x on x86: per x row, in cache, Q4_K 1.05x, Q6_K 1.2x.
- * With AVX-512 those take 512-bit registers (kq_dot_*_n_zmm, the same bits). On a 2-core Zen 5
+ * With AVX-512 Q4_K and Q6_K take 512-bit registers (kq_dot_*_n_zmm, the same bits). On a 2-core Zen 5
  * EPYC, 2 threads, 512 rows of x times the 3B file's weights (GFLOPS,
  * `benchmarks/bench_prefill_kernels.py --model /tmp/llama3b-q4_k_m.gguf`, two alternating runs
  * each): Q4_K one pass 292-310 -> 324-343, two passes 148-156 -> 166-175; Q6_K two passes
@@ -810,19 +810,25 @@ static inline __m256 kq_q6_K_block(__m256 acc, __m256i sumi, __m256i sc16, const
     return _mm256_fmadd_ps(_mm256_set1_ps(xr->d * dw), _mm256_cvtepi32_ps(si), acc);
 }
 
-static KQ_ALWAYS_INLINE void kq_dot_q4_K_n_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
-                                               float *out, const int N) {
+/* Q4_K (five = 0) and Q5_K (five = 1: the fifth bits in 32 bytes after the scales, bit c of
+ * value l for chunk c), as kq_dot_q4_K_x86 and kq_dot_q5_K_x86 take them row by row; inlined
+ * with a constant five. 256-bit registers in every x86 build: the AVX-512 one takes Q4_K's
+ * rows on 512-bit ones (kq_dot_q4_K_n_zmm) and has no such copy for Q5_K. */
+static KQ_ALWAYS_INLINE void kq_dot_k45_n_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
+                                              float *out, const int N, const int five) {
     const uint8_t *b = (const uint8_t *)w;
-    const __m256i m4 = _mm256_set1_epi8(0xf);
+    const int block = five ? 176 : 144, codes = five ? 48 : 16;
+    const __m256i m4 = _mm256_set1_epi8(0xf), m16 = _mm256_set1_epi8(16);
     __m256 acc[4];
     __m128 accm[4];
     for (int r = 0; r < N; r++) acc[r] = _mm256_setzero_ps(), accm[r] = _mm_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, b += 144) {
-        KQ_PREFETCH(b, 144);
+    for (int64_t i = 0; i < nb; i++, b += block) {
+        KQ_PREFETCH(b, block);
         const __m256i ms = _mm256_cvtepu8_epi16(kq_scales_k4_x86(b + 4));
         const __m128i mins = _mm256_extracti128_si256(ms, 1);
         const float dw = kq_f16_at(b), dmw = kq_f16_at(b + 2);
         const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(ms));
+        __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
         __m256i sumi[4];
         for (int r = 0; r < N; r++) {
             accm[r] = kq_q4_K_mins(accm[r], mins, x + r * xs + i, dmw);
@@ -831,9 +837,13 @@ static KQ_ALWAYS_INLINE void kq_dot_q4_K_n_x86(const void *w, const kq_block_q8_
         for (int c = 0; c < 4; c++) {
             const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 1) << 8 | (4 * c))));
             const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
-            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
-            const __m256i lo = _mm256_and_si256(q4, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(b + codes + 32 * c));
+            __m256i lo = _mm256_and_si256(q4, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m16));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m16));
+                hb = _mm256_srli_epi16(hb, 2);
+            }
             for (int r = 0; r < N; r++) {
                 const int8_t *q8 = x[r * xs + i].qs;
                 const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c)));
@@ -846,6 +856,16 @@ static KQ_ALWAYS_INLINE void kq_dot_q4_K_n_x86(const void *w, const kq_block_q8_
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(x[r * xs + i].d * dw), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
     }
     for (int r = 0; r < N; r++) out[r] = kq_q4_K_result(acc[r], accm[r]);
+}
+
+static KQ_ALWAYS_INLINE void kq_dot_q4_K_n_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
+                                               float *out, const int N) {
+    kq_dot_k45_n_x86(w, x, xs, nb, out, N, 0);
+}
+
+static KQ_ALWAYS_INLINE void kq_dot_q5_K_n_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
+                                               float *out, const int N) {
+    kq_dot_k45_n_x86(w, x, xs, nb, out, N, 1);
 }
 
 static KQ_ALWAYS_INLINE void kq_dot_q6_K_n_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int64_t nb,
@@ -999,17 +1019,19 @@ static KQ_ALWAYS_INLINE void kq_dot_q6_K_n_zmm(const void *w, const kq_block_q8_
 #define KQ_N(name) kq_dot_##name##_n_x86
 #endif
 
-#define KQ_ROWS_X86(name)                                                                          \
+#define KQ_ROWS_X86(name, n_rows)                                                                  \
     static inline void kq_dot_rows_##name##_x86(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, \
                                                  int64_t nb, float *out) {                         \
         int r = 0;                                                                                 \
-        for (; r + 4 <= nx; r += 4) KQ_N(name)(w, x + r * xs, xs, nb, out + r, 4);                 \
-        for (; r + 2 <= nx; r += 2) KQ_N(name)(w, x + r * xs, xs, nb, out + r, 2);                 \
+        for (; r + 4 <= nx; r += 4) n_rows(w, x + r * xs, xs, nb, out + r, 4);                     \
+        for (; r + 2 <= nx; r += 2) n_rows(w, x + r * xs, xs, nb, out + r, 2);                     \
         if (r < nx) out[r] = kq_dot_##name##_x86(w, x + r * xs, nb);                             \
     }
-KQ_ROWS_X86(q4_K)
-KQ_ROWS_X86(q6_K)
+KQ_ROWS_X86(q4_K, KQ_N(q4_K))
+KQ_ROWS_X86(q5_K, kq_dot_q5_K_n_x86)
+KQ_ROWS_X86(q6_K, KQ_N(q6_K))
 #define KQ_HAVE_ROWS_Q4_K 1
+#define KQ_HAVE_ROWS_Q5_K 1
 #define KQ_HAVE_ROWS_Q6_K 1
 
 #define KQ_IMPL(name) kq_dot_##name##_x86
@@ -1147,7 +1169,7 @@ static inline float kq_dot_iq4_xs(const void *w, const kq_block_q8_K *x, int64_t
 
 /* ============================================================ several rows of x
  * out[r] = kq_dot_<type>(w, x + r * x_stride, nb) for r < nx, each bit-identical to that single
- * call; faster where the weights are unpacked once for several rows (Q4_K, Q6_K on x86). */
+ * call; faster where the weights are unpacked once for several rows (Q4_K, Q5_K, Q6_K on x86). */
 #define KQ_ROWS_LOOP(name)                                                                         \
     static inline void kq_dot_rows_##name##_loop(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, \
                                                   int64_t nb, float *out) {                        \
@@ -1162,9 +1184,11 @@ KQ_ROWS_LOOP(iq4_xs)
 
 #if defined(KQ_X86)
 #define KQ_ROWS_Q4_K kq_dot_rows_q4_K_x86
+#define KQ_ROWS_Q5_K kq_dot_rows_q5_K_x86
 #define KQ_ROWS_Q6_K kq_dot_rows_q6_K_x86
 #else
 #define KQ_ROWS_Q4_K kq_dot_rows_q4_K_loop
+#define KQ_ROWS_Q5_K kq_dot_rows_q5_K_loop
 #define KQ_ROWS_Q6_K kq_dot_rows_q6_K_loop
 #endif
 
@@ -1174,7 +1198,7 @@ typedef void (*kq_dot_rows_fn)(const void *w, const kq_block_q8_K *x, int64_t x_
 static inline void kq_dot_rows_q2_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { kq_dot_rows_q2_K_loop(w, x, xs, nx, nb, out); }
 static inline void kq_dot_rows_q3_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { kq_dot_rows_q3_K_loop(w, x, xs, nx, nb, out); }
 static inline void kq_dot_rows_q4_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { KQ_ROWS_Q4_K(w, x, xs, nx, nb, out); }
-static inline void kq_dot_rows_q5_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { kq_dot_rows_q5_K_loop(w, x, xs, nx, nb, out); }
+static inline void kq_dot_rows_q5_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { KQ_ROWS_Q5_K(w, x, xs, nx, nb, out); }
 static inline void kq_dot_rows_q6_K(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { KQ_ROWS_Q6_K(w, x, xs, nx, nb, out); }
 static inline void kq_dot_rows_iq4_xs(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, int64_t nb, float *out) { kq_dot_rows_iq4_xs_loop(w, x, xs, nx, nb, out); }
 
