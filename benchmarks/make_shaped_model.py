@@ -7,7 +7,8 @@ machine where the model packages cannot go (a lent machine takes 64 MiB a call; 
 Shapes: `smollm2` (SmolLM2-135M: 30 layers, hidden 576, 9/3 heads of 64, FFN 1536, vocabulary
 49,152; Q4_1 with a tied Q8_0 head, the types of the bundled file) and `llama3b` (make_scale_model's
 Llama-3.2-3B shape, Q4_K_M, --layers of its 28), `llama8b` (Llama-3.1-8B's: hidden 4096, 32 layers,
-32/8 heads of 128, FFN 14,336, an untied head, rope scaling factor 8; Q4_K_M, ~4.9 GB). The F16 file
+32/8 heads of 128, FFN 14,336, an untied head, rope scaling factor 8; Q4_K_M, ~4.9 GB); --type
+Q5_K_M (or another of LLAMA_FTYPE) writes the shape in another llama.cpp file type. The F16 file
 comes from make_scale_model's writer (random N(0, 0.02) weights, its rope factors and SmolLM2's
 tokenizer: --tokenizer, a GGUF to copy it from, else the bundled smollm2); the quantization is
 llama.cpp's (`llama_model_quantize` from llama-cpp-python, which `make bench` installs), multi-
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import make_scale_model as scale
 
-LLAMA_FTYPE = {"Q4_1": 3, "Q4_K_M": 15}
+LLAMA_FTYPE = {"Q4_1": 3, "Q4_K_M": 15, "Q5_K_M": 17}  # llama.cpp's LLAMA_FTYPE_MOSTLY_*
 GGML_Q8_0 = 8
 SMOLLM2 = scale.Shape(
     hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, help="fewer layers than the shape's")
     parser.add_argument("--tokenizer", type=Path, help="a GGUF to copy the tokenizer from")
     parser.add_argument("--threads", type=int, default=0, help="llama.cpp's (0: all cores)")
+    parser.add_argument("--type", choices=sorted(LLAMA_FTYPE), help="a file type, not the shape's")
     args = parser.parse_args()
     try:
         import llama_cpp
@@ -50,6 +52,7 @@ def main() -> None:
         ) from None
 
     shape, file_type, head = SHAPES[args.shape]
+    file_type = args.type or file_type
     f16 = args.out.with_suffix(".f16.gguf")
     scale.write_f16(f16, args.layers or shape.layers, 0, args.tokenizer, shape)
     params = llama_cpp.llama_model_quantize_default_params()
