@@ -1030,9 +1030,6 @@ static KQ_ALWAYS_INLINE void kq_dot_q6_K_n_zmm(const void *w, const kq_block_q8_
 KQ_ROWS_X86(q4_K, KQ_N(q4_K))
 KQ_ROWS_X86(q5_K, kq_dot_q5_K_n_x86)
 KQ_ROWS_X86(q6_K, KQ_N(q6_K))
-#define KQ_HAVE_ROWS_Q4_K 1
-#define KQ_HAVE_ROWS_Q5_K 1
-#define KQ_HAVE_ROWS_Q6_K 1
 
 #define KQ_IMPL(name) kq_dot_##name##_x86
 #if defined(KQ_VNNI)

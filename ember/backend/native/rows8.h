@@ -117,7 +117,7 @@ static void em_r8_prepare_row_q8k(em_r8_block *xq, const float *xm, int64_t nb) 
             const int32_t first = q.bsums[2 * j], last = q.bsums[2 * j + 1];
             b->less[EM_R8_LESS_Q4_0] = b->less[EM_R8_LESS_Q5_0] = 0; /* no K type reads them */
             b->less[EM_R8_LESS_Q6_K] = 32 * first, b->less[EM_R8_LESS_Q6_K + 1] = 32 * last;
-            b->d = q.d, b->s = q.d * (float)(first + last);
+            b->d = q.d, b->s = q.d * (float)q.bsums32[j];
         }
     }
 }

@@ -107,7 +107,7 @@ static __attribute__((unused)) void em_vnni_prepare_row_q8k(em_vnni_block *xq, c
             em_vnni_block *b = xq + 8 * sb + j;
             memcpy(b->hi, q.qs + 32 * j, 32);
             memset(b->lo, 0, sizeof b->lo);
-            b->c_half = q.bsums[2 * j], b->c_sum = q.bsums[2 * j] + q.bsums[2 * j + 1], b->hi_sum = 0;
+            b->c_half = q.bsums[2 * j], b->c_sum = q.bsums32[j], b->hi_sum = 0;
             b->d = q.d, b->s = q.d * (float)b->c_sum;
         }
     }
