@@ -33,7 +33,10 @@ X86_ISAS = {
 }
 # avx512's copy with AMX's int8 tiles for several rows of x (amx.h)
 X86_ISAS["amx"] = X86_ISAS["avx512"] + ["-mamx-tile", "-mamx-int8"]
-ARM_ISAS = {"generic": [], "neon": []}  # Advanced SIMD is baseline on AArch64
+# Advanced SIMD is baseline on AArch64; neondot adds the dot product instructions (FEAT_DotProd,
+# optional from ARMv8.2, so a CPU with it has v8.2's baseline too: every core since Cortex-A55/A75),
+# run where the CPU has them
+ARM_ISAS = {"generic": [], "neon": [], "neondot": ["-march=armv8.2-a+dotprod"]}
 
 
 def isas() -> dict[str, list[str]]:

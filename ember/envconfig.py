@@ -86,8 +86,8 @@ def num_threads() -> int:
 # the native kernels' paths, numbered as the native library's (avxvnni: AVX2 with AVX-VNNI's
 # 256-bit int8/int16 dot products, as Intel's cores since Alder Lake have without AVX-512; amx:
 # avx512 with AMX's int8 tiles for 8-16 rows of x and for prompts, Intel's Xeons since Sapphire
-# Rapids)
-CPU_ISAS = ("generic", "avx2", "avxvnni", "avx512", "neon", "amx")
+# Rapids; neondot: neon with the dot product instructions, ARMv8.2's FEAT_DotProd)
+CPU_ISAS = ("generic", "avx2", "avxvnni", "avx512", "neon", "amx", "neondot")
 
 
 def cpu_isa() -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from ember import envconfig
 from ember.errors import EmberError
 
-# numbered as dispatch.c: generic 0, avx2 1, avxvnni 2, avx512 3, neon 4, amx 5
+# numbered as dispatch.c: generic 0, avx2 1, avxvnni 2, avx512 3, neon 4, amx 5, neondot 6
 ISAS = envconfig.CPU_ISAS
 _HERE = Path(__file__).parent
 _i64, _ptr, _int, _float = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float

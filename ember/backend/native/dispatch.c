@@ -1,6 +1,7 @@
 /* Which of the ISA copies of kernels.c this CPU can run, and a default entry point.
  *
- * ISAs by number, slowest first: 0 generic, 1 avx2, 2 avxvnni, 3 avx512, 4 neon, 5 amx. setup.py
+ * ISAs by number, slowest first: 0 generic, 1 avx2, 2 avxvnni, 3 avx512, 4 neon, 5 amx, 6 neondot
+ * (neon with the dot product instructions, FEAT_DotProd, asked of the kernel's HWCAP). setup.py
  * defines EMBER_HAS_<ISA> for each copy it compiled; a copy is usable where it was compiled and
  * the CPU has its features (avx2: AVX2 + FMA + F16C; avxvnni: AVX-VNNI as well, the 256-bit
  * vpdpbusd/vpdpwssd of Intel's cores since Alder Lake; avx512: AVX-512 F/BW/VL/VNNI; amx:
@@ -37,6 +38,22 @@ int ember_amx_permitted(void) {
     static int answer = -1;
     if (answer < 0) answer = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
     return answer;
+#else
+    return 0;
+#endif
+}
+#endif
+
+#if defined(__aarch64__)
+#if defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+/* FEAT_DotProd (sdot/udot): HWCAP_ASIMDDP, bit 20 of AT_HWCAP on Linux (asked by number:
+ * older headers lack the name); 0 elsewhere, where the neon copy runs */
+static int em_has_dotprod(void) {
+#if defined(__linux__)
+    return (getauxval(AT_HWCAP) >> 20) & 1;
 #else
     return 0;
 #endif
@@ -111,6 +128,9 @@ EM_DECLARE(neon)
 #ifdef EMBER_HAS_AMX
 EM_DECLARE(amx)
 #endif
+#ifdef EMBER_HAS_NEONDOT
+EM_DECLARE(neondot)
+#endif
 
 EM_API int ember_isa_compiled(int isa) {
     switch (isa) {
@@ -130,6 +150,9 @@ EM_API int ember_isa_compiled(int isa) {
 #ifdef EMBER_HAS_AMX
     case 5: return 1;
 #endif
+#ifdef EMBER_HAS_NEONDOT
+    case 6: return 1;
+#endif
     default: return 0;
     }
 }
@@ -148,6 +171,7 @@ EM_API int ember_cpu_supports(int isa) {
     if (isa == 5) return avx512 && em_has_amx_int8() && ember_amx_permitted();
 #elif defined(__aarch64__)
     if (isa == 4) return 1; /* Advanced SIMD is part of every AArch64 CPU */
+    if (isa == 6) return em_has_dotprod();
 #endif
     return 0;
 }
@@ -172,14 +196,14 @@ EM_API const char *ember_cpu_features(void) {
             strcat(text, names[i]);
         }
 #elif defined(__aarch64__)
-    strcpy(text, "neon");
+    strcpy(text, em_has_dotprod() ? "neon dotprod" : "neon");
 #endif
     return text;
 }
 
 /* The best ISA compiled in that this CPU runs. */
 EM_API int ember_best_isa(void) {
-    for (int isa = 5; isa > 0; isa--)
+    for (int isa = 6; isa > 0; isa--)
         if (ember_isa_compiled(isa) && ember_cpu_supports(isa)) return isa;
     return 0;
 }
@@ -201,6 +225,9 @@ static em_matmul_fn em_matmul_of(int isa) {
 #ifdef EMBER_HAS_AMX
     case 5: return ember_matmul_amx;
 #endif
+#ifdef EMBER_HAS_NEONDOT
+    case 6: return ember_matmul_neondot;
+#endif
     default: return ember_matmul_generic;
     }
 }
@@ -221,6 +248,9 @@ static em_dequant_fn em_dequant_of(int isa) {
 #endif
 #ifdef EMBER_HAS_AMX
     case 5: return ember_dequant_amx;
+#endif
+#ifdef EMBER_HAS_NEONDOT
+    case 6: return ember_dequant_neondot;
 #endif
     default: return ember_dequant_generic;
     }

@@ -14,13 +14,15 @@
  *                   (__AVXVNNI__: the avxvnni copy) vpdpwssd does each vpmaddwd + vpaddd,
  *                   as AVX512-VNNI's does above: the same sums.
  *   NEON (AArch64)  Q4_K, Q5_K, Q6_K in Advanced SIMD (kq_dot_*_neon below; the others take the
- *                   portable C), tested against it under qemu (tests/backend/test_native_neon.py).
+ *                   portable C), with the dot product instructions (sdot) where
+ *                   __ARM_FEATURE_DOTPROD (the neondot copy), tested against it under qemu
+ *                   (tests/backend/test_native_neon.py).
  *   anything else   portable C (kq_dot_*_generic, always compiled: it is the reference), written
  *                   so compilers vectorize it.
  * Every path computes the same per-block integer sums exactly (they are exact in int32); only
  * the float accumulation order differs, so the paths agree to ~1e-7 relative.
  * KQ_IMPL_NAME names the path compiled ("x86-avx512-vnni", "x86-avx512", "x86-avx2-vnni",
- * "x86-avx2", "neon", "generic").
+ * "x86-avx2", "neon-dotprod", "neon", "generic").
  *
  * Block layouts (bytes): exactly ggml's / GGUF's.
  *   Q2_K  84: scales[16] (lo nibble scale, hi nibble min), qs[64], d f16, dmin f16
@@ -1051,6 +1053,24 @@ KQ_ROWS_X86(q6_K, KQ_N(q6_K))
  * The same exact integer sums as the portable C, then its float step: the same bits. Q2_K,
  * Q3_K and IQ4_XS take the portable C. */
 
+#if defined(__ARM_FEATURE_DOTPROD)
+/* The neondot copy (setup.py: -march=armv8-a+dotprod; dispatch.c runs it where the CPU has the
+ * dot product instructions, ARMv8.2's FEAT_DotProd: Cortex-A55/A75 and later, Neoverse, Apple's
+ * cores): sdot adds four int8 products into each int32 lane, 16 products an instruction, where
+ * vmull/vmlal make 8 into int16 lanes that vpaddl then widens (5 instructions for 32 products
+ * against 2). The lanes hold other partial sums than the plain copy's, but every sum is exact in
+ * int32 and the callers only add the lanes up: the same integer sums, the same bits. */
+
+/* int32x4 of the products of 32 codes (q0: values 0-15, q1: 16-31) and 32 int8 at a */
+static inline int32x4_t kq_neon_dot32(int8x16_t q0, int8x16_t q1, const int8_t *a) {
+    return vdotq_s32(vdotq_s32(vdupq_n_s32(0), q0, vld1q_s8(a)), q1, vld1q_s8(a + 16));
+}
+
+/* int32x4 of the products of 16 codes and 16 int8 at a */
+static inline int32x4_t kq_neon_dot16(int8x16_t q, const int8_t *a) {
+    return vdotq_s32(vdupq_n_s32(0), q, vld1q_s8(a));
+}
+#else
 /* int32x4 of the products of 32 codes (q0: values 0-15, q1: 16-31) and 32 int8 at a */
 static inline int32x4_t kq_neon_dot32(int8x16_t q0, int8x16_t q1, const int8_t *a) {
     const int8x16_t a0 = vld1q_s8(a), a1 = vld1q_s8(a + 16);
@@ -1066,6 +1086,7 @@ static inline int32x4_t kq_neon_dot16(int8x16_t q, const int8_t *a) {
     const int8x16_t a0 = vld1q_s8(a);
     return vpaddlq_s16(vmlal_high_s8(vmull_s8(vget_low_s8(q), vget_low_s8(a0)), q, a0));
 }
+#endif
 
 /* sum of scale * min * (32-value sum of x) over the 8 sub-blocks: the mins' term of Q4_K/Q5_K */
 static inline int32_t kq_neon_mins(const uint8_t *sm, const int16_t *bsums32) {
@@ -1147,7 +1168,11 @@ static inline float kq_dot_q3_K_neon(const void *w, const kq_block_q8_K *x, int6
 static inline float kq_dot_iq4_xs_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_iq4_xs_generic(w, x, nb); }
 
 #define KQ_IMPL(name) kq_dot_##name##_neon
+#if defined(__ARM_FEATURE_DOTPROD)
+#define KQ_IMPL_NAME "neon-dotprod"
+#else
 #define KQ_IMPL_NAME "neon"
+#endif
 
 #else /* portable */
 
