@@ -1,19 +1,19 @@
-"""Instructions the AArch64 copies of the K types' dot products execute per superblock, counted
-under qemu-aarch64 (no ARM CPU is at hand to time them; a count of what one row's dot product
-runs is the figure an emulator gives truly).
+"""Instructions the AArch64 copies' dot products execute, counted under qemu-aarch64 (no ARM CPU
+is at hand to time them; the count of what one row's dot product runs is the figure an emulator
+gives truly).
 
-    .venv/bin/python benchmarks/neon_instructions.py [--superblocks 12]
+    .venv/bin/python benchmarks/neon_instructions.py [--row 3072]
 
 For each copy (neon: ARMv8.0 Advanced SIMD; neondot: with the dot product instructions) and
-each type (Q4_K, Q5_K, Q6_K), kquants.h's dot product of one weight row of --superblocks
-superblocks with one row of q8_K activations is cross-compiled (aarch64-linux-gnu-gcc, the
-build's flags), run once under `qemu-aarch64 -cpu max -singlestep -d exec,nochain`, and the
-instructions executed inside it are counted (each traced block is one instruction in
-singlestep mode). Needs `apt-get install gcc-aarch64-linux-gnu qemu-user`.
+each type, the dot product of one weight row of --row values with one row of activations as the
+decode kernels take them (q8_K for the K types: kquants.h; int16 codes per 32 values for the
+32-element types: simple.h) is cross-compiled (aarch64-linux-gnu-gcc, the build's flags) and
+run under `qemu-aarch64 -cpu max -singlestep -d exec,nochain`, which traces every instruction;
+the count without the call is taken away. Printed per block of the type (256 values for the K
+types, 32 for the others). Needs `apt-get install gcc-aarch64-linux-gnu qemu-user`.
 """
 
 import argparse
-import re
 import shutil
 import subprocess
 import tempfile
@@ -23,69 +23,92 @@ NATIVE = Path(__file__).resolve().parents[1] / "ember" / "backend" / "native"
 CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 FLAGS = ["-O3", "-ffp-contract=off", "-std=gnu11", "-static"]
 COPIES = {"neon": [], "neondot": ["-march=armv8.2-a+dotprod"]}
-TYPES = {"Q4_K": (12, 144), "Q5_K": (13, 176), "Q6_K": (14, 210)}  # ggml type, block bytes
+# name: (ggml type, block bytes, values a block)
+TYPES = {
+    "Q4_K": (12, 144, 256),
+    "Q5_K": (13, 176, 256),
+    "Q6_K": (14, 210, 256),
+    "Q4_0": (2, 18, 32),
+    "Q4_1": (3, 20, 32),
+    "Q5_0": (6, 22, 32),
+    "Q8_0": (8, 34, 32),
+}
 
 DRIVER = """
 #include "kquants.h"
+#include "simple.h"
 #include <stdlib.h>
-__attribute__((noinline)) float dot_row(int type, const void *w, const kq_block_q8_K *x,
-                                        int64_t nb) {
+__attribute__((noinline)) float dot_row(int type, const uint8_t *w, const void *x, int64_t nb) {
+    const kq_block_q8_K *k = x;
+    const em_block_q16 *q = x;
     switch (type) {
-    case KQ_TYPE_Q4_K: return kq_dot_q4_K(w, x, nb);
-    case KQ_TYPE_Q5_K: return kq_dot_q5_K(w, x, nb);
-    default: return kq_dot_q6_K(w, x, nb);
+    case KQ_TYPE_Q4_K: return kq_dot_q4_K(w, k, nb);
+    case KQ_TYPE_Q5_K: return kq_dot_q5_K(w, k, nb);
+    case KQ_TYPE_Q6_K: return kq_dot_q6_K(w, k, nb);
+    case 2: return em_dot_q4_0(w, q, nb);
+    case 3: return em_dot_q4_1(w, q, nb);
+    case 6: return em_dot_q5_0(w, q, nb);
+    default: return em_dot_q8_0(w, q, nb);
     }
 }
 int main(int argc, char **argv) {
-    const int type = atoi(argv[1]), bytes = atoi(argv[2]), nb = atoi(argv[3]);
+    const int type = atoi(argv[1]), bytes = atoi(argv[2]), n = atoi(argv[3]), call = atoi(argv[4]);
+    const int elems = type >= 10 ? 256 : 32, nb = n / elems;
     uint8_t *w = malloc((size_t)bytes * nb);
-    kq_block_q8_K *x = malloc(sizeof(kq_block_q8_K) * nb);
+    float *v = malloc(sizeof(float) * n);
     srand(1);
     for (int i = 0; i < bytes * nb; i++) w[i] = (uint8_t)rand();
-    for (int b = 0; b < nb; b++) {
-        float v[KQ_QK];
-        for (int j = 0; j < KQ_QK; j++) v[j] = rand() / (float)RAND_MAX - 0.5f;
-        kq_quantize_row_q8_K(v, x + b, KQ_QK);
+    for (int b = 0; b < nb; b++) { /* the blocks' f16 scales 2^-7 (random bytes hold NaNs) */
+        uint8_t *f16 = w + (size_t)b * bytes + (type == KQ_TYPE_Q6_K ? 208 : 0);
+        for (int i = 0; i < (type == 2 || type == 8 || type == KQ_TYPE_Q6_K ? 1 : 2); i++)
+            f16[2 * i] = 0x00, f16[2 * i + 1] = 0x20;
     }
-    volatile float s = dot_row(type, w, x, nb);
-    return s != s;
+    for (int i = 0; i < n; i++) v[i] = rand() / (float)RAND_MAX - 0.5f;
+    void *x;
+    if (elems == 256) {
+        x = malloc(sizeof(kq_block_q8_K) * nb);
+        kq_quantize_row_q8_K(v, x, n);
+    } else {
+        x = malloc(sizeof(em_block_q16) * nb);
+        em_quantize_row_q16(v, x, nb);
+    }
+    volatile float s = call ? dot_row(type, w, x, nb) : 0.0f;
+    return s != s; /* a NaN would tell of a bad block */
 }
 """
 
 
-def count(exe: Path, args: list[str], log: Path) -> int:
-    """Instructions executed inside dot_row (its symbol's address range)."""
-    nm = subprocess.run(["aarch64-linux-gnu-nm", "-S", str(exe)], capture_output=True, text=True)
-    start, size = next(
-        (int(f[0], 16), int(f[1], 16))
-        for f in (line.split() for line in nm.stdout.splitlines())
-        if len(f) == 4 and f[3] == "dot_row"
-    )
+def executed(exe: Path, args: list[str], log: Path) -> int:
+    """Instructions the program executed (one traced block each in singlestep mode)."""
     cmd = [QEMU, "-cpu", "max", "-singlestep", "-d", "exec,nochain", "-D", str(log), str(exe)]
     subprocess.run(cmd + args, check=True)
-    pcs = (re.search(r"\[[0-9a-f]+/([0-9a-f]+)/", line) for line in log.open())
-    return sum(1 for m in pcs if m and start <= int(m.group(1), 16) < start + size)
+    with log.open() as lines:
+        return sum(1 for line in lines if line.startswith("Trace"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--superblocks", type=int, default=12, help="a row's (3,072 values: 12)")
+    parser.add_argument("--row", type=int, default=3072, help="values a row (a multiple of 256)")
     args = parser.parse_args()
     if not (shutil.which(CC) and shutil.which(QEMU)):
         raise SystemExit(f"needs {CC} and {QEMU} (apt-get install gcc-aarch64-linux-gnu qemu-user)")
-    print(f"instructions per superblock, one row of {args.superblocks} superblocks")
+    print(f"instructions per block, one row of {args.row} values")
     print(f"{'type':<6}" + "".join(f"{c:>10}" for c in COPIES))
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "driver.c"
+        src, log = Path(tmp) / "driver.c", Path(tmp) / "exec.log"
         src.write_text(DRIVER)
         exes = {}
         for copy, flags in COPIES.items():
             exes[copy] = Path(tmp) / copy
-            cmd = [CC, *FLAGS, *flags, f"-I{NATIVE}", str(src), "-o", str(exes[copy])]
-            subprocess.run(cmd, check=True)
-        for name, (ggml, bytes_) in TYPES.items():
-            run = [str(ggml), str(bytes_), str(args.superblocks)]
-            per = [count(exes[c], run, Path(tmp) / "exec.log") / args.superblocks for c in COPIES]
+            cmd = [CC, *FLAGS, *flags, f"-I{NATIVE}", str(src), "-o", str(exes[copy]), "-lm"]
+            subprocess.run(cmd, check=True, capture_output=True)
+        for name, (ggml, bytes_, elems) in TYPES.items():
+            run = [str(ggml), str(bytes_), str(args.row)]
+            per = []
+            for copy in COPIES:
+                with_call = executed(exes[copy], [*run, "1"], log)
+                without = executed(exes[copy], [*run, "0"], log)
+                per.append((with_call - without) / (args.row // elems))
             print(f"{name:<6}" + "".join(f"{n:>10.1f}" for n in per))
 
 

@@ -1058,8 +1058,8 @@ KQ_ROWS_X86(q6_K, KQ_N(q6_K))
  * vector multiplies. The same exact integer sums as the portable C, then its float step: the
  * same bits. Instructions a superblock, one row of 3,072 values, under qemu
  * (`benchmarks/neon_instructions.py`; neon / neondot), against the first NEON code's (a scalar
- * multiply-add per sub-block, the mins and the f16 scales in scalar code): Q4_K 193 / 181 ->
- * 139 / 122, Q5_K 241 / 232 -> 195 / 171, Q6_K 237 / 222 -> 194 / 172. Q2_K, Q3_K and IQ4_XS
+ * multiply-add per sub-block, the mins and the f16 scales in scalar code): Q4_K 194 / 181 ->
+ * 138 / 121, Q5_K 241 / 233 -> 192 / 171, Q6_K 237 / 222 -> 194 / 174. Q2_K, Q3_K and IQ4_XS
  * take the portable C. */
 
 #if defined(__ARM_FEATURE_DOTPROD)

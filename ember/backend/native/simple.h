@@ -511,8 +511,101 @@ static inline float em_hsum8s(const float *a) {
         (void)xs, (void)pf; /* the portable code is compute-bound */                          \
         for (int m = 0; m < nx; m++) out[m] = em_dot_##T(w, x + m * nb, nb);                  \
     }
+#if defined(EM_NEON)
+/* NEON: em_dot_T's integer lanes and float steps in registers (the portable code's, in the same
+ * order: the same bits), a block's codes unpacked in registers (they went through memory, and
+ * the fifth bits a bit at a time). Instructions a block, one row of 3,072 values under qemu
+ * (`benchmarks/neon_instructions.py`): Q4_0 52 -> 35, Q4_1 58 -> 35, Q5_0 97 -> 44, Q8_0 63 ->
+ * 31. */
+
+/* em_codes_T as two int8x16: elements 0-15 (lo) and 16-31 (hi) */
+static inline void em_neon_nibbles(const uint8_t *qs, int offset, int8x16_t *lo, int8x16_t *hi) {
+    const uint8x16_t v = vld1q_u8(qs);
+    *lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(15))), vdupq_n_s8((int8_t)offset));
+    *hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), vdupq_n_s8((int8_t)offset));
+}
+/* the fifth bits: element j's is bit j of the 32 at qh4, as 16 where set */
+static inline void em_neon_fifth(const uint8_t *qh4, uint8x16_t *lo, uint8x16_t *hi) {
+    uint32_t qh;
+    memcpy(&qh, qh4, 4);
+    const uint8x16_t bytes = vreinterpretq_u8_u32(vdupq_n_u32(qh));
+    static const uint8_t at_lo[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+    static const uint8_t at_hi[16] = {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t b = vld1q_u8(bit), sixteen = vdupq_n_u8(16);
+    *lo = vandq_u8(vtstq_u8(vqtbl1q_u8(bytes, vld1q_u8(at_lo)), b), sixteen);
+    *hi = vandq_u8(vtstq_u8(vqtbl1q_u8(bytes, vld1q_u8(at_hi)), b), sixteen);
+}
+static inline void em_neon_q5(const uint8_t *qh4, const uint8_t *qs, int offset, int8x16_t *lo, int8x16_t *hi) {
+    uint8x16_t f0, f1;
+    em_neon_fifth(qh4, &f0, &f1);
+    const uint8x16_t v = vld1q_u8(qs), off = vdupq_n_u8((uint8_t)offset);
+    *lo = vreinterpretq_s8_u8(vsubq_u8(vorrq_u8(vandq_u8(v, vdupq_n_u8(15)), f0), off));
+    *hi = vreinterpretq_s8_u8(vsubq_u8(vorrq_u8(vshrq_n_u8(v, 4), f1), off));
+}
+static inline void em_nq_q4_0(const uint8_t *b, int8x16_t *lo, int8x16_t *hi) { em_neon_nibbles(b + 2, 8, lo, hi); }
+static inline void em_nq_q4_1(const uint8_t *b, int8x16_t *lo, int8x16_t *hi) { em_neon_nibbles(b + 4, 0, lo, hi); }
+static inline void em_nq_q5_0(const uint8_t *b, int8x16_t *lo, int8x16_t *hi) { em_neon_q5(b + 2, b + 6, 16, lo, hi); }
+static inline void em_nq_q5_1(const uint8_t *b, int8x16_t *lo, int8x16_t *hi) { em_neon_q5(b + 4, b + 8, 0, lo, hi); }
+static inline void em_nq_q8_0(const uint8_t *b, int8x16_t *lo, int8x16_t *hi) {
+    *lo = vld1q_s8((const int8_t *)b + 2), *hi = vld1q_s8((const int8_t *)b + 18);
+}
+static inline void em_nq_iq4_nl(const uint8_t *b, int8x16_t *lo, int8x16_t *hi) {
+    const int8x16_t values = vld1q_s8(em_kvalues_iq4nl);
+    const uint8x16_t v = vld1q_u8(b + 2);
+    *lo = vqtbl1q_s8(values, vandq_u8(v, vdupq_n_u8(15))), *hi = vqtbl1q_s8(values, vshrq_n_u8(v, 4));
+}
+
+/* em_lanes8 in registers: lanes 0-3 and 4-7 as floats, lane i the exact sum of the products of
+ * elements 2i, 2i + 1, 16 + 2i and 17 + 2i */
+static inline void em_neon_lanes8(int8x16_t lo, int8x16_t hi, const int16_t *y, float32x4_t *l0, float32x4_t *l1) {
+    const int16x8x4_t yv = vld1q_s16_x4(y);
+    const int16x8_t w0 = vmovl_s8(vget_low_s8(lo)), w1 = vmovl_high_s8(lo);
+    const int16x8_t w2 = vmovl_s8(vget_low_s8(hi)), w3 = vmovl_high_s8(hi);
+    /* pairwise adds of the products of elements 0-7 with those of 16-23 (8-15, 24-31) added */
+    const int32x4_t a = vmlal_s16(vmull_s16(vget_low_s16(w0), vget_low_s16(yv.val[0])), vget_low_s16(w2), vget_low_s16(yv.val[2]));
+    const int32x4_t b = vmlal_high_s16(vmull_high_s16(w0, yv.val[0]), w2, yv.val[2]);
+    const int32x4_t c = vmlal_s16(vmull_s16(vget_low_s16(w1), vget_low_s16(yv.val[1])), vget_low_s16(w3), vget_low_s16(yv.val[3]));
+    const int32x4_t e = vmlal_high_s16(vmull_high_s16(w1, yv.val[1]), w3, yv.val[3]);
+    *l0 = vcvtq_f32_s32(vpaddq_s32(a, b));
+    *l1 = vcvtq_f32_s32(vpaddq_s32(c, e));
+}
+
+#define EM_DOT_NEON_BLOCK(T, AFFINE, ACC0, ACC1, OFF)                                         \
+    do {                                                                                      \
+        int8x16_t lo, hi;                                                                     \
+        float32x4_t l0, l1;                                                                   \
+        em_nq_##T(w, &lo, &hi);                                                               \
+        em_neon_lanes8(lo, hi, x[b].qs, &l0, &l1);                                            \
+        const float32x4_t d = vdupq_n_f32(em_f16(w) * x[b].d);                                \
+        ACC0 = vaddq_f32(ACC0, vmulq_f32(d, l0));                                             \
+        ACC1 = vaddq_f32(ACC1, vmulq_f32(d, l1));                                             \
+        if (AFFINE) OFF += em_f16(w + 2) * x[b].s;                                            \
+    } while (0)
+/* even blocks into acc0, odd ones into acc1 (lanes 0-3, 4-7 each), as EM_DOT_PORTABLE */
+#define EM_DOT_NEON(T, BYTES, AFFINE)                                                         \
+    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {            \
+        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, c0 = a0, c1 = a0;                        \
+        float off0 = 0.0f, off1 = 0.0f;                                                       \
+        int64_t b = 0;                                                                        \
+        for (; b + 1 < nb; b++, w += BYTES) {                                                 \
+            EM_DOT_NEON_BLOCK(T, AFFINE, a0, a1, off0);                                       \
+            b++, w += BYTES;                                                                  \
+            EM_DOT_NEON_BLOCK(T, AFFINE, c0, c1, off1);                                       \
+        }                                                                                     \
+        if (b < nb) EM_DOT_NEON_BLOCK(T, AFFINE, a0, a1, off0);                               \
+        /* em_hsum8s of acc0 + acc1: lanes 4 + 0 .. 7 + 3, then (0 + 2) + (1 + 3) */         \
+        const float32x4_t r = vaddq_f32(vaddq_f32(a1, c1), vaddq_f32(a0, c0));                \
+        const float sum = (vgetq_lane_f32(r, 0) + vgetq_lane_f32(r, 2)) +                     \
+                          (vgetq_lane_f32(r, 1) + vgetq_lane_f32(r, 3));                      \
+        return AFFINE ? sum + (off0 + off1) : sum;                                            \
+    }
+#define EM_DOT_SYM(T, BYTES) EM_DOT_NEON(T, BYTES, 0) EM_DOTS_PORTABLE(T)
+#define EM_DOT_AFFINE(T, BYTES) EM_DOT_NEON(T, BYTES, 1) EM_DOTS_PORTABLE(T)
+#else
 #define EM_DOT_SYM(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 0) EM_DOTS_PORTABLE(T)
 #define EM_DOT_AFFINE(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 1) EM_DOTS_PORTABLE(T)
+#endif
 #endif
 
 EM_DOT_SYM(q4_0, 18)
