@@ -10,7 +10,9 @@ decode kernels take them (q8_K for the K types: kquants.h; int16 codes per 32 va
 32-element types: simple.h) is cross-compiled (aarch64-linux-gnu-gcc, the build's flags) and
 run under `qemu-aarch64 -cpu max -singlestep -d exec,nochain`, which traces every instruction;
 the count without the call is taken away. Printed per block of the type (256 values for the K
-types, 32 for the others). Needs `apt-get install gcc-aarch64-linux-gnu qemu-user`.
+types, 32 for the others); for the K types also per block and row of x where a call takes two
+rows (kq_dot_rows: a down projection's two q8_K passes, or two sequences), the weight's block
+unpacked once for both. Needs `apt-get install gcc-aarch64-linux-gnu qemu-user`.
 """
 
 import argparse
@@ -38,13 +40,15 @@ DRIVER = """
 #include "kquants.h"
 #include "simple.h"
 #include <stdlib.h>
-__attribute__((noinline)) float dot_row(int type, const uint8_t *w, const void *x, int64_t nb) {
+__attribute__((noinline)) float dot_row(int type, const uint8_t *w, const void *x, int64_t nb,
+                                        int nx) {
     const kq_block_q8_K *k = x;
     const em_block_q16 *q = x;
+    float out[2];
     switch (type) {
-    case KQ_TYPE_Q4_K: return kq_dot_q4_K(w, k, nb);
-    case KQ_TYPE_Q5_K: return kq_dot_q5_K(w, k, nb);
-    case KQ_TYPE_Q6_K: return kq_dot_q6_K(w, k, nb);
+    case KQ_TYPE_Q4_K: kq_dot_rows_q4_K(w, k, nb, nx, nb, out); return out[0];
+    case KQ_TYPE_Q5_K: kq_dot_rows_q5_K(w, k, nb, nx, nb, out); return out[0];
+    case KQ_TYPE_Q6_K: kq_dot_rows_q6_K(w, k, nb, nx, nb, out); return out[0];
     case 2: return em_dot_q4_0(w, q, nb);
     case 3: return em_dot_q4_1(w, q, nb);
     case 6: return em_dot_q5_0(w, q, nb);
@@ -53,6 +57,7 @@ __attribute__((noinline)) float dot_row(int type, const uint8_t *w, const void *
 }
 int main(int argc, char **argv) {
     const int type = atoi(argv[1]), bytes = atoi(argv[2]), n = atoi(argv[3]), call = atoi(argv[4]);
+    const int nx = atoi(argv[5]); /* rows of x a K type's call takes (1 or 2) */
     const int elems = type >= 10 ? 256 : 32, nb = n / elems;
     uint8_t *w = malloc((size_t)bytes * nb);
     float *v = malloc(sizeof(float) * n);
@@ -66,13 +71,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) v[i] = rand() / (float)RAND_MAX - 0.5f;
     void *x;
     if (elems == 256) {
-        x = malloc(sizeof(kq_block_q8_K) * nb);
+        x = malloc(sizeof(kq_block_q8_K) * nb * 2);
         kq_quantize_row_q8_K(v, x, n);
+        kq_quantize_row_q8_K(v, (kq_block_q8_K *)x + nb, n);
     } else {
         x = malloc(sizeof(em_block_q16) * nb);
         em_quantize_row_q16(v, x, nb);
     }
-    volatile float s = call ? dot_row(type, w, x, nb) : 0.0f;
+    volatile float s = call ? dot_row(type, w, x, nb, nx) : 0.0f;
     return s != s; /* a NaN would tell of a bad block */
 }
 """
@@ -93,7 +99,7 @@ def main() -> None:
     if not (shutil.which(CC) and shutil.which(QEMU)):
         raise SystemExit(f"needs {CC} and {QEMU} (apt-get install gcc-aarch64-linux-gnu qemu-user)")
     print(f"instructions per block, one row of {args.row} values")
-    print(f"{'type':<6}" + "".join(f"{c:>10}" for c in COPIES))
+    print(f"{'type':<10}" + "".join(f"{c:>10}" for c in COPIES))
     with tempfile.TemporaryDirectory() as tmp:
         src, log = Path(tmp) / "driver.c", Path(tmp) / "exec.log"
         src.write_text(DRIVER)
@@ -103,13 +109,15 @@ def main() -> None:
             cmd = [CC, *FLAGS, *flags, f"-I{NATIVE}", str(src), "-o", str(exes[copy]), "-lm"]
             subprocess.run(cmd, check=True, capture_output=True)
         for name, (ggml, bytes_, elems) in TYPES.items():
-            run = [str(ggml), str(bytes_), str(args.row)]
-            per = []
-            for copy in COPIES:
-                with_call = executed(exes[copy], [*run, "1"], log)
-                without = executed(exes[copy], [*run, "0"], log)
-                per.append((with_call - without) / (args.row // elems))
-            print(f"{name:<6}" + "".join(f"{n:>10.1f}" for n in per))
+            for nx in (1, 2) if elems == 256 else (1,):
+                run = [str(ggml), str(bytes_), str(args.row)]
+                per = []
+                for copy in COPIES:
+                    with_call = executed(exes[copy], [*run, "1", str(nx)], log)
+                    without = executed(exes[copy], [*run, "0", str(nx)], log)
+                    per.append((with_call - without) / (args.row // elems) / nx)
+                label = name if nx == 1 else f"{name} x{nx}"
+                print(f"{label:<10}" + "".join(f"{n:>10.1f}" for n in per))
 
 
 if __name__ == "__main__":

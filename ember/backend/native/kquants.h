@@ -1103,22 +1103,24 @@ static inline int32x4_t kq_neon_sums4(const int32x4_t *p) {
     return vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
 }
 
-/* Q4_K (five = 0) and Q5_K (five = 1: the fifth bits in qh, bit c of value l for chunk c):
- * scales and mins as kq_scales_k4 gives them, 4 chunks of 32 bytes, sub-block 2c in the low
- * nibbles, 2c + 1 in the high ones; inlined with a constant five. The 8 sub-blocks' sums meet
- * their scales in two vector multiplies, and the mins meet q8_K's 32-value sums in two. */
-static inline __attribute__((always_inline)) float kq_dot_k45_neon(const void *w, const kq_block_q8_K *x,
-                                                                   int64_t nb, const int five) {
+/* Q4_K (five = 0) and Q5_K (five = 1: the fifth bits in qh, bit c of value l for chunk c)
+ * against nr rows of x (xs blocks apart; nr 1 or 2, a constant as five is where inlined): each
+ * block unpacked once for them, each row's sums and float steps as it has them alone. Scales
+ * and mins as kq_scales_k4 gives them, 4 chunks of 32 bytes, sub-block 2c in the low nibbles,
+ * 2c + 1 in the high ones. The 8 sub-blocks' sums meet their scales in two vector multiplies,
+ * and the mins meet q8_K's 32-value sums in two. */
+static inline __attribute__((always_inline)) void kq_dot_k45_neon_rows(const void *w, const kq_block_q8_K *x,
+                                                                       int64_t xs, int64_t nb, const int five,
+                                                                       const int nr, float *out) {
     const uint8_t *b = (const uint8_t *)w;
     const int64_t bytes = five ? 176 : 144, qs = five ? 48 : 16;
     const uint8x16_t m4 = vdupq_n_u8(0xf), b16 = vdupq_n_u8(16);
-    float sumf = 0;
+    float sumf[2] = {0.0f, 0.0f};
     for (int64_t i = 0; i < nb; i++, b += bytes) {
         uint8_t sm[16];
         kq_scales_k4(b + 4, sm);
-        const int8_t *q8 = x[i].qs;
         const uint8x16_t h0 = vld1q_u8(b + 16), h1 = vld1q_u8(b + 32); /* Q5_K's qh */
-        int32x4_t p[8]; /* sub-block j's products, in lanes */
+        int32x4_t p[2][8]; /* row r's sub-block j's products, in lanes */
         for (int c = 0; c < 4; c++) {
             const uint8x16_t v0 = vld1q_u8(b + qs + 32 * c), v1 = vld1q_u8(b + qs + 16 + 32 * c);
             uint8x16_t lo0 = vandq_u8(v0, m4), lo1 = vandq_u8(v1, m4);
@@ -1130,34 +1132,53 @@ static inline __attribute__((always_inline)) float kq_dot_k45_neon(const void *w
                 hi0 = vorrq_u8(hi0, vandq_u8(vshlq_u8(h0, shi), b16));
                 hi1 = vorrq_u8(hi1, vandq_u8(vshlq_u8(h1, shi), b16));
             }
-            p[2 * c] = kq_neon_dot32(vreinterpretq_s8_u8(lo0), vreinterpretq_s8_u8(lo1), q8 + 64 * c);
-            p[2 * c + 1] = kq_neon_dot32(vreinterpretq_s8_u8(hi0), vreinterpretq_s8_u8(hi1), q8 + 64 * c + 32);
+            for (int r = 0; r < nr; r++) {
+                const int8_t *q8 = x[r * xs + i].qs + 64 * c;
+                p[r][2 * c] = kq_neon_dot32(vreinterpretq_s8_u8(lo0), vreinterpretq_s8_u8(lo1), q8);
+                p[r][2 * c + 1] = kq_neon_dot32(vreinterpretq_s8_u8(hi0), vreinterpretq_s8_u8(hi1), q8 + 32);
+            }
         }
         /* sum_j sc_j S_j and sum_j m_j bsums32_j, exact in int32 as the portable C's */
         const uint16x8_t sc = vmovl_u8(vld1_u8(sm));
-        int32x4_t acc = vmulq_s32(kq_neon_sums4(p), vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(sc))));
-        acc = vmlaq_s32(acc, kq_neon_sums4(p + 4), vreinterpretq_s32_u32(vmovl_high_u16(sc)));
-        const int16x8_t mins = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(sm + 8))), bs = vld1q_s16(x[i].bsums32);
-        const int32x4_t mm = vmlal_high_s16(vmull_s16(vget_low_s16(mins), vget_low_s16(bs)), mins, bs);
-        const int32_t sumi = vaddvq_s32(acc), summ = vaddvq_s32(mm);
-        sumf += x[i].d * kq_f16_at(b) * (float)sumi - x[i].d * kq_f16_at(b + 2) * (float)summ;
+        const int32x4_t sc0 = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(sc)));
+        const int32x4_t sc1 = vreinterpretq_s32_u32(vmovl_high_u16(sc));
+        const int16x8_t mins = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(sm + 8)));
+        const float d = kq_f16_at(b), dmin = kq_f16_at(b + 2);
+        for (int r = 0; r < nr; r++) {
+            const kq_block_q8_K *xr = x + r * xs + i;
+            const int32x4_t acc = vmlaq_s32(vmulq_s32(kq_neon_sums4(p[r]), sc0), kq_neon_sums4(p[r] + 4), sc1);
+            const int16x8_t bs = vld1q_s16(xr->bsums32);
+            const int32x4_t mm = vmlal_high_s16(vmull_s16(vget_low_s16(mins), vget_low_s16(bs)), mins, bs);
+            const int32_t sumi = vaddvq_s32(acc), summ = vaddvq_s32(mm);
+            sumf[r] += xr->d * d * (float)sumi - xr->d * dmin * (float)summ;
+        }
     }
-    return sumf;
+    for (int r = 0; r < nr; r++) out[r] = sumf[r];
 }
 
-static inline float kq_dot_q4_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_k45_neon(w, x, nb, 0); }
-static inline float kq_dot_q5_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_k45_neon(w, x, nb, 1); }
+static inline float kq_dot_q4_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    float out;
+    kq_dot_k45_neon_rows(w, x, 0, nb, 0, 1, &out);
+    return out;
+}
+static inline float kq_dot_q5_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    float out;
+    kq_dot_k45_neon_rows(w, x, 0, nb, 1, 1, &out);
+    return out;
+}
 
-/* Q6_K: 16 sub-blocks of 16 codes q (0..63, the value q - 32), their int8 scales at 192; the
- * 16 sums of q times x meet the scales in four vector multiplies (a multiply-add by a broadcast
- * scale each before), less 32 sum_j sc_j bsums_j (q8_K's 16-value sums) for the offset */
-static inline float kq_dot_q6_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) {
+/* Q6_K against nr rows of x (as kq_dot_k45_neon_rows): 16 sub-blocks of 16 codes q (0..63, the
+ * value q - 32), their int8 scales at 192; the 16 sums of q times x meet the scales in four
+ * vector multiplies (a multiply-add by a broadcast scale each before), less 32 sum_j sc_j
+ * bsums_j (q8_K's 16-value sums) for the offset */
+static inline __attribute__((always_inline)) void kq_dot_q6_K_neon_rows(const void *w, const kq_block_q8_K *x,
+                                                                        int64_t xs, int64_t nb, const int nr,
+                                                                        float *out) {
     const uint8_t *b = (const uint8_t *)w;
     const uint8x16_t m4 = vdupq_n_u8(0xf), m3 = vdupq_n_u8(3);
-    float sumf = 0;
+    float sumf[2] = {0.0f, 0.0f};
     for (int64_t i = 0; i < nb; i++, b += 210) {
-        const int8_t *q8 = x[i].qs;
-        int32x4_t p[16]; /* sub-block n * 8 + s * 2 + h's products, in lanes: the scales' order */
+        int32x4_t p[2][16]; /* row r's sub-block n * 8 + s * 2 + h's products: the scales' order */
         for (int n = 0; n < 2; n++)
             for (int h = 0; h < 2; h++) { /* 16 values of each of the four groups s */
                 const uint8x16_t l0 = vld1q_u8(b + n * 64 + h * 16), l1 = vld1q_u8(b + n * 64 + 32 + h * 16);
@@ -1168,26 +1189,51 @@ static inline float kq_dot_q6_K_neon(const void *w, const kq_block_q8_K *x, int6
                     vorrq_u8(vshrq_n_u8(l0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 4), m3), 4)),
                     vorrq_u8(vshrq_n_u8(l1, 4), vshlq_n_u8(vshrq_n_u8(qh, 6), 4)),
                 };
-                for (int s = 0; s < 4; s++)
-                    p[n * 8 + s * 2 + h] = kq_neon_dot16(vreinterpretq_s8_u8(u[s]), q8 + n * 128 + s * 32 + h * 16);
+                for (int r = 0; r < nr; r++)
+                    for (int s = 0; s < 4; s++)
+                        p[r][n * 8 + s * 2 + h] =
+                            kq_neon_dot16(vreinterpretq_s8_u8(u[s]), x[r * xs + i].qs + n * 128 + s * 32 + h * 16);
             }
         const int8x16_t sc = vld1q_s8((const int8_t *)(b + 192));
         const int16x8_t sc0 = vmovl_s8(vget_low_s8(sc)), sc1 = vmovl_high_s8(sc);
-        int32x4_t acc = vmulq_s32(kq_neon_sums4(p), vmovl_s16(vget_low_s16(sc0)));
-        acc = vmlaq_s32(acc, kq_neon_sums4(p + 4), vmovl_high_s16(sc0));
-        acc = vmlaq_s32(acc, kq_neon_sums4(p + 8), vmovl_s16(vget_low_s16(sc1)));
-        acc = vmlaq_s32(acc, kq_neon_sums4(p + 12), vmovl_high_s16(sc1));
-        /* sub-block j's 16 values are q8_K's bsums[j]: sum_j sc_j (S_j - 32 bsums_j), exact */
-        const int16x8_t bs0 = vld1q_s16(x[i].bsums), bs1 = vld1q_s16(x[i].bsums + 8);
-        int32x4_t off = vmull_s16(vget_low_s16(sc0), vget_low_s16(bs0));
-        off = vmlal_high_s16(off, sc0, bs0);
-        off = vmlal_s16(off, vget_low_s16(sc1), vget_low_s16(bs1));
-        off = vmlal_high_s16(off, sc1, bs1);
-        acc = vmlsq_s32(acc, off, vdupq_n_s32(32));
-        sumf += x[i].d * kq_f16_at(b + 208) * (float)vaddvq_s32(acc);
+        const float d = kq_f16_at(b + 208);
+        for (int r = 0; r < nr; r++) {
+            const kq_block_q8_K *xr = x + r * xs + i;
+            int32x4_t acc = vmulq_s32(kq_neon_sums4(p[r]), vmovl_s16(vget_low_s16(sc0)));
+            acc = vmlaq_s32(acc, kq_neon_sums4(p[r] + 4), vmovl_high_s16(sc0));
+            acc = vmlaq_s32(acc, kq_neon_sums4(p[r] + 8), vmovl_s16(vget_low_s16(sc1)));
+            acc = vmlaq_s32(acc, kq_neon_sums4(p[r] + 12), vmovl_high_s16(sc1));
+            /* sub-block j's 16 values are q8_K's bsums[j]: sum_j sc_j (S_j - 32 bsums_j), exact */
+            const int16x8_t bs0 = vld1q_s16(xr->bsums), bs1 = vld1q_s16(xr->bsums + 8);
+            int32x4_t off = vmull_s16(vget_low_s16(sc0), vget_low_s16(bs0));
+            off = vmlal_high_s16(off, sc0, bs0);
+            off = vmlal_s16(off, vget_low_s16(sc1), vget_low_s16(bs1));
+            off = vmlal_high_s16(off, sc1, bs1);
+            acc = vmlsq_s32(acc, off, vdupq_n_s32(32));
+            sumf[r] += xr->d * d * (float)vaddvq_s32(acc);
+        }
     }
-    return sumf;
+    for (int r = 0; r < nr; r++) out[r] = sumf[r];
 }
+
+static inline float kq_dot_q6_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    float out;
+    kq_dot_q6_K_neon_rows(w, x, 0, nb, 1, &out);
+    return out;
+}
+
+/* Several rows of x, two a pass over the weight row (a down projection's two q8_K passes, a
+ * few sequences' rows), each bit-identical to its single call */
+#define KQ_ROWS_NEON(name, two)                                                                    \
+    static inline void kq_dot_rows_##name##_neon(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, \
+                                                  int64_t nb, float *out) {                        \
+        int r = 0;                                                                                 \
+        for (; r + 2 <= nx; r += 2) two;                                                           \
+        if (r < nx) out[r] = kq_dot_##name##_neon(w, x + r * xs, nb);                            \
+    }
+KQ_ROWS_NEON(q4_K, kq_dot_k45_neon_rows(w, x + r * xs, xs, nb, 0, 2, out + r))
+KQ_ROWS_NEON(q5_K, kq_dot_k45_neon_rows(w, x + r * xs, xs, nb, 1, 2, out + r))
+KQ_ROWS_NEON(q6_K, kq_dot_q6_K_neon_rows(w, x + r * xs, xs, nb, 2, out + r))
 
 static inline float kq_dot_q2_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_q2_K_generic(w, x, nb); }
 static inline float kq_dot_q3_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_q3_K_generic(w, x, nb); }
@@ -1234,6 +1280,10 @@ KQ_ROWS_LOOP(iq4_xs)
 #define KQ_ROWS_Q4_K kq_dot_rows_q4_K_x86
 #define KQ_ROWS_Q5_K kq_dot_rows_q5_K_x86
 #define KQ_ROWS_Q6_K kq_dot_rows_q6_K_x86
+#elif defined(KQ_NEON)
+#define KQ_ROWS_Q4_K kq_dot_rows_q4_K_neon
+#define KQ_ROWS_Q5_K kq_dot_rows_q5_K_neon
+#define KQ_ROWS_Q6_K kq_dot_rows_q6_K_neon
 #else
 #define KQ_ROWS_Q4_K kq_dot_rows_q4_K_loop
 #define KQ_ROWS_Q5_K kq_dot_rows_q5_K_loop
