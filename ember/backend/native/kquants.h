@@ -57,7 +57,7 @@
  * (the same within noise under -mtune=znver1/haswell/skylake or -falign-loops=32; one quieter
  * moment gave 15-20% less across the board, so read all figures here as +-20%).
  * kq_dot_rows_* (several rows of x per weight row, bit-identical per row): Q4_K, Q5_K and Q6_K unpack
- * the weights once for 2 or 4 rows of x on x86: per x row, in cache, Q4_K 1.05x, Q6_K 1.2x.
+ * the weights once for 2 or 4 rows of x on x86 (2 on NEON): per x row, in cache, Q4_K 1.05x, Q6_K 1.2x.
  * With AVX-512 Q4_K and Q6_K take 512-bit registers (kq_dot_*_n_zmm, the same bits). On a 2-core Zen 5
  * EPYC, 2 threads, 512 rows of x times the 3B file's weights (GFLOPS,
  * `benchmarks/bench_prefill_kernels.py --model /tmp/llama3b-q4_k_m.gguf`, two alternating runs
@@ -1263,7 +1263,8 @@ static inline float kq_dot_iq4_xs(const void *w, const kq_block_q8_K *x, int64_t
 
 /* ============================================================ several rows of x
  * out[r] = kq_dot_<type>(w, x + r * x_stride, nb) for r < nx, each bit-identical to that single
- * call; faster where the weights are unpacked once for several rows (Q4_K, Q5_K, Q6_K on x86). */
+ * call; faster where the weights are unpacked once for several rows (Q4_K, Q5_K, Q6_K on x86 and
+ * NEON). */
 #define KQ_ROWS_LOOP(name)                                                                         \
     static inline void kq_dot_rows_##name##_loop(const void *w, const kq_block_q8_K *x, int64_t xs, int nx, \
                                                   int64_t nb, float *out) {                        \
