@@ -10,9 +10,9 @@ decode kernels take them (q8_K for the K types: kquants.h; int16 codes per 32 va
 32-element types: simple.h) is cross-compiled (aarch64-linux-gnu-gcc, the build's flags) and
 run under `qemu-aarch64 -cpu max -singlestep -d exec,nochain`, which traces every instruction;
 the count without the call is taken away. Printed per block of the type (256 values for the K
-types, 32 for the others); for the K types also per block and row of x where a call takes two
-rows (kq_dot_rows: a down projection's two q8_K passes, or two sequences), the weight's block
-unpacked once for both. Needs `apt-get install gcc-aarch64-linux-gnu qemu-user`.
+types, 32 for the others); also per block and row of x where a call takes two rows
+(kq_dot_rows: a down projection's two q8_K passes, or two sequences; em_dots: two sequences),
+the weight's block unpacked once for both. Needs `apt-get install gcc-aarch64-linux-gnu qemu-user`.
 """
 
 import argparse
@@ -49,15 +49,15 @@ __attribute__((noinline)) float dot_row(int type, const uint8_t *w, const void *
     case KQ_TYPE_Q4_K: kq_dot_rows_q4_K(w, k, nb, nx, nb, out); return out[0];
     case KQ_TYPE_Q5_K: kq_dot_rows_q5_K(w, k, nb, nx, nb, out); return out[0];
     case KQ_TYPE_Q6_K: kq_dot_rows_q6_K(w, k, nb, nx, nb, out); return out[0];
-    case 2: return em_dot_q4_0(w, q, nb);
-    case 3: return em_dot_q4_1(w, q, nb);
-    case 6: return em_dot_q5_0(w, q, nb);
-    default: return em_dot_q8_0(w, q, nb);
+    case 2: em_dots_q4_0(w, q, 0, nb, nx, 0, out); return out[0];
+    case 3: em_dots_q4_1(w, q, 0, nb, nx, 0, out); return out[0];
+    case 6: em_dots_q5_0(w, q, 0, nb, nx, 0, out); return out[0];
+    default: em_dots_q8_0(w, q, 0, nb, nx, 0, out); return out[0];
     }
 }
 int main(int argc, char **argv) {
     const int type = atoi(argv[1]), bytes = atoi(argv[2]), n = atoi(argv[3]), call = atoi(argv[4]);
-    const int nx = atoi(argv[5]); /* rows of x a K type's call takes (1 or 2) */
+    const int nx = atoi(argv[5]); /* rows of x a call takes (1 or 2) */
     const int elems = type >= 10 ? 256 : 32, nb = n / elems;
     uint8_t *w = malloc((size_t)bytes * nb);
     float *v = malloc(sizeof(float) * n);
@@ -75,8 +75,9 @@ int main(int argc, char **argv) {
         kq_quantize_row_q8_K(v, x, n);
         kq_quantize_row_q8_K(v, (kq_block_q8_K *)x + nb, n);
     } else {
-        x = malloc(sizeof(em_block_q16) * nb);
+        x = malloc(sizeof(em_block_q16) * nb * 2);
         em_quantize_row_q16(v, x, nb);
+        em_quantize_row_q16(v, (em_block_q16 *)x + nb, nb);
     }
     volatile float s = call ? dot_row(type, w, x, nb, nx) : 0.0f;
     return s != s; /* a NaN would tell of a bad block */
@@ -109,7 +110,7 @@ def main() -> None:
             cmd = [CC, *FLAGS, *flags, f"-I{NATIVE}", str(src), "-o", str(exes[copy]), "-lm"]
             subprocess.run(cmd, check=True, capture_output=True)
         for name, (ggml, bytes_, elems) in TYPES.items():
-            for nx in (1, 2) if elems == 256 else (1,):
+            for nx in (1, 2):
                 run = [str(ggml), str(bytes_), str(args.row)]
                 per = []
                 for copy in COPIES:

@@ -515,8 +515,8 @@ static inline float em_hsum8s(const float *a) {
 /* NEON: em_dot_T's integer lanes and float steps in registers (the portable code's, in the same
  * order: the same bits), a block's codes unpacked in registers (they went through memory, and
  * the fifth bits a bit at a time). Instructions a block, one row of 3,072 values under qemu
- * (`benchmarks/neon_instructions.py`): Q4_0 52 -> 35, Q4_1 58 -> 35, Q5_0 97 -> 44, Q8_0 63 ->
- * 31. */
+ * (`benchmarks/neon_instructions.py`): Q4_0 52 -> 34, Q4_1 58 -> 37, Q5_0 97 -> 45, Q8_0 63 ->
+ * 31; a row's share where em_dots takes two rows a pass, Q4_0 33, Q5_0 38, Q8_0 30. */
 
 /* em_codes_T as two int8x16: elements 0-15 (lo) and 16-31 (hi) */
 static inline void em_neon_nibbles(const uint8_t *qs, int offset, int8x16_t *lo, int8x16_t *hi) {
@@ -571,37 +571,85 @@ static inline void em_neon_lanes8(int8x16_t lo, int8x16_t hi, const int16_t *y, 
     *l1 = vcvtq_f32_s32(vpaddq_s32(c, e));
 }
 
-#define EM_DOT_NEON_BLOCK(T, AFFINE, ACC0, ACC1, OFF)                                         \
+/* a block's codes of `type` (a constant where inlined: 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0,
+ * else IQ4_NL) */
+static inline __attribute__((always_inline)) void em_neon_codes(int type, const uint8_t *w, int8x16_t *lo,
+                                                                int8x16_t *hi) {
+    switch (type) {
+    case 2: em_nq_q4_0(w, lo, hi); break;
+    case 3: em_nq_q4_1(w, lo, hi); break;
+    case 6: em_nq_q5_0(w, lo, hi); break;
+    case 7: em_nq_q5_1(w, lo, hi); break;
+    case 8: em_nq_q8_0(w, lo, hi); break;
+    default: em_nq_iq4_nl(w, lo, hi); break;
+    }
+}
+
+/* Block b into the accumulators of parity P (even blocks 0, odd 1) of each of the nr rows */
+#define EM_NEON_BLOCK(P)                                                                      \
     do {                                                                                      \
         int8x16_t lo, hi;                                                                     \
-        float32x4_t l0, l1;                                                                   \
-        em_nq_##T(w, &lo, &hi);                                                               \
-        em_neon_lanes8(lo, hi, x[b].qs, &l0, &l1);                                            \
-        const float32x4_t d = vdupq_n_f32(em_f16(w) * x[b].d);                                \
-        ACC0 = vaddq_f32(ACC0, vmulq_f32(d, l0));                                             \
-        ACC1 = vaddq_f32(ACC1, vmulq_f32(d, l1));                                             \
-        if (AFFINE) OFF += em_f16(w + 2) * x[b].s;                                            \
-    } while (0)
-/* even blocks into acc0, odd ones into acc1 (lanes 0-3, 4-7 each), as EM_DOT_PORTABLE */
-#define EM_DOT_NEON(T, BYTES, AFFINE)                                                         \
-    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {            \
-        float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, c0 = a0, c1 = a0;                        \
-        float off0 = 0.0f, off1 = 0.0f;                                                       \
-        int64_t b = 0;                                                                        \
-        for (; b + 1 < nb; b++, w += BYTES) {                                                 \
-            EM_DOT_NEON_BLOCK(T, AFFINE, a0, a1, off0);                                       \
-            b++, w += BYTES;                                                                  \
-            EM_DOT_NEON_BLOCK(T, AFFINE, c0, c1, off1);                                       \
+        em_neon_codes(type, w, &lo, &hi);                                                     \
+        const float dw = em_f16(w);                                                           \
+        for (int r = 0; r < nr; r++) {                                                        \
+            const em_block_q16 *xb = x + r * nb + b;                                          \
+            float32x4_t l0, l1;                                                               \
+            em_neon_lanes8(lo, hi, xb->qs, &l0, &l1);                                         \
+            const float32x4_t d = vdupq_n_f32(dw * xb->d);                                    \
+            acc[r][2 * (P)] = vaddq_f32(acc[r][2 * (P)], vmulq_f32(d, l0));                   \
+            acc[r][2 * (P) + 1] = vaddq_f32(acc[r][2 * (P) + 1], vmulq_f32(d, l1));           \
+            if (affine) off[r][P] += em_f16(w + 2) * xb->s;                                   \
         }                                                                                     \
-        if (b < nb) EM_DOT_NEON_BLOCK(T, AFFINE, a0, a1, off0);                               \
-        /* em_hsum8s of acc0 + acc1: lanes 4 + 0 .. 7 + 3, then (0 + 2) + (1 + 3) */         \
-        const float32x4_t r = vaddq_f32(vaddq_f32(a1, c1), vaddq_f32(a0, c0));                \
-        const float sum = (vgetq_lane_f32(r, 0) + vgetq_lane_f32(r, 2)) +                     \
-                          (vgetq_lane_f32(r, 1) + vgetq_lane_f32(r, 3));                      \
-        return AFFINE ? sum + (off0 + off1) : sum;                                            \
+    } while (0)
+
+/* nr rows of x (1 or 2, nb blocks apart; a constant where inlined, as type and affine) against
+ * one weight row, a block's codes unpacked once for them; each row's steps those it takes alone:
+ * even blocks into one pair of accumulators (lanes 0-3, 4-7), odd ones into another, as
+ * EM_DOT_PORTABLE, then em_hsum8s's order */
+static inline __attribute__((always_inline)) void em_neon_dot_rows(const int type, const int64_t bytes,
+                                                                   const int affine, const uint8_t *w,
+                                                                   const em_block_q16 *x, int64_t nb,
+                                                                   const int nr, float *out) {
+    float32x4_t acc[2][4];
+    float off[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    for (int r = 0; r < nr; r++)
+        for (int k = 0; k < 4; k++) acc[r][k] = vdupq_n_f32(0.0f);
+    int64_t b = 0;
+    for (; b + 1 < nb; b++, w += bytes) {
+        EM_NEON_BLOCK(0);
+        b++, w += bytes;
+        EM_NEON_BLOCK(1);
     }
-#define EM_DOT_SYM(T, BYTES) EM_DOT_NEON(T, BYTES, 0) EM_DOTS_PORTABLE(T)
-#define EM_DOT_AFFINE(T, BYTES) EM_DOT_NEON(T, BYTES, 1) EM_DOTS_PORTABLE(T)
+    if (b < nb) EM_NEON_BLOCK(0);
+    for (int r = 0; r < nr; r++) { /* lanes 4 + 0 .. 7 + 3 of even + odd, then (0 + 2) + (1 + 3) */
+        const float32x4_t v = vaddq_f32(vaddq_f32(acc[r][1], acc[r][3]), vaddq_f32(acc[r][0], acc[r][2]));
+        const float sum = (vgetq_lane_f32(v, 0) + vgetq_lane_f32(v, 2)) + (vgetq_lane_f32(v, 1) + vgetq_lane_f32(v, 3));
+        out[r] = affine ? sum + (off[r][0] + off[r][1]) : sum;
+    }
+}
+#undef EM_NEON_BLOCK
+
+#define EM_DOT_NEON(T, TYPE, BYTES, AFFINE)                                                   \
+    static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {            \
+        float out;                                                                            \
+        em_neon_dot_rows(TYPE, BYTES, AFFINE, w, x, nb, 1, &out);                             \
+        return out;                                                                           \
+    }                                                                                         \
+    static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, const float *xs, int64_t nb, \
+                            int nx, int pf, float *out) {                                     \
+        (void)xs, (void)pf; /* two rows a pass over the weight row, then one */               \
+        int m = 0;                                                                            \
+        for (; m + 1 < nx; m += 2) em_neon_dot_rows(TYPE, BYTES, AFFINE, w, x + m * nb, nb, 2, out + m); \
+        if (m < nx) out[m] = em_dot_##T(w, x + m * nb, nb);                                   \
+    }
+#define EM_DOT_SYM(T, BYTES) EM_DOT_NEON(T, EM_NEON_TYPE_##T, BYTES, 0)
+#define EM_DOT_AFFINE(T, BYTES) EM_DOT_NEON(T, EM_NEON_TYPE_##T, BYTES, 1)
+#define EM_NEON_TYPE_q4_0 2
+#define EM_NEON_TYPE_q4_1 3
+#define EM_NEON_TYPE_q5_0 6
+#define EM_NEON_TYPE_q5_1 7
+#define EM_NEON_TYPE_q8_0 8
+#define EM_NEON_TYPE_iq4_nl 20
 #else
 #define EM_DOT_SYM(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 0) EM_DOTS_PORTABLE(T)
 #define EM_DOT_AFFINE(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 1) EM_DOTS_PORTABLE(T)
