@@ -27,9 +27,12 @@ FLAGS = ["-O3", "-ffp-contract=off", "-std=gnu11", "-static"]
 COPIES = {"neon": [], "neondot": ["-march=armv8.2-a+dotprod"]}
 # name: (ggml type, block bytes, values a block)
 TYPES = {
+    "Q2_K": (10, 84, 256),
+    "Q3_K": (11, 110, 256),
     "Q4_K": (12, 144, 256),
     "Q5_K": (13, 176, 256),
     "Q6_K": (14, 210, 256),
+    "IQ4_XS": (23, 136, 256),
     "Q4_0": (2, 18, 32),
     "Q4_1": (3, 20, 32),
     "Q5_0": (6, 22, 32),
@@ -49,6 +52,9 @@ __attribute__((noinline)) float dot_row(int type, const uint8_t *w, const void *
     case KQ_TYPE_Q4_K: kq_dot_rows_q4_K(w, k, nb, nx, nb, out); return out[0];
     case KQ_TYPE_Q5_K: kq_dot_rows_q5_K(w, k, nb, nx, nb, out); return out[0];
     case KQ_TYPE_Q6_K: kq_dot_rows_q6_K(w, k, nb, nx, nb, out); return out[0];
+    case KQ_TYPE_Q2_K: kq_dot_rows_q2_K(w, k, nb, nx, nb, out); return out[0];
+    case KQ_TYPE_Q3_K: kq_dot_rows_q3_K(w, k, nb, nx, nb, out); return out[0];
+    case KQ_TYPE_IQ4_XS: kq_dot_rows_iq4_xs(w, k, nb, nx, nb, out); return out[0];
     case 2: em_dots_q4_0(w, q, 0, nb, nx, 0, out); return out[0];
     case 3: em_dots_q4_1(w, q, 0, nb, nx, 0, out); return out[0];
     case 6: em_dots_q5_0(w, q, 0, nb, nx, 0, out); return out[0];
@@ -58,16 +64,21 @@ __attribute__((noinline)) float dot_row(int type, const uint8_t *w, const void *
 int main(int argc, char **argv) {
     const int type = atoi(argv[1]), bytes = atoi(argv[2]), n = atoi(argv[3]), call = atoi(argv[4]);
     const int nx = atoi(argv[5]); /* rows of x a call takes (1 or 2) */
-    const int elems = type >= 10 ? 256 : 32, nb = n / elems;
+    const int elems = type >= 10 && type != 20 ? 256 : 32, nb = n / elems;
     uint8_t *w = malloc((size_t)bytes * nb);
     float *v = malloc(sizeof(float) * n);
     srand(1);
     for (int i = 0; i < bytes * nb; i++) w[i] = (uint8_t)rand();
-    for (int b = 0; b < nb; b++) { /* the blocks' f16 scales 2^-7 (random bytes hold NaNs) */
-        uint8_t *f16 = w + (size_t)b * bytes + (type == KQ_TYPE_Q6_K ? 208 : 0);
-        for (int i = 0; i < (type == 2 || type == 8 || type == KQ_TYPE_Q6_K ? 1 : 2); i++)
-            f16[2 * i] = 0x00, f16[2 * i + 1] = 0x20;
-    }
+    /* the blocks' f16 scales (d, and dmin or m where there is one) 2^-7: random bytes hold NaNs */
+    int at = 0, two = type == 3 || type == KQ_TYPE_Q4_K || type == KQ_TYPE_Q5_K;
+    if (type == KQ_TYPE_Q2_K) at = 80, two = 1;
+    if (type == KQ_TYPE_Q3_K) at = 108;
+    if (type == KQ_TYPE_Q6_K) at = 208;
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i <= two; i++) {
+            uint8_t *f16 = w + (size_t)b * bytes + at + 2 * i;
+            f16[0] = 0x00, f16[1] = 0x20;
+        }
     for (int i = 0; i < n; i++) v[i] = rand() / (float)RAND_MAX - 0.5f;
     void *x;
     if (elems == 256) {

@@ -13,10 +13,9 @@
  *                   Q2_K/Q4_K/Q5_K) come from q8_K's bsums, not per value. With AVX-VNNI
  *                   (__AVXVNNI__: the avxvnni copy) vpdpwssd does each vpmaddwd + vpaddd,
  *                   as AVX512-VNNI's does above: the same sums.
- *   NEON (AArch64)  Q4_K, Q5_K, Q6_K in Advanced SIMD (kq_dot_*_neon below; the others take the
- *                   portable C), with the dot product instructions (sdot) where
- *                   __ARM_FEATURE_DOTPROD (the neondot copy), tested against it under qemu
- *                   (tests/backend/test_native_neon.py).
+ *   NEON (AArch64)  every K type in Advanced SIMD (kq_dot_*_neon below), with the dot product
+ *                   instructions (sdot) where __ARM_FEATURE_DOTPROD (the neondot copy), tested
+ *                   against the portable C under qemu (tests/backend/test_native_neon.py).
  *   anything else   portable C (kq_dot_*_generic, always compiled: it is the reference), written
  *                   so compilers vectorize it.
  * Every path computes the same per-block integer sums exactly (they are exact in int32); only
@@ -1058,9 +1057,9 @@ KQ_ROWS_X86(q6_K, KQ_N(q6_K))
  * vector multiplies. The same exact integer sums as the portable C, then its float step: the
  * same bits. Instructions a superblock, one row of 3,072 values, under qemu
  * (`benchmarks/neon_instructions.py`; neon / neondot), against the first NEON code's (a scalar
- * multiply-add per sub-block, the mins and the f16 scales in scalar code): Q4_K 194 / 181 ->
- * 138 / 121, Q5_K 241 / 233 -> 192 / 171, Q6_K 237 / 222 -> 194 / 174. Q2_K, Q3_K and IQ4_XS
- * take the portable C. */
+ * multiply-add per sub-block, the mins and the f16 scales in scalar code) or the portable C
+ * that Q2_K, Q3_K and IQ4_XS took: Q4_K 196 -> 142 / 124, Q5_K 245 -> 196 / 174, Q6_K 240 -> 198
+ * / 175, Q2_K 1,023 -> 153 / 131, Q3_K 1,028 -> 223 / 203, IQ4_XS 1,443 -> 187 / 148. */
 
 #if defined(__ARM_FEATURE_DOTPROD)
 /* The neondot copy (setup.py: -march=armv8-a+dotprod; dispatch.c runs it where the CPU has the
@@ -1235,9 +1234,108 @@ KQ_ROWS_NEON(q4_K, kq_dot_k45_neon_rows(w, x + r * xs, xs, nb, 0, 2, out + r))
 KQ_ROWS_NEON(q5_K, kq_dot_k45_neon_rows(w, x + r * xs, xs, nb, 1, 2, out + r))
 KQ_ROWS_NEON(q6_K, kq_dot_q6_K_neon_rows(w, x + r * xs, xs, nb, 2, out + r))
 
-static inline float kq_dot_q2_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_q2_K_generic(w, x, nb); }
-static inline float kq_dot_q3_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_q3_K_generic(w, x, nb); }
-static inline float kq_dot_iq4_xs_neon(const void *w, const kq_block_q8_K *x, int64_t nb) { return kq_dot_iq4_xs_generic(w, x, nb); }
+/* sum_g sc_g S_g over 16 sub-blocks: p[g] their products in lanes, sc their 16 scales as int16
+ * (two registers of 8), exact in int32 */
+static inline int32x4_t kq_neon_scaled16(const int32x4_t *p, int16x8_t sc0, int16x8_t sc1) {
+    int32x4_t acc = vmulq_s32(kq_neon_sums4(p), vmovl_s16(vget_low_s16(sc0)));
+    acc = vmlaq_s32(acc, kq_neon_sums4(p + 4), vmovl_high_s16(sc0));
+    acc = vmlaq_s32(acc, kq_neon_sums4(p + 8), vmovl_s16(vget_low_s16(sc1)));
+    return vmlaq_s32(acc, kq_neon_sums4(p + 12), vmovl_high_s16(sc1));
+}
+
+/* sum_g c_g bsums_g over the 16 sub-blocks of 16 (c: two registers of 8 int16), exact */
+static inline int32_t kq_neon_bsums16(const kq_block_q8_K *x, int16x8_t c0, int16x8_t c1) {
+    const int16x8_t b0 = vld1q_s16(x->bsums), b1 = vld1q_s16(x->bsums + 8);
+    int32x4_t t = vmull_s16(vget_low_s16(c0), vget_low_s16(b0));
+    t = vmlal_high_s16(t, c0, b0);
+    t = vmlal_s16(t, vget_low_s16(c1), vget_low_s16(b1));
+    return vaddvq_s32(vmlal_high_s16(t, c1, b1));
+}
+
+/* p[8n + 2s + h]: the products of the 16 sub-blocks of 16 codes of Q2_K's and Q3_K's layout with
+ * q8, in lanes. Sub-block 8n + 2s + h holds bits 2s..2s + 1 of bytes 16h..16h + 15 of the n-th
+ * 32 at qs, and with hm (Q3_K's hmask) bit 4n + s of hm's bytes 16h..16h + 15 as bit 2. */
+static inline __attribute__((always_inline)) void kq_neon_products_2bit(const uint8_t *qs, const uint8_t *hm,
+                                                                        const int8_t *q8, int32x4_t *p) {
+    const uint8x16_t m3 = vdupq_n_u8(3), four = vdupq_n_u8(4);
+    for (int h = 0; h < 2; h++) {
+        const uint8x16_t hb = hm ? vld1q_u8(hm + 16 * h) : vdupq_n_u8(0);
+        for (int n = 0; n < 2; n++) {
+            const uint8x16_t v = vld1q_u8(qs + n * 32 + h * 16);
+            const uint8x16_t u[4] = {vandq_u8(v, m3), vandq_u8(vshrq_n_u8(v, 2), m3),
+                                     vandq_u8(vshrq_n_u8(v, 4), m3), vshrq_n_u8(v, 6)};
+            for (int s = 0; s < 4; s++) {
+                uint8x16_t c = u[s];
+                if (hm) /* bit 4n + s to bit 2 */
+                    c = vorrq_u8(c, vandq_u8(vshlq_u8(hb, vdupq_n_s8((int8_t)(2 - 4 * n - s))), four));
+                p[n * 8 + s * 2 + h] = kq_neon_dot16(vreinterpretq_s8_u8(c), q8 + n * 128 + s * 32 + h * 16);
+            }
+        }
+    }
+}
+
+/* Q2_K: two-bit codes (kq_neon_products_2bit at 16), scale (low nibble) and min (high) of each
+ * sub-block a byte at 0 */
+static inline float kq_dot_q2_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    float sumf = 0;
+    for (int64_t i = 0; i < nb; i++, b += 84) {
+        int32x4_t p[16];
+        kq_neon_products_2bit(b + 16, 0, x[i].qs, p);
+        const uint8x16_t sm = vld1q_u8(b);
+        const uint8x16_t sc = vandq_u8(sm, vdupq_n_u8(0xf)), mn = vshrq_n_u8(sm, 4);
+        const int16x8_t sc0 = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(sc)));
+        const int16x8_t sc1 = vreinterpretq_s16_u16(vmovl_high_u8(sc));
+        const int16x8_t mn0 = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mn)));
+        const int16x8_t mn1 = vreinterpretq_s16_u16(vmovl_high_u8(mn));
+        const int32_t sumi = vaddvq_s32(kq_neon_scaled16(p, sc0, sc1)), summ = kq_neon_bsums16(x + i, mn0, mn1);
+        sumf += x[i].d * kq_f16_at(b + 80) * (float)sumi - x[i].d * kq_f16_at(b + 82) * (float)summ;
+    }
+    return sumf;
+}
+
+/* Q3_K: three-bit codes u (0..7, the value u - 4: kq_neon_products_2bit at 32 with hmask at 0),
+ * six-bit signed scales (kq_scales_q3); the -4 from q8_K's 16-value sums */
+static inline float kq_dot_q3_K_neon(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    float sumf = 0;
+    for (int64_t i = 0; i < nb; i++, b += 110) {
+        int8_t scales[16];
+        kq_scales_q3(b + 96, scales);
+        int32x4_t p[16];
+        kq_neon_products_2bit(b + 32, b, x[i].qs, p);
+        const int8x16_t sc = vld1q_s8(scales);
+        const int16x8_t sc0 = vmovl_s8(vget_low_s8(sc)), sc1 = vmovl_high_s8(sc);
+        const int32_t sumi = vaddvq_s32(kq_neon_scaled16(p, sc0, sc1)) - 4 * kq_neon_bsums16(x + i, sc0, sc1);
+        sumf += x[i].d * kq_f16_at(b + 108) * (float)sumi;
+    }
+    return sumf;
+}
+
+/* IQ4_XS: 8 sub-blocks of 32, each 16 bytes of nibbles (values 0-15 low, 16-31 high) mapped by
+ * the IQ4_NL table, six-bit scales minus 32 (kq_scale_iq4xs). Two products a lane at most on
+ * plain NEON: the values reach 127, so each 16-value half is its own product. */
+static inline float kq_dot_iq4_xs_neon(const void *w, const kq_block_q8_K *x, int64_t nb) {
+    const uint8_t *b = (const uint8_t *)w;
+    const int8x16_t values = vld1q_s8(kq_iq4nl_values);
+    const uint8x16_t m4 = vdupq_n_u8(0xf);
+    float sumf = 0;
+    for (int64_t i = 0; i < nb; i++, b += 136) {
+        const int8_t *q8 = x[i].qs;
+        int32x4_t p[8];
+        int32_t scales[8];
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8x16_t v = vld1q_u8(b + 8 + ib * 16);
+            p[ib] = vaddq_s32(kq_neon_dot16(vqtbl1q_s8(values, vandq_u8(v, m4)), q8 + ib * 32),
+                              kq_neon_dot16(vqtbl1q_s8(values, vshrq_n_u8(v, 4)), q8 + ib * 32 + 16));
+            scales[ib] = kq_scale_iq4xs(b, ib);
+        }
+        int32x4_t acc = vmulq_s32(kq_neon_sums4(p), vld1q_s32(scales));
+        acc = vmlaq_s32(acc, kq_neon_sums4(p + 4), vld1q_s32(scales + 4));
+        sumf += x[i].d * kq_f16_at(b) * (float)vaddvq_s32(acc);
+    }
+    return sumf;
+}
 
 #define KQ_IMPL(name) kq_dot_##name##_neon
 #if defined(__ARM_FEATURE_DOTPROD)

@@ -515,7 +515,7 @@ static inline float em_hsum8s(const float *a) {
 /* NEON: em_dot_T's integer lanes and float steps in registers (the portable code's, in the same
  * order: the same bits), a block's codes unpacked in registers (they went through memory, and
  * the fifth bits a bit at a time). Instructions a block, one row of 3,072 values under qemu
- * (`benchmarks/neon_instructions.py`): Q4_0 52 -> 34, Q4_1 58 -> 37, Q5_0 97 -> 45, Q8_0 63 ->
+ * (`benchmarks/neon_instructions.py`): Q4_0 52 -> 34, Q4_1 58 -> 37, Q5_0 97 -> 45, Q8_0 49 ->
  * 31; a row's share where em_dots takes two rows a pass, Q4_0 33, Q5_0 38, Q8_0 30. */
 
 /* em_codes_T as two int8x16: elements 0-15 (lo) and 16-31 (hi) */
