@@ -1058,11 +1058,11 @@ KQ_ROWS_X86(q6_K, KQ_N(q6_K))
  * same bits. Instructions a superblock, one row of 3,072 values, under qemu
  * (`benchmarks/neon_instructions.py`; neon / neondot), against the first NEON code's (a scalar
  * multiply-add per sub-block, the mins and the f16 scales in scalar code) or the portable C
- * that Q2_K, Q3_K and IQ4_XS took: Q4_K 196 -> 142 / 124, Q5_K 245 -> 196 / 174, Q6_K 240 -> 198
- * / 175, Q2_K 1,023 -> 153 / 131, Q3_K 1,028 -> 223 / 203, IQ4_XS 1,443 -> 187 / 148. */
+ * that Q2_K, Q3_K and IQ4_XS took: Q4_K 196 -> 142 / 124, Q5_K 245 -> 196 / 174, Q6_K 240 -> 197
+ * / 177, Q2_K 1,023 -> 153 / 131, Q3_K 1,028 -> 223 / 203, IQ4_XS 1,443 -> 187 / 148. */
 
 #if defined(__ARM_FEATURE_DOTPROD)
-/* The neondot copy (setup.py: -march=armv8-a+dotprod; dispatch.c runs it where the CPU has the
+/* The neondot copy (setup.py: -march=armv8.2-a+dotprod; dispatch.c runs it where the CPU has the
  * dot product instructions, ARMv8.2's FEAT_DotProd: Cortex-A55/A75 and later, Neoverse, Apple's
  * cores): sdot adds four int8 products into each int32 lane, 16 products an instruction, where
  * vmull/vmlal make 8 into int16 lanes that vpaddl then widens (5 instructions for 32 products
@@ -1166,10 +1166,28 @@ static inline float kq_dot_q5_K_neon(const void *w, const kq_block_q8_K *x, int6
     return out;
 }
 
+/* sum_g sc_g S_g over 16 sub-blocks: p[g] their products in lanes, sc their 16 scales as int16
+ * (two registers of 8), exact in int32 */
+static inline int32x4_t kq_neon_scaled16(const int32x4_t *p, int16x8_t sc0, int16x8_t sc1) {
+    int32x4_t acc = vmulq_s32(kq_neon_sums4(p), vmovl_s16(vget_low_s16(sc0)));
+    acc = vmlaq_s32(acc, kq_neon_sums4(p + 4), vmovl_high_s16(sc0));
+    acc = vmlaq_s32(acc, kq_neon_sums4(p + 8), vmovl_s16(vget_low_s16(sc1)));
+    return vmlaq_s32(acc, kq_neon_sums4(p + 12), vmovl_high_s16(sc1));
+}
+
+/* sum_g c_g bsums_g over the 16 sub-blocks of 16 (c: two registers of 8 int16), exact */
+static inline int32_t kq_neon_bsums16(const kq_block_q8_K *x, int16x8_t c0, int16x8_t c1) {
+    const int16x8_t b0 = vld1q_s16(x->bsums), b1 = vld1q_s16(x->bsums + 8);
+    int32x4_t t = vmull_s16(vget_low_s16(c0), vget_low_s16(b0));
+    t = vmlal_high_s16(t, c0, b0);
+    t = vmlal_s16(t, vget_low_s16(c1), vget_low_s16(b1));
+    return vaddvq_s32(vmlal_high_s16(t, c1, b1));
+}
+
 /* Q6_K against nr rows of x (as kq_dot_k45_neon_rows): 16 sub-blocks of 16 codes q (0..63, the
  * value q - 32), their int8 scales at 192; the 16 sums of q times x meet the scales in four
- * vector multiplies (a multiply-add by a broadcast scale each before), less 32 sum_j sc_j
- * bsums_j (q8_K's 16-value sums) for the offset */
+ * vector multiplies (kq_neon_scaled16; a multiply-add by a broadcast scale each before), less
+ * 32 sum_j sc_j bsums_j (q8_K's 16-value sums) for the offset */
 static inline __attribute__((always_inline)) void kq_dot_q6_K_neon_rows(const void *w, const kq_block_q8_K *x,
                                                                         int64_t xs, int64_t nb, const int nr,
                                                                         float *out) {
@@ -1198,18 +1216,9 @@ static inline __attribute__((always_inline)) void kq_dot_q6_K_neon_rows(const vo
         const float d = kq_f16_at(b + 208);
         for (int r = 0; r < nr; r++) {
             const kq_block_q8_K *xr = x + r * xs + i;
-            int32x4_t acc = vmulq_s32(kq_neon_sums4(p[r]), vmovl_s16(vget_low_s16(sc0)));
-            acc = vmlaq_s32(acc, kq_neon_sums4(p[r] + 4), vmovl_high_s16(sc0));
-            acc = vmlaq_s32(acc, kq_neon_sums4(p[r] + 8), vmovl_s16(vget_low_s16(sc1)));
-            acc = vmlaq_s32(acc, kq_neon_sums4(p[r] + 12), vmovl_high_s16(sc1));
             /* sub-block j's 16 values are q8_K's bsums[j]: sum_j sc_j (S_j - 32 bsums_j), exact */
-            const int16x8_t bs0 = vld1q_s16(xr->bsums), bs1 = vld1q_s16(xr->bsums + 8);
-            int32x4_t off = vmull_s16(vget_low_s16(sc0), vget_low_s16(bs0));
-            off = vmlal_high_s16(off, sc0, bs0);
-            off = vmlal_s16(off, vget_low_s16(sc1), vget_low_s16(bs1));
-            off = vmlal_high_s16(off, sc1, bs1);
-            acc = vmlsq_s32(acc, off, vdupq_n_s32(32));
-            sumf[r] += xr->d * d * (float)vaddvq_s32(acc);
+            const int32_t sumi = vaddvq_s32(kq_neon_scaled16(p[r], sc0, sc1)) - 32 * kq_neon_bsums16(xr, sc0, sc1);
+            sumf[r] += xr->d * d * (float)sumi;
         }
     }
     for (int r = 0; r < nr; r++) out[r] = sumf[r];
@@ -1233,24 +1242,6 @@ static inline float kq_dot_q6_K_neon(const void *w, const kq_block_q8_K *x, int6
 KQ_ROWS_NEON(q4_K, kq_dot_k45_neon_rows(w, x + r * xs, xs, nb, 0, 2, out + r))
 KQ_ROWS_NEON(q5_K, kq_dot_k45_neon_rows(w, x + r * xs, xs, nb, 1, 2, out + r))
 KQ_ROWS_NEON(q6_K, kq_dot_q6_K_neon_rows(w, x + r * xs, xs, nb, 2, out + r))
-
-/* sum_g sc_g S_g over 16 sub-blocks: p[g] their products in lanes, sc their 16 scales as int16
- * (two registers of 8), exact in int32 */
-static inline int32x4_t kq_neon_scaled16(const int32x4_t *p, int16x8_t sc0, int16x8_t sc1) {
-    int32x4_t acc = vmulq_s32(kq_neon_sums4(p), vmovl_s16(vget_low_s16(sc0)));
-    acc = vmlaq_s32(acc, kq_neon_sums4(p + 4), vmovl_high_s16(sc0));
-    acc = vmlaq_s32(acc, kq_neon_sums4(p + 8), vmovl_s16(vget_low_s16(sc1)));
-    return vmlaq_s32(acc, kq_neon_sums4(p + 12), vmovl_high_s16(sc1));
-}
-
-/* sum_g c_g bsums_g over the 16 sub-blocks of 16 (c: two registers of 8 int16), exact */
-static inline int32_t kq_neon_bsums16(const kq_block_q8_K *x, int16x8_t c0, int16x8_t c1) {
-    const int16x8_t b0 = vld1q_s16(x->bsums), b1 = vld1q_s16(x->bsums + 8);
-    int32x4_t t = vmull_s16(vget_low_s16(c0), vget_low_s16(b0));
-    t = vmlal_high_s16(t, c0, b0);
-    t = vmlal_s16(t, vget_low_s16(c1), vget_low_s16(b1));
-    return vaddvq_s32(vmlal_high_s16(t, c1, b1));
-}
 
 /* p[8n + 2s + h]: the products of the 16 sub-blocks of 16 codes of Q2_K's and Q3_K's layout with
  * q8, in lanes. Sub-block 8n + 2s + h holds bits 2s..2s + 1 of bytes 16h..16h + 15 of the n-th

@@ -571,25 +571,13 @@ static inline void em_neon_lanes8(int8x16_t lo, int8x16_t hi, const int16_t *y, 
     *l1 = vcvtq_f32_s32(vpaddq_s32(c, e));
 }
 
-/* a block's codes of `type` (a constant where inlined: 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0,
- * else IQ4_NL) */
-static inline __attribute__((always_inline)) void em_neon_codes(int type, const uint8_t *w, int8x16_t *lo,
-                                                                int8x16_t *hi) {
-    switch (type) {
-    case 2: em_nq_q4_0(w, lo, hi); break;
-    case 3: em_nq_q4_1(w, lo, hi); break;
-    case 6: em_nq_q5_0(w, lo, hi); break;
-    case 7: em_nq_q5_1(w, lo, hi); break;
-    case 8: em_nq_q8_0(w, lo, hi); break;
-    default: em_nq_iq4_nl(w, lo, hi); break;
-    }
-}
+typedef void (*em_neon_codes_fn)(const uint8_t *, int8x16_t *, int8x16_t *);
 
 /* Block b into the accumulators of parity P (even blocks 0, odd 1) of each of the nr rows */
 #define EM_NEON_BLOCK(P)                                                                      \
     do {                                                                                      \
         int8x16_t lo, hi;                                                                     \
-        em_neon_codes(type, w, &lo, &hi);                                                     \
+        codes(w, &lo, &hi);                                                                   \
         const float dw = em_f16(w);                                                           \
         for (int r = 0; r < nr; r++) {                                                        \
             const em_block_q16 *xb = x + r * nb + b;                                          \
@@ -602,11 +590,12 @@ static inline __attribute__((always_inline)) void em_neon_codes(int type, const 
         }                                                                                     \
     } while (0)
 
-/* nr rows of x (1 or 2, nb blocks apart; a constant where inlined, as type and affine) against
- * one weight row, a block's codes unpacked once for them; each row's steps those it takes alone:
+/* nr rows of x (1 or 2, nb blocks apart; a constant where inlined, as codes, the type's em_nq_T,
+ * and affine) against one weight row, a block's codes unpacked once for them; each row's steps
+ * those it takes alone:
  * even blocks into one pair of accumulators (lanes 0-3, 4-7), odd ones into another, as
  * EM_DOT_PORTABLE, then em_hsum8s's order */
-static inline __attribute__((always_inline)) void em_neon_dot_rows(const int type, const int64_t bytes,
+static inline __attribute__((always_inline)) void em_neon_dot_rows(const em_neon_codes_fn codes, const int64_t bytes,
                                                                    const int affine, const uint8_t *w,
                                                                    const em_block_q16 *x, int64_t nb,
                                                                    const int nr, float *out) {
@@ -629,27 +618,21 @@ static inline __attribute__((always_inline)) void em_neon_dot_rows(const int typ
 }
 #undef EM_NEON_BLOCK
 
-#define EM_DOT_NEON(T, TYPE, BYTES, AFFINE)                                                   \
+#define EM_DOT_NEON(T, BYTES, AFFINE)                                                         \
     static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {            \
         float out;                                                                            \
-        em_neon_dot_rows(TYPE, BYTES, AFFINE, w, x, nb, 1, &out);                             \
+        em_neon_dot_rows(em_nq_##T, BYTES, AFFINE, w, x, nb, 1, &out);                        \
         return out;                                                                           \
     }                                                                                         \
     static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, const float *xs, int64_t nb, \
                             int nx, int pf, float *out) {                                     \
         (void)xs, (void)pf; /* two rows a pass over the weight row, then one */               \
         int m = 0;                                                                            \
-        for (; m + 1 < nx; m += 2) em_neon_dot_rows(TYPE, BYTES, AFFINE, w, x + m * nb, nb, 2, out + m); \
+        for (; m + 1 < nx; m += 2) em_neon_dot_rows(em_nq_##T, BYTES, AFFINE, w, x + m * nb, nb, 2, out + m); \
         if (m < nx) out[m] = em_dot_##T(w, x + m * nb, nb);                                   \
     }
-#define EM_DOT_SYM(T, BYTES) EM_DOT_NEON(T, EM_NEON_TYPE_##T, BYTES, 0)
-#define EM_DOT_AFFINE(T, BYTES) EM_DOT_NEON(T, EM_NEON_TYPE_##T, BYTES, 1)
-#define EM_NEON_TYPE_q4_0 2
-#define EM_NEON_TYPE_q4_1 3
-#define EM_NEON_TYPE_q5_0 6
-#define EM_NEON_TYPE_q5_1 7
-#define EM_NEON_TYPE_q8_0 8
-#define EM_NEON_TYPE_iq4_nl 20
+#define EM_DOT_SYM(T, BYTES) EM_DOT_NEON(T, BYTES, 0)
+#define EM_DOT_AFFINE(T, BYTES) EM_DOT_NEON(T, BYTES, 1)
 #else
 #define EM_DOT_SYM(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 0) EM_DOTS_PORTABLE(T)
 #define EM_DOT_AFFINE(T, BYTES) EM_DOT_PORTABLE(T, BYTES, 1) EM_DOTS_PORTABLE(T)
