@@ -33,6 +33,11 @@ bench: setup .venv/.llama-cpp
 	$(PY) benchmarks/bench_generate.py --model $(MODEL)
 	$(PY) benchmarks/bench_parallel.py --model $(MODEL)
 
+# the AArch64 Python the reference tests also run in, under qemu (tests/model/test_reference_arm.py;
+# needs root for apt, qemu-user and gcc-aarch64-linux-gnu)
+.venv-arm: .venv/.done
+	bash .ci/arm-env
+
 # the peer the benchmarks run beside Ember: llama.cpp built from source for this CPU
 .venv/.llama-cpp: .venv/.done
 	CMAKE_ARGS="-DGGML_NATIVE=on" $(PY) -m pip install -q --no-binary llama-cpp-python llama-cpp-python==0.3.36

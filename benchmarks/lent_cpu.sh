@@ -24,7 +24,7 @@ prepare() {
     local py=.venv/bin/python lib=.venv/llama-cpp-avx512/llama_cpp
     [ -d $lib ] || { echo "first: make .venv/llama-cpp-avx512" >&2; exit 1; }
     rm -rf "$CARRY" && mkdir -p "$CARRY/wh" "$CARRY/llama-avx512/llama_cpp/lib"
-    cp ember/backend/native/_ember_kernels*.so "$CARRY/_ember_kernels.so"
+    cp ember/backend/native/_ember_kernels.cpython-311-x86_64-linux-gnu.so "$CARRY/_ember_kernels.so"
     $py -m pip download -q --no-deps --dest "$CARRY/wh" gguf==0.19.0 diskcache llguidance \
         --only-binary=:all: --platform manylinux_2_28_x86_64 --python-version 3.12
     cp $lib/*.py "$CARRY/llama-avx512/llama_cpp/"

@@ -725,3 +725,17 @@ def test_generic_path_gives_a_real_model_the_same_greedy_tokens(
         runs[isa] = llm.generate(prompt, raw=True, options=options).tokens
     assert len(runs["generic"]) == 24
     assert len(set(map(tuple, runs.values()))) == 1, runs
+
+
+def test_library_is_the_one_of_this_interpreter(monkeypatch, tmp_path: Path) -> None:
+    """Another machine's build beside this one (the AArch64 library the emulated reference tests
+    cross-compile into the package) sorts first but is not loaded."""
+    from importlib import machinery
+
+    own = tmp_path / f"_ember_kernels{machinery.EXTENSION_SUFFIXES[0]}"
+    for path in (tmp_path / "_ember_kernels.cpython-311-aarch64-linux-gnu.so", own):
+        path.write_bytes(b"")
+    monkeypatch.setattr(native, "_HERE", tmp_path)
+    assert native.library_path() == own
+    own.unlink()  # a build under another suffix is still found (it may be loadable)
+    assert native.library_path() == tmp_path / "_ember_kernels.cpython-311-aarch64-linux-gnu.so"

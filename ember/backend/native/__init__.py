@@ -12,6 +12,7 @@ import os
 import platform
 from dataclasses import dataclass
 from functools import cache
+from importlib import machinery
 from pathlib import Path
 
 from ember import envconfig
@@ -81,7 +82,12 @@ class Kernels:
 
 
 def library_path() -> Path | None:
-    """The library the package build left beside this file, if any."""
+    """The library the package build left beside this file for this interpreter, if any: by its
+    extension suffix first (a tree may hold another machine's build beside it, e.g. the AArch64
+    one the emulated reference tests cross-compile: tests/model/test_reference_arm.py)."""
+    for suffix in machinery.EXTENSION_SUFFIXES:
+        if (path := _HERE / f"_ember_kernels{suffix}").is_file():
+            return path
     found = sorted(_HERE.glob("_ember_kernels*.so")) + sorted(_HERE.glob("_ember_kernels*.dylib"))
     return found[0] if found else None
 

@@ -1,0 +1,62 @@
+"""The real-model reference tests (test_reference.py) on AArch64, under qemu-aarch64's user-mode
+emulation: an AArch64 Python with AArch64 wheels (.venv-arm, built by .ci/arm-env) loads the
+kernels' AArch64 library, cross-compiled here from the checkout's sources, and runs the same
+tests, on an emulated A64FX (ARMv8.2 without the Advanced SIMD dot product instructions: the neon
+copy; torch's AArch64 wheel needs v8.2, so not the harness's Cortex-A72) and on qemu's "max" CPU
+(with them: neondot). No ARM CPU is at hand; this is how the NEON copies are checked
+end to end on real models. Emulation is ~100x slower than the host, so a subset runs: every
+prompt of SmolLM2 and one of Qwen2.5-Coder 0.5B on both CPUs, Gemma 3's two short ones on neondot
+(its long prompt, past the sliding window, took over 15 minutes there)."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from aarch64 import CC, QEMU, ROOT, build_library, tools
+
+ENV = ROOT / ".venv-arm"
+PYTHON = ENV / "sysroot" / "usr" / "bin" / "python3.11"
+# the qemu CPUs and the copy each picks
+CPUS = {"a64fx": "neon", "max": "neondot"}
+# (qemu CPU, test_reference.py's cases as -k selects them, how many)
+SMOLLM2_QWEN = "test_matches_reference and (smollm2 or qwen2.5-coder:0.5b-raw_cap"
+RUNS = [
+    pytest.param("a64fx", SMOLLM2_QWEN + ")", 4, id="neon"),
+    pytest.param("max", SMOLLM2_QWEN + " or (gemma3 and not long))", 6, id="neondot"),
+]
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.slow,
+    pytest.mark.skipif(not tools(), reason=f"needs {CC} and {QEMU}"),
+    pytest.mark.skipif(not PYTHON.is_file(), reason="needs .venv-arm (built by .ci/arm-env)"),
+]
+
+
+@pytest.fixture(scope="module")
+def arm_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_library(tmp_path_factory.mktemp("aarch64"))
+
+
+def emulated(cpu: str, *args: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    """The AArch64 Python on the emulated cpu, in the checkout, with .venv-arm's packages."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),  # the catalog's assembled multi-part models
+        "PYTHONPATH": f"{ROOT}:{ENV / 'site'}",
+        "OMP_NUM_THREADS": "2",
+    }
+    cmd = [QEMU, "-cpu", cpu, "-L", str(ENV / "sysroot"), str(PYTHON), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(("cpu", "selection", "count"), RUNS)
+def test_reference_under_qemu(arm_library: Path, cpu: str, selection: str, count: int) -> None:
+    picks = "from ember.backend import native as n; print(n.library_path().name, n.kernels().isa)"
+    picked = emulated(cpu, "-c", picks, timeout=120)
+    assert picked.stdout.split() == [arm_library.name, CPUS[cpu]], picked.stdout + picked.stderr
+    tests = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/model/test_reference.py"]
+    run = emulated(cpu, *tests, "-k", selection, timeout=1500)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert f"{count} passed" in run.stdout, run.stdout[-3000:]
