@@ -13,11 +13,18 @@ the count without the call is taken away. Printed per block of the type (256 val
 types, 32 for the others); also per block and row of x where a call takes two rows
 (kq_dot_rows: a down projection's two q8_K passes, or two sequences; em_dots: two sequences),
 the weight's block unpacked once for both. Needs `apt-get install gcc-aarch64-linux-gnu qemu-user`.
+
+With --llama-cpp, llama.cpp's own AArch64 dot products (ggml-cpu/arch/arm/quants.c from
+llama-cpp-python's source package, the version the Makefile builds, fetched with pip) are
+compiled with the same flags for the same two copies and counted the same way, one row of x in
+its own rounding (q8_K for the K types, q8_0 or q8_1 for the others).
 """
 
 import argparse
 import shutil
 import subprocess
+import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -96,6 +103,90 @@ int main(int argc, char **argv) {
 """
 
 
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the Makefile's
+LLAMA_DRIVER = """
+#include "ggml.h"
+#include "ggml-common.h"
+#include "quants.h"
+#include <math.h>
+#include <stdlib.h>
+float ggml_table_f32_ue4m3[256]; /* for a type not counted here */
+void quantize_row_q8_K_ref(const float *x, block_q8_K *y, int64_t k) { /* ggml-quants.c's */
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK_K; j++)
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+        const float iscale = amax ? -127.0f / max : 0.0f;
+        for (int j = 0; j < QK_K; j++) {
+            const int v = (int)nearbyintf(iscale * x[j]);
+            y[i].qs[j] = v > 127 ? 127 : v;
+        }
+        for (int j = 0; j < QK_K / 16; j++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++) sum += y[i].qs[16 * j + l];
+            y[i].bsums[j] = sum;
+        }
+        y[i].d = iscale ? 1 / iscale : 0.0f;
+    }
+}
+typedef void (*dot_fn)(int, float *, size_t, const void *, size_t, const void *, size_t, int);
+__attribute__((noinline)) float dot_row(dot_fn f, int n, const void *w, const void *x) {
+    float s;
+    f(n, &s, 0, w, 0, x, 0, 1);
+    return s;
+}
+int main(int argc, char **argv) {
+    const int type = atoi(argv[1]), bytes = atoi(argv[2]), n = atoi(argv[3]), call = atoi(argv[4]);
+    const int elems = type >= 10 && type != 20 ? 256 : 32, nb = n / elems;
+    uint8_t *w = malloc((size_t)bytes * nb);
+    float *v = malloc(sizeof(float) * n);
+    srand(1);
+    for (int i = 0; i < bytes * nb; i++) w[i] = (uint8_t)rand();
+    int at = 0, two = type == 3 || type == 12 || type == 13;
+    if (type == 10) at = 80, two = 1;
+    if (type == 11) at = 108;
+    if (type == 14) at = 208;
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i <= two; i++) {
+            uint8_t *f16 = w + (size_t)b * bytes + at + 2 * i;
+            f16[0] = 0x00, f16[1] = 0x20;
+        }
+    for (int i = 0; i < n; i++) v[i] = rand() / (float)RAND_MAX - 0.5f;
+    void *x = malloc(sizeof(block_q8_K) * (n / 256 + 1) + sizeof(block_q8_1) * (n / 32));
+    dot_fn f;
+    switch (type) {
+    case 10: f = ggml_vec_dot_q2_K_q8_K; break;
+    case 11: f = ggml_vec_dot_q3_K_q8_K; break;
+    case 12: f = ggml_vec_dot_q4_K_q8_K; break;
+    case 13: f = ggml_vec_dot_q5_K_q8_K; break;
+    case 14: f = ggml_vec_dot_q6_K_q8_K; break;
+    case 23: f = ggml_vec_dot_iq4_xs_q8_K; break;
+    case 2: f = ggml_vec_dot_q4_0_q8_0; break;
+    case 3: f = ggml_vec_dot_q4_1_q8_1; break;
+    case 6: f = ggml_vec_dot_q5_0_q8_0; break;
+    default: f = ggml_vec_dot_q8_0_q8_0;
+    }
+    if (elems == 256) quantize_row_q8_K_ref(v, x, n);
+    else if (type == 3) quantize_row_q8_1(v, x, n);
+    else quantize_row_q8_0(v, x, n);
+    volatile float s = call ? dot_row(f, n, w, x) : 0.0f;
+    return s != s;
+}
+"""
+
+
+def llama_cpp_ggml(tmp: Path) -> Path:
+    """llama.cpp's ggml folder from llama-cpp-python's source package (pip download)."""
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]
+    subprocess.run([*cmd, LLAMA_CPP_PYTHON, "-d", str(tmp)], check=True)
+    (sdist,) = tmp.glob("llama_cpp_python-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers() if "/vendor/llama.cpp/ggml/" in m.name]
+        tar.extractall(tmp, members=members, filter="data")
+    (ggml,) = tmp.glob("llama_cpp_python-*/vendor/llama.cpp/ggml")
+    return ggml
+
+
 def executed(exe: Path, args: list[str], log: Path) -> int:
     """Instructions the program executed (one traced block each in singlestep mode)."""
     cmd = [QEMU, "-cpu", "max", "-singlestep", "-d", "exec,nochain", "-D", str(log), str(exe)]
@@ -107,11 +198,13 @@ def executed(exe: Path, args: list[str], log: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--row", type=int, default=3072, help="values a row (a multiple of 256)")
+    parser.add_argument("--llama-cpp", action="store_true", help="llama.cpp's kernels beside")
     args = parser.parse_args()
     if not (shutil.which(CC) and shutil.which(QEMU)):
         raise SystemExit(f"needs {CC} and {QEMU} (apt-get install gcc-aarch64-linux-gnu qemu-user)")
     print(f"instructions per block, one row of {args.row} values")
-    print(f"{'type':<10}" + "".join(f"{c:>10}" for c in COPIES))
+    columns = [*COPIES, *(f"llama.cpp {c}" for c in COPIES if args.llama_cpp)]
+    print(f"{'type':<10}" + "".join(f"{c:>19}" for c in columns))
     with tempfile.TemporaryDirectory() as tmp:
         src, log = Path(tmp) / "driver.c", Path(tmp) / "exec.log"
         src.write_text(DRIVER)
@@ -120,16 +213,29 @@ def main() -> None:
             exes[copy] = Path(tmp) / copy
             cmd = [CC, *FLAGS, *flags, f"-I{NATIVE}", str(src), "-o", str(exes[copy]), "-lm"]
             subprocess.run(cmd, check=True, capture_output=True)
-        for name, (ggml, bytes_, elems) in TYPES.items():
+        if args.llama_cpp:
+            ggml, lsrc = llama_cpp_ggml(Path(tmp)), Path(tmp) / "llama_driver.c"
+            lsrc.write_text(LLAMA_DRIVER)
+            includes = [f"-I{ggml / d}" for d in ("include", "src", "src/ggml-cpu")]
+            quants = ggml / "src" / "ggml-cpu" / "arch" / "arm" / "quants.c"
+            for copy, flags in COPIES.items():
+                exe = exes[f"llama.cpp {copy}"] = Path(tmp) / f"llama_{copy}"
+                cmd = [CC, *FLAGS, *flags, "-D_GNU_SOURCE", *includes, str(lsrc), str(quants)]
+                subprocess.run([*cmd, "-o", str(exe), "-lm"], check=True, capture_output=True)
+        for name, (ggml_type, bytes_, elems) in TYPES.items():
             for nx in (1, 2):
-                run = [str(ggml), str(bytes_), str(args.row)]
+                run = [str(ggml_type), str(bytes_), str(args.row)]
                 per = []
-                for copy in COPIES:
-                    with_call = executed(exes[copy], [*run, "1", str(nx)], log)
-                    without = executed(exes[copy], [*run, "0", str(nx)], log)
+                for column in columns:
+                    if column.startswith("llama.cpp") and nx == 2:
+                        per.append(None)  # one row a call (two only with i8mm's mmla)
+                        continue
+                    with_call = executed(exes[column], [*run, "1", str(nx)], log)
+                    without = executed(exes[column], [*run, "0", str(nx)], log)
                     per.append((with_call - without) / (args.row // elems) / nx)
                 label = name if nx == 1 else f"{name} x{nx}"
-                print(f"{label:<10}" + "".join(f"{n:>10.1f}" for n in per))
+                cells = "".join(f"{'':>19}" if n is None else f"{n:>19.1f}" for n in per)
+                print(f"{label:<10}" + cells)
 
 
 if __name__ == "__main__":
