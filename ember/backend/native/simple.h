@@ -13,9 +13,11 @@
  * This header is compiled once per ISA (kernels.c under each ISA's flags); the path is picked
  * by the predefined macros: AVX-512 VNNI or AVX-VNNI (vpdpwssd), AVX2 (vpmaddwd), NEON, or
  * portable C.
- * Every path takes the same steps: the same codes (round half to even), int32 lanes of four
- * products each (exact), then the same float operations in the same order with no fused
- * multiply-add, so every ISA gives the same bits. The AVX-512 copy alone takes float32
+ * The x86 and portable paths take the same steps: the same codes (round half to even), int32
+ * lanes of four products each (exact), then the same float operations in the same order with
+ * no fused multiply-add, so they give the same bits. The NEON copies (neon, neondot) take codes
+ * to 32639 and one fused multiply-add of a block's whole sum: bits of their own, the same in
+ * both (em_neon_dot_rows says why). The AVX-512 copy alone takes float32
  * activations instead (em_dotsf_T below: fewer instructions a row there, 1.2-1.5x the int16
  * path's speed with 2 to 8 rows of x), so its 32-element products differ in the last places.
  * Several rows of x take the lane kernels instead where kernels.c has them (vnni.h on the
@@ -192,8 +194,32 @@ static inline void em_quantize_row_q16_to(const float *x, em_block_q16 *y, int64
     }
 }
 
+#if defined(EM_NEON)
+/* The NEON copies' decode codes go to 32639 (d = max|x| / 32639): two signed bytes h and l,
+ * c = 256 h + l, then hold every code, and neondot multiplies them in two sdot a half block
+ * (em_neon_block_sum) instead of widening the weights to int16. neon keeps int16 codes, rounded
+ * the same: both copies' sums are the same integers, and their outputs the same bits. */
+#define EM_Q16_DECODE_LIMIT 32639.0f
+#else
+#define EM_Q16_DECODE_LIMIT 32767.0f
+#endif
 static void em_quantize_row_q16(const float *x, em_block_q16 *y, int64_t nb) {
-    em_quantize_row_q16_to(x, y, nb, 32767.0f);
+    em_quantize_row_q16_to(x, y, nb, EM_Q16_DECODE_LIMIT);
+#if defined(EM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+    for (int64_t b = 0; b < nb; b++) { /* qs as bytes: h of the 32 codes, then l */
+        int8x16_t h[2], l[2];
+        for (int i = 0; i < 2; i++) {
+            const int16x8_t c0 = vld1q_s16(y[b].qs + 16 * i), c1 = vld1q_s16(y[b].qs + 16 * i + 8);
+            const int16x8_t h0 = vshrq_n_s16(vaddq_s16(c0, vdupq_n_s16(128)), 8);
+            const int16x8_t h1 = vshrq_n_s16(vaddq_s16(c1, vdupq_n_s16(128)), 8);
+            h[i] = vcombine_s8(vmovn_s16(h0), vmovn_s16(h1));
+            l[i] = vcombine_s8(vmovn_s16(vsubq_s16(c0, vshlq_n_s16(h0, 8))),
+                               vmovn_s16(vsubq_s16(c1, vshlq_n_s16(h1, 8))));
+        }
+        int8_t *bytes = (int8_t *)y[b].qs;
+        vst1q_s8(bytes, h[0]), vst1q_s8(bytes + 16, h[1]), vst1q_s8(bytes + 32, l[0]), vst1q_s8(bytes + 48, l[1]);
+    }
+#endif
 }
 
 /* ---- one block's codes as 32 int8 (portable and NEON paths) ---- */
@@ -456,27 +482,15 @@ static inline __m128 em_scales(const uint8_t *w, const em_block_q16 *x) {
 #define EM_DOT_SYM(T, BYTES) EM_DOT_X86(T, BYTES, 0) EM_DOTS_X86(T, BYTES, 0) EM_DOT2_X86(T, BYTES, 0)
 #define EM_DOT_AFFINE(T, BYTES) EM_DOT_X86(T, BYTES, 1) EM_DOTS_X86(T, BYTES, 1) EM_DOT2_X86(T, BYTES, 1)
 
-#else /* portable and NEON: codes to int8, then the same lanes and float steps as on x86 */
+#else /* portable and NEON: codes to int8; the portable copy takes the x86 lanes and float steps */
 
 /* lane[i] = the products of elements 2i, 2i+1, 16+2i and 17+2i (em_dot_i8i16's lanes) */
 static inline void em_lanes8(const int8_t *q, const int16_t *y, float *lane) {
-#if defined(EM_NEON)
-    const int16x8_t w0 = vmovl_s8(vld1_s8(q)), w1 = vmovl_s8(vld1_s8(q + 8));
-    const int16x8_t w2 = vmovl_s8(vld1_s8(q + 16)), w3 = vmovl_s8(vld1_s8(q + 24));
-    const int16x8_t y0 = vld1q_s16(y), y1 = vld1q_s16(y + 8), y2 = vld1q_s16(y + 16), y3 = vld1q_s16(y + 24);
-#define EM_PAIRS(a, b) vpaddq_s32(vmull_s16(vget_low_s16(a), vget_low_s16(b)), vmull_high_s16(a, b))
-    const int32x4_t l0 = vaddq_s32(EM_PAIRS(w0, y0), EM_PAIRS(w2, y2));
-    const int32x4_t l1 = vaddq_s32(EM_PAIRS(w1, y1), EM_PAIRS(w3, y3));
-#undef EM_PAIRS
-    vst1q_f32(lane, vcvtq_f32_s32(l0));
-    vst1q_f32(lane + 4, vcvtq_f32_s32(l1));
-#else
     for (int i = 0; i < 8; i++) {
         const int32_t s = (int32_t)q[2 * i] * y[2 * i] + (int32_t)q[2 * i + 1] * y[2 * i + 1] +
                           (int32_t)q[16 + 2 * i] * y[16 + 2 * i] + (int32_t)q[17 + 2 * i] * y[17 + 2 * i];
         lane[i] = (float)s;
     }
-#endif
 }
 
 /* acc[i] += d * lane[i], rounded twice as _mm256_add_ps(acc, _mm256_mul_ps(d, lane)) */
@@ -512,11 +526,9 @@ static inline float em_hsum8s(const float *a) {
         for (int m = 0; m < nx; m++) out[m] = em_dot_##T(w, x + m * nb, nb);                  \
     }
 #if defined(EM_NEON)
-/* NEON: em_dot_T's integer lanes and float steps in registers (the portable code's, in the same
- * order: the same bits), a block's codes unpacked in registers (they went through memory, and
- * the fifth bits a bit at a time). Instructions a block, one row of 3,072 values under qemu
- * (`benchmarks/neon_instructions.py`): Q4_0 52 -> 34, Q4_1 58 -> 37, Q5_0 97 -> 45, Q8_0 49 ->
- * 31; a row's share where em_dots takes two rows a pass, Q4_0 33, Q5_0 38, Q8_0 30. */
+/* NEON: a block's codes unpacked in registers (the portable code's went through memory, and the
+ * fifth bits a bit at a time), its products summed exactly (em_neon_block_sum), one fused
+ * multiply-add a block (em_neon_dot_rows). */
 
 /* em_codes_T as two int8x16: elements 0-15 (lo) and 16-31 (hi) */
 static inline void em_neon_nibbles(const uint8_t *qs, int offset, int8x16_t *lo, int8x16_t *hi) {
@@ -556,24 +568,30 @@ static inline void em_nq_iq4_nl(const uint8_t *b, int8x16_t *lo, int8x16_t *hi) 
     *lo = vqtbl1q_s8(values, vandq_u8(v, vdupq_n_u8(15))), *hi = vqtbl1q_s8(values, vshrq_n_u8(v, 4));
 }
 
-/* em_lanes8 in registers: lanes 0-3 and 4-7 as floats, lane i the exact sum of the products of
- * elements 2i, 2i + 1, 16 + 2i and 17 + 2i */
-static inline void em_neon_lanes8(int8x16_t lo, int8x16_t hi, const int16_t *y, float32x4_t *l0, float32x4_t *l1) {
-    const int16x8x4_t yv = vld1q_s16_x4(y);
+/* A block's sum of products with x's codes (lo: the weight codes of elements 0-15, hi: 16-31),
+ * exact, as four int32 lanes (their grouping differs between the copies; their total does not) */
+static inline int32x4_t em_neon_block_sum(int8x16_t lo, int8x16_t hi, const em_block_q16 *xb) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    const int8x16x4_t c = vld1q_s8_x4((const int8_t *)xb->qs); /* h of 0-15, 16-31, then l */
+    const int32x4_t h = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, c.val[0]), hi, c.val[1]);
+    return vdotq_s32(vdotq_s32(vshlq_n_s32(h, 8), lo, c.val[2]), hi, c.val[3]);
+#else
+    const int16x8x4_t y = vld1q_s16_x4(xb->qs);
     const int16x8_t w0 = vmovl_s8(vget_low_s8(lo)), w1 = vmovl_high_s8(lo);
     const int16x8_t w2 = vmovl_s8(vget_low_s8(hi)), w3 = vmovl_high_s8(hi);
-    /* pairwise adds of the products of elements 0-7 with those of 16-23 (8-15, 24-31) added */
-    const int32x4_t a = vmlal_s16(vmull_s16(vget_low_s16(w0), vget_low_s16(yv.val[0])), vget_low_s16(w2), vget_low_s16(yv.val[2]));
-    const int32x4_t b = vmlal_high_s16(vmull_high_s16(w0, yv.val[0]), w2, yv.val[2]);
-    const int32x4_t c = vmlal_s16(vmull_s16(vget_low_s16(w1), vget_low_s16(yv.val[1])), vget_low_s16(w3), vget_low_s16(yv.val[3]));
-    const int32x4_t e = vmlal_high_s16(vmull_high_s16(w1, yv.val[1]), w3, yv.val[3]);
-    *l0 = vcvtq_f32_s32(vpaddq_s32(a, b));
-    *l1 = vcvtq_f32_s32(vpaddq_s32(c, e));
+    int32x4_t a = vmull_s16(vget_low_s16(w0), vget_low_s16(y.val[0])), b = vmull_high_s16(w0, y.val[0]);
+    a = vmlal_s16(a, vget_low_s16(w1), vget_low_s16(y.val[1])), b = vmlal_high_s16(b, w1, y.val[1]);
+    a = vmlal_s16(a, vget_low_s16(w2), vget_low_s16(y.val[2])), b = vmlal_high_s16(b, w2, y.val[2]);
+    a = vmlal_s16(a, vget_low_s16(w3), vget_low_s16(y.val[3])), b = vmlal_high_s16(b, w3, y.val[3]);
+    return vaddq_s32(a, b);
+#endif
 }
 
 typedef void (*em_neon_codes_fn)(const uint8_t *, int8x16_t *, int8x16_t *);
 
-/* Block b into the accumulators of parity P (even blocks 0, odd 1) of each of the nr rows */
+/* Block b into the accumulator of parity P (even blocks 0, odd 1) of each of the nr rows: the
+ * block's whole sum as one integer, then one fused multiply-add by d_w d_x (the x86 copies'
+ * eight lanes would take twice the float steps in 128-bit registers) */
 #define EM_NEON_BLOCK(P)                                                                      \
     do {                                                                                      \
         int8x16_t lo, hi;                                                                     \
@@ -581,28 +599,27 @@ typedef void (*em_neon_codes_fn)(const uint8_t *, int8x16_t *, int8x16_t *);
         const float dw = em_f16(w);                                                           \
         for (int r = 0; r < nr; r++) {                                                        \
             const em_block_q16 *xb = x + r * nb + b;                                          \
-            float32x4_t l0, l1;                                                               \
-            em_neon_lanes8(lo, hi, xb->qs, &l0, &l1);                                         \
-            const float32x4_t d = vdupq_n_f32(dw * xb->d);                                    \
-            acc[r][2 * (P)] = vaddq_f32(acc[r][2 * (P)], vmulq_f32(d, l0));                   \
-            acc[r][2 * (P) + 1] = vaddq_f32(acc[r][2 * (P) + 1], vmulq_f32(d, l1));           \
+            const int32_t sum = vaddvq_s32(em_neon_block_sum(lo, hi, xb));                    \
+            acc[r][P] = fmaf(dw * xb->d, (float)sum, acc[r][P]);                              \
             if (affine) off[r][P] += em_f16(w + 2) * xb->s;                                   \
         }                                                                                     \
     } while (0)
 
 /* nr rows of x (1 or 2, nb blocks apart; a constant where inlined, as codes, the type's em_nq_T,
  * and affine) against one weight row, a block's codes unpacked once for them; each row's steps
- * those it takes alone:
- * even blocks into one pair of accumulators (lanes 0-3, 4-7), odd ones into another, as
- * EM_DOT_PORTABLE, then em_hsum8s's order */
+ * those it takes alone (its bits do not depend on its batch): even blocks into one
+ * accumulator, odd ones into another. The portable copy's bits are not kept (its eight lanes
+ * and unfused steps, with codes to 32767). Instructions a block, one row of 3,072 values under
+ * qemu (`benchmarks/neon_instructions.py --llama-cpp`), the eight lanes' steps -> these, neon /
+ * neondot: Q4_0 34 / 34 -> 29 / 22, Q4_1 37 / 37 -> 33 / 25, Q5_0 45 / 45 -> 40 / 33, Q8_0
+ * 31 / 31 -> 26 / 19 (a row's share where a call takes two: 26 / 18, 30 / 20, 33 / 23,
+ * 23 / 16); llama.cpp's, x in int8 (q8_0, q8_1), one row a call: 30 / 22, 34 / 26, 43 / 35,
+ * 27 / 19. */
 static inline __attribute__((always_inline)) void em_neon_dot_rows(const em_neon_codes_fn codes, const int64_t bytes,
                                                                    const int affine, const uint8_t *w,
                                                                    const em_block_q16 *x, int64_t nb,
                                                                    const int nr, float *out) {
-    float32x4_t acc[2][4];
-    float off[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-    for (int r = 0; r < nr; r++)
-        for (int k = 0; k < 4; k++) acc[r][k] = vdupq_n_f32(0.0f);
+    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, off[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
     int64_t b = 0;
     for (; b + 1 < nb; b++, w += bytes) {
         EM_NEON_BLOCK(0);
@@ -610,9 +627,8 @@ static inline __attribute__((always_inline)) void em_neon_dot_rows(const em_neon
         EM_NEON_BLOCK(1);
     }
     if (b < nb) EM_NEON_BLOCK(0);
-    for (int r = 0; r < nr; r++) { /* lanes 4 + 0 .. 7 + 3 of even + odd, then (0 + 2) + (1 + 3) */
-        const float32x4_t v = vaddq_f32(vaddq_f32(acc[r][1], acc[r][3]), vaddq_f32(acc[r][0], acc[r][2]));
-        const float sum = (vgetq_lane_f32(v, 0) + vgetq_lane_f32(v, 2)) + (vgetq_lane_f32(v, 1) + vgetq_lane_f32(v, 3));
+    for (int r = 0; r < nr; r++) {
+        const float sum = acc[r][0] + acc[r][1];
         out[r] = affine ? sum + (off[r][0] + off[r][1]) : sum;
     }
 }
