@@ -46,7 +46,36 @@ TYPES = {
     "Q8_0": (8, 34, 32),
 }
 
-DRIVER = """
+# both drivers' weight row and activations (ggml's type numbers: 10-14 Q2_K-Q6_K, 23 IQ4_XS)
+ROW_AND_X = """
+#include <stdint.h>
+#include <stdlib.h>
+static uint8_t *weight_row(int type, int bytes, int nb) {
+    uint8_t *w = malloc((size_t)bytes * nb);
+    srand(1);
+    for (int i = 0; i < bytes * nb; i++) w[i] = (uint8_t)rand();
+    /* the blocks' f16 scales (d, and dmin or m where there is one) 2^-7: random bytes hold NaNs */
+    int at = 0, two = type == 3 || type == 12 || type == 13;
+    if (type == 10) at = 80, two = 1;
+    if (type == 11) at = 108;
+    if (type == 14) at = 208;
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i <= two; i++) {
+            uint8_t *f16 = w + (size_t)b * bytes + at + 2 * i;
+            f16[0] = 0x00, f16[1] = 0x20;
+        }
+    return w;
+}
+static float *activations(int n) {
+    float *v = malloc(sizeof(float) * n);
+    for (int i = 0; i < n; i++) v[i] = rand() / (float)RAND_MAX - 0.5f;
+    return v;
+}
+"""
+
+DRIVER = (
+    ROW_AND_X
+    + """
 #include "kquants.h"
 #include "simple.h"
 #include <stdlib.h>
@@ -72,21 +101,8 @@ int main(int argc, char **argv) {
     const int type = atoi(argv[1]), bytes = atoi(argv[2]), n = atoi(argv[3]), call = atoi(argv[4]);
     const int nx = atoi(argv[5]); /* rows of x a call takes (1 or 2) */
     const int elems = type >= 10 && type != 20 ? 256 : 32, nb = n / elems;
-    uint8_t *w = malloc((size_t)bytes * nb);
-    float *v = malloc(sizeof(float) * n);
-    srand(1);
-    for (int i = 0; i < bytes * nb; i++) w[i] = (uint8_t)rand();
-    /* the blocks' f16 scales (d, and dmin or m where there is one) 2^-7: random bytes hold NaNs */
-    int at = 0, two = type == 3 || type == KQ_TYPE_Q4_K || type == KQ_TYPE_Q5_K;
-    if (type == KQ_TYPE_Q2_K) at = 80, two = 1;
-    if (type == KQ_TYPE_Q3_K) at = 108;
-    if (type == KQ_TYPE_Q6_K) at = 208;
-    for (int b = 0; b < nb; b++)
-        for (int i = 0; i <= two; i++) {
-            uint8_t *f16 = w + (size_t)b * bytes + at + 2 * i;
-            f16[0] = 0x00, f16[1] = 0x20;
-        }
-    for (int i = 0; i < n; i++) v[i] = rand() / (float)RAND_MAX - 0.5f;
+    uint8_t *w = weight_row(type, bytes, nb);
+    float *v = activations(n);
     void *x;
     if (elems == 256) {
         x = malloc(sizeof(kq_block_q8_K) * nb * 2);
@@ -101,10 +117,13 @@ int main(int argc, char **argv) {
     return s != s; /* a NaN would tell of a bad block */
 }
 """
+)
 
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the Makefile's
-LLAMA_DRIVER = """
+LLAMA_DRIVER = (
+    ROW_AND_X
+    + """
 #include "ggml.h"
 #include "ggml-common.h"
 #include "quants.h"
@@ -138,20 +157,8 @@ __attribute__((noinline)) float dot_row(dot_fn f, int n, const void *w, const vo
 int main(int argc, char **argv) {
     const int type = atoi(argv[1]), bytes = atoi(argv[2]), n = atoi(argv[3]), call = atoi(argv[4]);
     const int elems = type >= 10 && type != 20 ? 256 : 32, nb = n / elems;
-    uint8_t *w = malloc((size_t)bytes * nb);
-    float *v = malloc(sizeof(float) * n);
-    srand(1);
-    for (int i = 0; i < bytes * nb; i++) w[i] = (uint8_t)rand();
-    int at = 0, two = type == 3 || type == 12 || type == 13;
-    if (type == 10) at = 80, two = 1;
-    if (type == 11) at = 108;
-    if (type == 14) at = 208;
-    for (int b = 0; b < nb; b++)
-        for (int i = 0; i <= two; i++) {
-            uint8_t *f16 = w + (size_t)b * bytes + at + 2 * i;
-            f16[0] = 0x00, f16[1] = 0x20;
-        }
-    for (int i = 0; i < n; i++) v[i] = rand() / (float)RAND_MAX - 0.5f;
+    uint8_t *w = weight_row(type, bytes, nb);
+    float *v = activations(n);
     void *x = malloc(sizeof(block_q8_K) * (n / 256 + 1) + sizeof(block_q8_1) * (n / 32));
     dot_fn f;
     switch (type) {
@@ -173,6 +180,7 @@ int main(int argc, char **argv) {
     return s != s;
 }
 """
+)
 
 
 def llama_cpp_ggml(tmp: Path) -> Path:

@@ -18,7 +18,7 @@ from aarch64 import CC, QEMU, ROOT, build_library, tools
 ENV = ROOT / ".venv-arm"
 PYTHON = ENV / "sysroot" / "usr" / "bin" / "python3.11"
 # the qemu CPUs and the copy each picks
-CPUS = {"a64fx": "neon", "max": "neondot"}
+PICKS = {"a64fx": "neon", "max": "neondot"}
 # (qemu CPU, test_reference.py's cases as -k selects them, how many)
 SMOLLM2_QWEN = "test_matches_reference and (smollm2 or qwen2.5-coder:0.5b-raw_cap"
 RUNS = [
@@ -55,7 +55,7 @@ def emulated(cpu: str, *args: str, timeout: int) -> subprocess.CompletedProcess[
 def test_reference_under_qemu(arm_library: Path, cpu: str, selection: str, count: int) -> None:
     picks = "from ember.backend import native as n; print(n.library_path().name, n.kernels().isa)"
     picked = emulated(cpu, "-c", picks, timeout=120)
-    assert picked.stdout.split() == [arm_library.name, CPUS[cpu]], picked.stdout + picked.stderr
+    assert picked.stdout.split() == [arm_library.name, PICKS[cpu]], picked.stdout + picked.stderr
     tests = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/model/test_reference.py"]
     run = emulated(cpu, *tests, "-k", selection, timeout=1500)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
