@@ -1,7 +1,8 @@
 /* Run by tests/backend/test_native_neon.py on AArch64 under qemu: the NEON copies of the
  * kernels (neon, and neondot where the emulated CPU has the dot product instructions) against
  * the portable one (same bits, one and two q8_K passes; the 32-element types within 1e-4, both
- * NEON copies the same bits) and against float64 (1e-4 of the largest output, for every type). Prints the ISA dispatch.c picks first. */
+ * NEON copies the same bits) and against float64 (1e-4 of the largest output, for every type);
+ * one row of x alone against its bits in a batch. Prints the ISA dispatch.c picks first. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,7 @@ int main(void) {
             for (int o = 0; o < 2; o++) if (offs[o] >= 0) { uint16_t h = f16((rand() / (float)RAND_MAX - 0.5f) * 0.02f); memcpy(blk + offs[o], &h, 2); }
         }
         float *x = malloc(M * K * 4), *y0 = malloc(M * N * 4), *y1 = malloc(M * N * 4), *yneon = malloc(M * N * 4);
+        float *yone = malloc(N * 4);
         /* the 32-element types: the NEON copies' own bits (simple.h), the same in both */
         const int simple32 = t == 2 || t == 3 || t == 6 || t == 7 || t == 8 || t == 20;
         float *d0 = malloc(N * K * 4), *d1 = malloc(N * K * 4);
@@ -61,12 +63,15 @@ int main(void) {
             maxerr = fmax(maxerr, fabs(s - y1[m * N + n]) / ref);
         }
         int deq_same = memcmp(d0, d1, N * K * 4) == 0;
+        /* one row of x (decode: two weight rows a pass for most 32-element types) gives the
+         * bits that row has in a batch */
+        const int r2 = mm(t, w, x, yone, 1, N, K, passes), alone_same = memcmp(yone, y1, N * 4) == 0;
         if (!copy) memcpy(yneon, y1, M * N * 4);
         const int copies_same = memcmp(yneon, y1, M * N * 4) == 0;
-        printf("%s passes %d type %2d rc %d %d bit-identical %d maxrel %.2e deq-identical %d vs-float64 %.2e neon-identical %d\n", copy ? "neondot" : "neon", passes, t, r0, r1, same, maxrel, deq_same, maxerr, copies_same);
+        printf("%s passes %d type %2d rc %d %d bit-identical %d maxrel %.2e deq-identical %d vs-float64 %.2e neon-identical %d alone-identical %d\n", copy ? "neondot" : "neon", passes, t, r0, r1, same, maxrel, deq_same, maxerr, copies_same, alone_same);
         /* the portable copy's bits (the 32-element types: neon's, and within 1e-4 of the
          * portable copy's, as close as float64); near float64 where x is as close (one q8_K pass is int8's) */
-        if (r0 || r1 || !deq_same) fails++;
+        if (r0 || r1 || r2 || !deq_same || !alone_same) fails++;
         if (simple32 ? !copies_same || maxrel > 1e-4 || maxerr > 1e-4 : !same || (passes == 2 && maxerr > 1e-4)) fails++;
         }
     }

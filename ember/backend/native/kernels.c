@@ -166,7 +166,7 @@ static em_dots_q16 em_q16_dots_of(int type) {
     }
 }
 
-#if defined(EM_X86)
+#if defined(EM_X86) || defined(EM_NEON)
 typedef void (*em_dot2_q16)(const uint8_t *, int64_t, const em_block_q16 *, int64_t, int, float *);
 static em_dot2_q16 em_q16_dot2_of(int type) {
     switch (type) {
@@ -178,7 +178,8 @@ static em_dot2_q16 em_q16_dot2_of(int type) {
     /* Q8_0 reads 34 bytes a block where the others read 18-24 for as much work, so its decode
      * rows (a tied head's 145-178 MB) go at the memory's rate: two rows a pass read them ~30%
      * slower from memory on the Zen 2, though ~30% faster from L3 (no prefetch distance, nor
-     * asking as the products go, brought the memory's rate back) */
+     * asking as the products go, brought the memory's rate back). The NEON copies keep it to
+     * one row too: no ARM CPU's memory was at hand to tell otherwise. */
     default: return 0;
     }
 }
@@ -482,7 +483,7 @@ static void em_rows_of(const em_prep *p, const uint8_t *W, int64_t m0, int64_t m
     }
 #endif
     int64_t n = n0;
-#if defined(EM_X86)
+#if defined(EM_X86) || defined(EM_NEON)
     const em_dot2_q16 dot2 = M == 1 && q16 ? em_q16_dot2_of(p->type) : 0;
     if (dot2) { /* decode: two weight rows a pass (simple.h's em_dot2_T), their bits */
         for (; n + 1 < n1; n += 2) {

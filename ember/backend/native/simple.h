@@ -536,24 +536,35 @@ static inline void em_neon_nibbles(const uint8_t *qs, int offset, int8x16_t *lo,
     *lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(15))), vdupq_n_s8((int8_t)offset));
     *hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), vdupq_n_s8((int8_t)offset));
 }
-/* the fifth bits: element j's is bit j of the 32 at qh4, as 16 where set */
-static inline void em_neon_fifth(const uint8_t *qh4, uint8x16_t *lo, uint8x16_t *hi) {
+/* The fifth bits of 8 elements from their byte v of qh: byte i of em_fifth_set[v] is 16 where
+ * bit i of v is set, of em_fifth_clear[v] where it is clear (llama.cpp's table_b2b_0 and
+ * table_b2b_1). Two table loads a half block where the bits had taken four vector operations
+ * (a lookup, a test, two masks): cycles a block on llvm-mca's models (`neon_instructions.py
+ * --mca`) for Q5_0, Cortex-A72 / Neoverse N1 / Apple M1, 19.7 / 12.6 / 8.7 -> 17.0 / 8.9 / 7.7,
+ * the same bits. */
+#define EM_FIFTH_BIT(v, i) ((uint64_t)(((v) >> (i)) & 1) << (8 * (i) + 4))
+#define EM_FIFTH(v, flip)                                                                      \
+    ((EM_FIFTH_BIT(v, 0) | EM_FIFTH_BIT(v, 1) | EM_FIFTH_BIT(v, 2) | EM_FIFTH_BIT(v, 3) |      \
+      EM_FIFTH_BIT(v, 4) | EM_FIFTH_BIT(v, 5) | EM_FIFTH_BIT(v, 6) | EM_FIFTH_BIT(v, 7)) ^ (flip))
+#define EM_FIFTH4(v, f) EM_FIFTH(v, f), EM_FIFTH(v + 1, f), EM_FIFTH(v + 2, f), EM_FIFTH(v + 3, f)
+#define EM_FIFTH16(v, f) EM_FIFTH4(v, f), EM_FIFTH4(v + 4, f), EM_FIFTH4(v + 8, f), EM_FIFTH4(v + 12, f)
+#define EM_FIFTH64(v, f) EM_FIFTH16(v, f), EM_FIFTH16(v + 16, f), EM_FIFTH16(v + 32, f), EM_FIFTH16(v + 48, f)
+#define EM_FIFTH256(f) {EM_FIFTH64(0, f), EM_FIFTH64(64, f), EM_FIFTH64(128, f), EM_FIFTH64(192, f)}
+static const uint64_t em_fifth_set[256] = EM_FIFTH256(0), em_fifth_clear[256] = EM_FIFTH256(0x1010101010101010ull);
+/* elements 0-15 (lo) and 16-31 (hi) of a block's fifth bits (qh4: its 32), from the table */
+static inline void em_neon_fifth(const uint64_t *table, const uint8_t *qh4, uint8x16_t *lo, uint8x16_t *hi) {
     uint32_t qh;
     memcpy(&qh, qh4, 4);
-    const uint8x16_t bytes = vreinterpretq_u8_u32(vdupq_n_u32(qh));
-    static const uint8_t at_lo[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
-    static const uint8_t at_hi[16] = {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
-    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
-    const uint8x16_t b = vld1q_u8(bit), sixteen = vdupq_n_u8(16);
-    *lo = vandq_u8(vtstq_u8(vqtbl1q_u8(bytes, vld1q_u8(at_lo)), b), sixteen);
-    *hi = vandq_u8(vtstq_u8(vqtbl1q_u8(bytes, vld1q_u8(at_hi)), b), sixteen);
+    *lo = vreinterpretq_u8_u64(vcombine_u64(vld1_u64(table + (qh & 0xff)), vld1_u64(table + ((qh >> 8) & 0xff))));
+    *hi = vreinterpretq_u8_u64(vcombine_u64(vld1_u64(table + ((qh >> 16) & 0xff)), vld1_u64(table + (qh >> 24))));
 }
+/* Q5_0: the nibble less 16 where the fifth bit is clear; Q5_1: the nibble with it */
 static inline void em_neon_q5(const uint8_t *qh4, const uint8_t *qs, int offset, int8x16_t *lo, int8x16_t *hi) {
     uint8x16_t f0, f1;
-    em_neon_fifth(qh4, &f0, &f1);
-    const uint8x16_t v = vld1q_u8(qs), off = vdupq_n_u8((uint8_t)offset);
-    *lo = vreinterpretq_s8_u8(vsubq_u8(vorrq_u8(vandq_u8(v, vdupq_n_u8(15)), f0), off));
-    *hi = vreinterpretq_s8_u8(vsubq_u8(vorrq_u8(vshrq_n_u8(v, 4), f1), off));
+    em_neon_fifth(offset ? em_fifth_clear : em_fifth_set, qh4, &f0, &f1);
+    const uint8x16_t v = vld1q_u8(qs), l = vandq_u8(v, vdupq_n_u8(15)), h = vshrq_n_u8(v, 4);
+    *lo = vreinterpretq_s8_u8(offset ? vsubq_u8(l, f0) : vorrq_u8(l, f0));
+    *hi = vreinterpretq_s8_u8(offset ? vsubq_u8(h, f1) : vorrq_u8(h, f1));
 }
 static inline void em_nq_q4_0(const uint8_t *b, int8x16_t *lo, int8x16_t *hi) { em_neon_nibbles(b + 2, 8, lo, hi); }
 static inline void em_nq_q4_1(const uint8_t *b, int8x16_t *lo, int8x16_t *hi) { em_neon_nibbles(b + 4, 0, lo, hi); }
@@ -589,34 +600,43 @@ static inline int32x4_t em_neon_block_sum(int8x16_t lo, int8x16_t hi, const em_b
 
 typedef void (*em_neon_codes_fn)(const uint8_t *, int8x16_t *, int8x16_t *);
 
-/* Block b into the accumulator of parity P (even blocks 0, odd 1) of each of the nr rows: the
- * block's whole sum as one integer, then one fused multiply-add by d_w d_x (the x86 copies'
- * eight lanes would take twice the float steps in 128-bit registers) */
+/* Block b into the accumulator of parity P (even blocks 0, odd 1) of each pair of a weight row
+ * and a row of x: the block's whole sum as one integer, then one fused multiply-add by d_w d_x
+ * (the x86 copies' eight lanes would take twice the float steps in 128-bit registers) */
 #define EM_NEON_BLOCK(P)                                                                      \
     do {                                                                                      \
-        int8x16_t lo, hi;                                                                     \
-        codes(w, &lo, &hi);                                                                   \
-        const float dw = em_f16(w);                                                           \
-        for (int r = 0; r < nr; r++) {                                                        \
-            const em_block_q16 *xb = x + r * nb + b;                                          \
-            const int32_t sum = vaddvq_s32(em_neon_block_sum(lo, hi, xb));                    \
-            acc[r][P] = fmaf(dw * xb->d, (float)sum, acc[r][P]);                              \
-            if (affine) off[r][P] += em_f16(w + 2) * xb->s;                                   \
+        for (int i = 0; i < nw; i++) {                                                        \
+            const uint8_t *wi = w + i * stride;                                               \
+            int8x16_t lo, hi;                                                                 \
+            codes(wi, &lo, &hi);                                                              \
+            const float dw = em_f16(wi);                                                      \
+            for (int r = 0; r < nr; r++) {                                                    \
+                const em_block_q16 *xb = x + r * nb + b;                                      \
+                const int32_t sum = vaddvq_s32(em_neon_block_sum(lo, hi, xb));                \
+                acc[i + r][P] = fmaf(dw * xb->d, (float)sum, acc[i + r][P]);                  \
+                if (affine) off[i + r][P] += em_f16(wi + 2) * xb->s;                          \
+            }                                                                                 \
         }                                                                                     \
     } while (0)
 
-/* nr rows of x (1 or 2, nb blocks apart; a constant where inlined, as codes, the type's em_nq_T,
- * and affine) against one weight row, a block's codes unpacked once for them; each row's steps
- * those it takes alone (its bits do not depend on its batch): even blocks into one
+/* nw weight rows (stride bytes apart) against nr rows of x (nb blocks apart), nw * nr <= 2 (the
+ * sizes, codes, the type's em_nq_T, and affine constants where inlined): two rows of x a pass
+ * unpack a weight block once for both, two weight rows a pass (decode) load each block of x
+ * once for both and give out-of-order cores two independent chains. Each pair's steps are those
+ * it takes alone (its bits depend neither on its batch nor on the pass): even blocks into one
  * accumulator, odd ones into another. The portable copy's bits are not kept (its eight lanes
  * and unfused steps, with codes to 32767). Instructions a block, one row of 3,072 values under
  * qemu (`benchmarks/neon_instructions.py --llama-cpp`), the eight lanes' steps -> these, neon /
  * neondot: Q4_0 34 / 34 -> 29 / 22, Q4_1 37 / 37 -> 33 / 25, Q5_0 45 / 45 -> 40 / 33, Q8_0
- * 31 / 31 -> 26 / 19 (a row's share where a call takes two: 26 / 18, 30 / 20, 33 / 23,
- * 23 / 16); llama.cpp's, x in int8 (q8_0, q8_1), one row a call: 30 / 22, 34 / 26, 43 / 35,
- * 27 / 19. */
+ * 31 / 31 -> 26 / 19 (a row's share where a call takes two rows of x: 26 / 18, 30 / 20, 33 / 23,
+ * 23 / 16; two weight rows: 28 / 21, 33 / 24, 39 / 32); llama.cpp's, x in int8 (q8_0, q8_1),
+ * one row a call: 30 / 22, 34 / 26, 43 / 35, 27 / 19. Two weight rows a pass, in cycles a block
+ * and row on llvm-mca's models (`--mca`), one row -> two, Q4_0 and Q5_0: Cortex-A72 13.0 ->
+ * 12.2 and 17.0 -> 14.9, Cortex-A55 34.8 -> 30.1 and 43.7 -> 36.3, Apple M1 5.5 -> 5.2 and 7.7
+ * -> 6.6, Neoverse N1 the same (7.8-7.9, 8.9). */
 static inline __attribute__((always_inline)) void em_neon_dot_rows(const em_neon_codes_fn codes, const int64_t bytes,
                                                                    const int affine, const uint8_t *w,
+                                                                   const int64_t stride, const int nw,
                                                                    const em_block_q16 *x, int64_t nb,
                                                                    const int nr, float *out) {
     float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, off[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
@@ -627,7 +647,7 @@ static inline __attribute__((always_inline)) void em_neon_dot_rows(const em_neon
         EM_NEON_BLOCK(1);
     }
     if (b < nb) EM_NEON_BLOCK(0);
-    for (int r = 0; r < nr; r++) {
+    for (int r = 0; r < nw * nr; r++) {
         const float sum = acc[r][0] + acc[r][1];
         out[r] = affine ? sum + (off[r][0] + off[r][1]) : sum;
     }
@@ -637,15 +657,20 @@ static inline __attribute__((always_inline)) void em_neon_dot_rows(const em_neon
 #define EM_DOT_NEON(T, BYTES, AFFINE)                                                         \
     static float em_dot_##T(const uint8_t *w, const em_block_q16 *x, int64_t nb) {            \
         float out;                                                                            \
-        em_neon_dot_rows(em_nq_##T, BYTES, AFFINE, w, x, nb, 1, &out);                        \
+        em_neon_dot_rows(em_nq_##T, BYTES, AFFINE, w, 0, 1, x, nb, 1, &out);                  \
         return out;                                                                           \
     }                                                                                         \
     static void em_dots_##T(const uint8_t *w, const em_block_q16 *x, const float *xs, int64_t nb, \
                             int nx, int pf, float *out) {                                     \
         (void)xs, (void)pf; /* two rows a pass over the weight row, then one */               \
         int m = 0;                                                                            \
-        for (; m + 1 < nx; m += 2) em_neon_dot_rows(em_nq_##T, BYTES, AFFINE, w, x + m * nb, nb, 2, out + m); \
+        for (; m + 1 < nx; m += 2) em_neon_dot_rows(em_nq_##T, BYTES, AFFINE, w, 0, 1, x + m * nb, nb, 2, out + m); \
         if (m < nx) out[m] = em_dot_##T(w, x + m * nb, nb);                                   \
+    }                                                                                         \
+    __attribute__((unused)) static void em_dot2_##T(const uint8_t *w, int64_t stride,          \
+                                                    const em_block_q16 *x, int64_t nb, int pf, float *out) { \
+        (void)pf; /* the caller asks for the rows ahead */                                    \
+        em_neon_dot_rows(em_nq_##T, BYTES, AFFINE, w, stride, 2, x, nb, 1, out);              \
     }
 #define EM_DOT_SYM(T, BYTES) EM_DOT_NEON(T, BYTES, 0)
 #define EM_DOT_AFFINE(T, BYTES) EM_DOT_NEON(T, BYTES, 1)
