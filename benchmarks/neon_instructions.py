@@ -18,9 +18,20 @@ With --llama-cpp, llama.cpp's own AArch64 dot products (ggml-cpu/arch/arm/quants
 llama-cpp-python's source package, the version the Makefile builds, fetched with pip) are
 compiled with the same flags for the same two copies and counted the same way, one row of x in
 its own rounding (q8_K for the K types, q8_0 or q8_1 for the others).
+
+With --mca, each call's executed instructions (the trace's addresses, disassembled) are also
+given, in the order they ran, to llvm-mca (LLVM 19's scheduling models) for real ARM cores:
+the neon copies on a Cortex-A53 and a Cortex-A72 (ARMv8.0 without the dot product instructions:
+Raspberry Pi 3 and 4), the neondot ones on a Cortex-A55 (in order), a Neoverse N1 (Graviton2,
+Ampere Altra; the Cortex-A76 of a Raspberry Pi 5 is its sibling), a Neoverse V1 (Graviton3), a
+Neoverse V2 (Graviton4) and an Apple M1. Printed: cycles a block. A model, not a measurement:
+every load hits L1, every branch is predicted, calls and returns are left out (the same few in
+every column); LLVM's Cortex-A72 model is its Cortex-A57's. Needs llvm-mca-19 (apt-get install
+llvm-19).
 """
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -30,8 +41,14 @@ from pathlib import Path
 
 NATIVE = Path(__file__).resolve().parents[1] / "ember" / "backend" / "native"
 CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
+OBJDUMP, MCA = "aarch64-linux-gnu-objdump", "llvm-mca-19"
 FLAGS = ["-O3", "-ffp-contract=off", "-std=gnu11", "-static"]
 COPIES = {"neon": [], "neondot": ["-march=armv8.2-a+dotprod"]}
+# llvm-mca's CPU models each copy is timed on (--mca): cores without and with the dot product
+MCA_CPUS = {
+    "neon": ["cortex-a53", "cortex-a72"],
+    "neondot": ["cortex-a55", "neoverse-n1", "neoverse-v1", "neoverse-v2", "apple-m1"],
+}
 # name: (ggml type, block bytes, values a block)
 TYPES = {
     "Q2_K": (10, 84, 256),
@@ -80,28 +97,38 @@ DRIVER = (
 #include "simple.h"
 #include <stdlib.h>
 __attribute__((noinline)) float dot_row(int type, const uint8_t *w, const void *x, int64_t nb,
-                                        int nx) {
+                                        int nx, int64_t stride) {
     const kq_block_q8_K *k = x;
     const em_block_q16 *q = x;
-    float out[2];
-    switch (type) {
-    case KQ_TYPE_Q4_K: kq_dot_rows_q4_K(w, k, nb, nx, nb, out); return out[0];
-    case KQ_TYPE_Q5_K: kq_dot_rows_q5_K(w, k, nb, nx, nb, out); return out[0];
-    case KQ_TYPE_Q6_K: kq_dot_rows_q6_K(w, k, nb, nx, nb, out); return out[0];
-    case KQ_TYPE_Q2_K: kq_dot_rows_q2_K(w, k, nb, nx, nb, out); return out[0];
-    case KQ_TYPE_Q3_K: kq_dot_rows_q3_K(w, k, nb, nx, nb, out); return out[0];
-    case KQ_TYPE_IQ4_XS: kq_dot_rows_iq4_xs(w, k, nb, nx, nb, out); return out[0];
-    case 2: em_dots_q4_0(w, q, 0, nb, nx, 0, out); return out[0];
-    case 3: em_dots_q4_1(w, q, 0, nb, nx, 0, out); return out[0];
-    case 6: em_dots_q5_0(w, q, 0, nb, nx, 0, out); return out[0];
-    default: em_dots_q8_0(w, q, 0, nb, nx, 0, out); return out[0];
+    float out[2] = {0.0f, 0.0f}; /* both read at the end: neither call's work is dead code */
+    if (nx < 0) { /* two weight rows (stride bytes apart), one row of x: decode's em_dot2_T */
+        switch (type) {
+        case 2: em_dot2_q4_0(w, stride, q, nb, 0, out); break;
+        case 3: em_dot2_q4_1(w, stride, q, nb, 0, out); break;
+        case 6: em_dot2_q5_0(w, stride, q, nb, 0, out); break;
+        default: em_dot2_q8_0(w, stride, q, nb, 0, out);
+        }
+        return out[0] + out[1];
     }
+    switch (type) {
+    case KQ_TYPE_Q4_K: kq_dot_rows_q4_K(w, k, nb, nx, nb, out); break;
+    case KQ_TYPE_Q5_K: kq_dot_rows_q5_K(w, k, nb, nx, nb, out); break;
+    case KQ_TYPE_Q6_K: kq_dot_rows_q6_K(w, k, nb, nx, nb, out); break;
+    case KQ_TYPE_Q2_K: kq_dot_rows_q2_K(w, k, nb, nx, nb, out); break;
+    case KQ_TYPE_Q3_K: kq_dot_rows_q3_K(w, k, nb, nx, nb, out); break;
+    case KQ_TYPE_IQ4_XS: kq_dot_rows_iq4_xs(w, k, nb, nx, nb, out); break;
+    case 2: em_dots_q4_0(w, q, 0, nb, nx, 0, out); break;
+    case 3: em_dots_q4_1(w, q, 0, nb, nx, 0, out); break;
+    case 6: em_dots_q5_0(w, q, 0, nb, nx, 0, out); break;
+    default: em_dots_q8_0(w, q, 0, nb, nx, 0, out);
+    }
+    return out[0] + out[1];
 }
 int main(int argc, char **argv) {
     const int type = atoi(argv[1]), bytes = atoi(argv[2]), n = atoi(argv[3]), call = atoi(argv[4]);
-    const int nx = atoi(argv[5]); /* rows of x a call takes (1 or 2) */
+    const int nx = atoi(argv[5]); /* rows of x a call takes (1 or 2; -2: two weight rows, one x) */
     const int elems = type >= 10 && type != 20 ? 256 : 32, nb = n / elems;
-    uint8_t *w = weight_row(type, bytes, nb);
+    uint8_t *w = weight_row(type, bytes, 2 * nb);
     float *v = activations(n);
     void *x;
     if (elems == 256) {
@@ -113,7 +140,7 @@ int main(int argc, char **argv) {
         em_quantize_row_q16(v, x, nb);
         em_quantize_row_q16(v, (em_block_q16 *)x + nb, nb);
     }
-    volatile float s = call ? dot_row(type, w, x, nb, nx) : 0.0f;
+    volatile float s = call ? dot_row(type, w, x, nb, nx, (int64_t)bytes * nb) : 0.0f;
     return s != s; /* a NaN would tell of a bad block */
 }
 """
@@ -197,53 +224,147 @@ def llama_cpp_ggml(tmp: Path) -> Path:
 
 def executed(exe: Path, args: list[str], log: Path) -> int:
     """Instructions the program executed (one traced block each in singlestep mode)."""
-    cmd = [QEMU, "-cpu", "max", "-singlestep", "-d", "exec,nochain", "-D", str(log), str(exe)]
-    subprocess.run(cmd + args, check=True)
+    trace(exe, args, log)
     with log.open() as lines:
         return sum(1 for line in lines if line.startswith("Trace"))
+
+
+def trace(exe: Path, args: list[str], log: Path) -> None:
+    cmd = [QEMU, "-cpu", "max", "-singlestep", "-d", "exec,nochain", "-D", str(log), str(exe)]
+    subprocess.run(cmd + args, check=True)
+
+
+BRANCHES = re.compile(r"^(b|b\.\w+|cbn?z|tbn?z|adrp?)$")
+
+
+def disassembly(exe: Path) -> dict[int, str]:
+    """Each address of exe's code and its instruction, as llvm-mca reads it: objdump's comments
+    and symbols dropped, branch targets made one label (llvm-mca does not follow them)."""
+    out = subprocess.run(
+        [OBJDUMP, "-d", "--no-show-raw-insn", str(exe)], check=True, capture_output=True, text=True
+    ).stdout
+    code = {}
+    for line in out.splitlines():
+        if not (m := re.match(r"\s*([0-9a-f]+):\s+(\S.*)$", line)):
+            continue
+        text = re.sub(r"\s*<[^>]*>", "", m.group(2).split("//")[0]).strip()
+        if BRANCHES.match(text.split()[0]):
+            text = re.sub(r"\b[0-9a-f]+$", "here", text)
+        code[int(m.group(1), 16)] = text
+    return code
+
+
+def call_cycles(exe: Path, args: list[str], log: Path, cpus: list[str]) -> list[float]:
+    """llvm-mca's cycles for what dot_row executed (traced), on each CPU model; calls and
+    returns left out."""
+    trace(exe, args, log)
+    code, ran, inside = disassembly(exe), [], False
+    with log.open() as lines:
+        for line in lines:
+            if not line.startswith("Trace"):
+                continue
+            symbol, pc = line.split()[-1], int(line.split("[")[1].split("/")[1], 16)
+            if symbol == "dot_row":
+                inside = True
+            elif inside and symbol == "main":
+                break
+            if inside and code[pc].split()[0] not in ("bl", "blr", "ret"):
+                ran.append(code[pc])
+    asm = log.with_suffix(".s")
+    asm.write_text("here:\n" + "\n".join(ran) + "\n")
+    cycles = []
+    for cpu in cpus:
+        cmd = [MCA, "-mtriple=aarch64", f"-mcpu={cpu}", "-iterations=1", str(asm)]
+        report = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        cycles.append(float(re.search(r"Total Cycles:\s+(\d+)", report).group(1)))
+    return cycles
+
+
+def build(tmp: Path, with_llama_cpp: bool) -> dict[str, Path]:
+    """The drivers, one static executable a copy (and llama.cpp's, when asked)."""
+    src = tmp / "driver.c"
+    src.write_text(DRIVER)
+    exes = {}
+    for copy, flags in COPIES.items():
+        exes[copy] = tmp / copy
+        cmd = [CC, *FLAGS, *flags, f"-I{NATIVE}", str(src), "-o", str(exes[copy]), "-lm"]
+        subprocess.run(cmd, check=True, capture_output=True)
+    if with_llama_cpp:
+        ggml, lsrc = llama_cpp_ggml(tmp), tmp / "llama_driver.c"
+        lsrc.write_text(LLAMA_DRIVER)
+        includes = [f"-I{ggml / d}" for d in ("include", "src", "src/ggml-cpu")]
+        quants = ggml / "src" / "ggml-cpu" / "arch" / "arm" / "quants.c"
+        for copy, flags in COPIES.items():
+            exe = exes[f"llama.cpp {copy}"] = tmp / f"llama_{copy}"
+            cmd = [CC, *FLAGS, *flags, "-D_GNU_SOURCE", *includes, str(lsrc), str(quants)]
+            subprocess.run([*cmd, "-o", str(exe), "-lm"], check=True, capture_output=True)
+    return exes
+
+
+# the 32-element types whose decode (one row of x) takes two weight rows a pass (kernels.c's
+# em_q16_dot2_of); the others take one
+DECODE_PAIRS = {"Q4_0", "Q4_1", "Q5_0"}
+
+
+def count_table(exes: dict[str, Path], row: int, log: Path) -> None:
+    """Instructions a block and row: one row of x (with llama.cpp's), two rows of x a call (x2),
+    two weight rows a call (w2: decode, where kernels.c takes it)."""
+    print(f"instructions per block, one row of {row} values")
+    print(f"{'type':<10}" + "".join(f"{c:>19}" for c in exes))
+    for name, (ggml_type, bytes_, elems) in TYPES.items():
+        for nx in (1, 2, -2):
+            if nx == -2 and name not in DECODE_PAIRS:
+                continue
+            run = [str(ggml_type), str(bytes_), str(row)]
+            per = []
+            for column, exe in exes.items():
+                if column.startswith("llama.cpp") and nx != 1:
+                    per.append(None)  # one row a call (two only with i8mm's mmla)
+                    continue
+                with_call = executed(exe, [*run, "1", str(nx)], log)
+                without = executed(exe, [*run, "0", str(nx)], log)
+                per.append((with_call - without) / (row // elems) / abs(nx))
+            label = {1: name, 2: f"{name} x2", -2: f"{name} w2"}[nx]
+            cells = "".join(f"{'':>19}" if n is None else f"{n:>19.1f}" for n in per)
+            print(f"{label:<10}" + cells)
+
+
+def cycle_table(exes: dict[str, Path], row: int, log: Path) -> None:
+    """llvm-mca's cycles a block and weight row as decode runs them (one row of x; Ember's
+    DECODE_PAIRS two weight rows a call), Ember's (and llama.cpp's: Ember / llama.cpp)."""
+    print(f"\ncycles per block on llvm-mca's CPU models, decode (one row of {row} values)")
+    columns = [(copy, cpu) for copy in COPIES for cpu in MCA_CPUS[copy]]
+    print(f"{'type':<10}" + "".join(f"{f'{copy} {cpu}':>23}" for copy, cpu in columns))
+    for name, (ggml_type, bytes_, elems) in TYPES.items():
+        run, blocks = [str(ggml_type), str(bytes_), str(row), "1"], row // elems
+        pairs = name in DECODE_PAIRS
+        cells = []
+        for copy in COPIES:
+            ours = call_cycles(exes[copy], [*run, "-2" if pairs else "1"], log, MCA_CPUS[copy])
+            theirs = exes.get(f"llama.cpp {copy}")
+            peer = call_cycles(theirs, [*run, "1"], log, MCA_CPUS[copy]) if theirs else None
+            for i, cycles in enumerate(ours):
+                cell = f"{cycles / blocks / (2 if pairs else 1):.1f}"
+                cell += f" / {peer[i] / blocks:.1f}" if peer else ""
+                cells.append(f"{cell:>23}")
+        print(f"{name:<10}" + "".join(cells))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--row", type=int, default=3072, help="values a row (a multiple of 256)")
     parser.add_argument("--llama-cpp", action="store_true", help="llama.cpp's kernels beside")
+    parser.add_argument("--mca", action="store_true", help="llvm-mca's cycles on ARM cores too")
     args = parser.parse_args()
     if not (shutil.which(CC) and shutil.which(QEMU)):
         raise SystemExit(f"needs {CC} and {QEMU} (apt-get install gcc-aarch64-linux-gnu qemu-user)")
-    print(f"instructions per block, one row of {args.row} values")
-    columns = [*COPIES, *(f"llama.cpp {c}" for c in COPIES if args.llama_cpp)]
-    print(f"{'type':<10}" + "".join(f"{c:>19}" for c in columns))
+    if args.mca and not shutil.which(MCA):
+        raise SystemExit(f"--mca needs {MCA} (apt-get install llvm-19)")
     with tempfile.TemporaryDirectory() as tmp:
-        src, log = Path(tmp) / "driver.c", Path(tmp) / "exec.log"
-        src.write_text(DRIVER)
-        exes = {}
-        for copy, flags in COPIES.items():
-            exes[copy] = Path(tmp) / copy
-            cmd = [CC, *FLAGS, *flags, f"-I{NATIVE}", str(src), "-o", str(exes[copy]), "-lm"]
-            subprocess.run(cmd, check=True, capture_output=True)
-        if args.llama_cpp:
-            ggml, lsrc = llama_cpp_ggml(Path(tmp)), Path(tmp) / "llama_driver.c"
-            lsrc.write_text(LLAMA_DRIVER)
-            includes = [f"-I{ggml / d}" for d in ("include", "src", "src/ggml-cpu")]
-            quants = ggml / "src" / "ggml-cpu" / "arch" / "arm" / "quants.c"
-            for copy, flags in COPIES.items():
-                exe = exes[f"llama.cpp {copy}"] = Path(tmp) / f"llama_{copy}"
-                cmd = [CC, *FLAGS, *flags, "-D_GNU_SOURCE", *includes, str(lsrc), str(quants)]
-                subprocess.run([*cmd, "-o", str(exe), "-lm"], check=True, capture_output=True)
-        for name, (ggml_type, bytes_, elems) in TYPES.items():
-            for nx in (1, 2):
-                run = [str(ggml_type), str(bytes_), str(args.row)]
-                per = []
-                for column in columns:
-                    if column.startswith("llama.cpp") and nx == 2:
-                        per.append(None)  # one row a call (two only with i8mm's mmla)
-                        continue
-                    with_call = executed(exes[column], [*run, "1", str(nx)], log)
-                    without = executed(exes[column], [*run, "0", str(nx)], log)
-                    per.append((with_call - without) / (args.row // elems) / nx)
-                label = name if nx == 1 else f"{name} x{nx}"
-                cells = "".join(f"{'':>19}" if n is None else f"{n:>19.1f}" for n in per)
-                print(f"{label:<10}" + cells)
+        exes, log = build(Path(tmp), args.llama_cpp), Path(tmp) / "exec.log"
+        count_table(exes, args.row, log)
+        if args.mca:
+            cycle_table(exes, args.row, log)
 
 
 if __name__ == "__main__":
