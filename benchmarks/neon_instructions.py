@@ -31,6 +31,7 @@ llvm-19).
 """
 
 import argparse
+import functools
 import re
 import shutil
 import subprocess
@@ -237,9 +238,11 @@ def trace(exe: Path, args: list[str], log: Path) -> None:
 BRANCHES = re.compile(r"^(b|b\.\w+|cbn?z|tbn?z|adrp?)$")
 
 
+@functools.cache
 def disassembly(exe: Path) -> dict[int, str]:
     """Each address of exe's code and its instruction, as llvm-mca reads it: objdump's comments
-    and symbols dropped, branch targets made one label (llvm-mca does not follow them)."""
+    and symbols dropped, branch targets made one label (llvm-mca does not follow them). Once an
+    executable: every type's call runs in the same one."""
     out = subprocess.run(
         [OBJDUMP, "-d", "--no-show-raw-insn", str(exe)], check=True, capture_output=True, text=True
     ).stdout
