@@ -1,9 +1,10 @@
 /* How many of each 256-bit instruction the prompt kernels are made of one core issues a second:
  * the float32 multiply-add (attention, the float32 matmul), vpmaddwd and vpdpwssd (gemm16's
  * int16 pairs, without and with AVX-VNNI), vpmaddubsw and vpdpbusd (gemm8's int8), the adds
- * that follow vpmaddwd and vpmaddubsw without VNNI, and pairs of them, which tell whether two
- * kinds share their execution ports. Twelve independent registers a loop, so nothing waits on
- * a result; the CPU needs AVX2, FMA and AVX-VNNI.
+ * that follow vpmaddwd and vpmaddubsw without VNNI, vphaddd, a broadcast from memory (rows8.h's
+ * x), and pairs of them, which tell whether two kinds share their execution ports. Twelve
+ * independent registers a loop, so nothing waits on a result; the CPU needs AVX2, FMA and
+ * AVX-VNNI.
  *
  *     gcc -O2 -fopenmp benchmarks/pipe_peaks.c -o /tmp/pipe_peaks && /tmp/pipe_peaks [threads]
  *
@@ -49,5 +50,10 @@ int main(int argc, char **argv) {
     RUN("vfmadd231ps + vpmaddwd", "vfmadd231ps" IN2, "vpmaddwd" IN2);
     RUN("vpmaddwd + vpaddd", "vpmaddwd" IN2, "vpaddd" IN2);
     RUN("vpmaddwd + vcvtdq2ps", "vpmaddwd" IN2, "vcvtdq2ps %%ymm14,");
+    RUN("vphaddd", "vphaddd" IN2, "vphaddd" IN2);
+    RUN("vpmaddwd + vphaddd", "vpmaddwd" IN2, "vphaddd" IN2);
+    RUN("vpbroadcastd m32", "vpbroadcastd (%%rsp),", "vpbroadcastd (%%rsp),");
+    RUN("vpmaddwd + vpbroadcastd m32", "vpmaddwd" IN2, "vpbroadcastd (%%rsp),");
+    RUN("vpaddd + vpbroadcastd m32", "vpaddd" IN2, "vpbroadcastd (%%rsp),");
     return 0;
 }
