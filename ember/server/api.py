@@ -106,8 +106,8 @@ def _think(value: Any) -> Any:
 
 
 def _format(value: Any) -> Any:
-    if value == "":
-        return None
+    if value is None or value == "":  # as Ollama: null and "" are "not set" (LangChain's
+        return None  # OllamaLLM sends "")
     if value == "json" or isinstance(value, dict):
         return value
     raise ValueError('must be "json" or a JSON schema object')
@@ -144,7 +144,7 @@ Int = Annotated[int, BeforeValidator(_integral)]
 Image = Annotated[bytes, BeforeValidator(_base64)]
 KeepAlive = Annotated[float, BeforeValidator(_keep_alive)]  # seconds; math.inf: forever
 Think = Annotated[bool | str, BeforeValidator(_think)]
-Format = Annotated[str | dict[str, Any], BeforeValidator(_format)]
+Format = Annotated[str | dict[str, Any] | None, BeforeValidator(_format)]
 Strings = Annotated[list[str], BeforeValidator(_strings)]
 Arguments = Annotated[dict[str, Any], BeforeValidator(parse_arguments)]
 LogitBias = Annotated[dict[int, float], BeforeValidator(_token_ids)]
@@ -298,7 +298,7 @@ class Tool(Body):
 class Generation(Named):
     """Fields /api/generate and /api/chat share."""
 
-    format: Format | None = None
+    format: Format = None
     options: RequestOptions | None = None
     stream: bool = True
     keep_alive: KeepAlive | None = None

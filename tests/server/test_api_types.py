@@ -70,6 +70,13 @@ def test_generate_fields() -> None:
     assert Options.parse(r.options.given()).num_ctx == 2048
 
 
+@pytest.mark.parametrize("request_type", [GenerateRequest, ChatRequest])
+@pytest.mark.parametrize("given", [None, ""])
+def test_a_format_of_null_or_empty_is_no_format(request_type, given) -> None:
+    # as Ollama's: LangChain's OllamaLLM sends "format": "" on every request
+    assert parse(request_type, {"model": "m", "format": given}).format is None
+
+
 @pytest.mark.parametrize(
     ("value", "seconds"), [(0, 0.0), (-1, math.inf), ("5m", 300.0), (30, 30.0)]
 )

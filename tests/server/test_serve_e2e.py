@@ -348,3 +348,21 @@ def test_langchain_ollama_chats_and_streams(server: Server) -> None:
     assert answer.usage_metadata and answer.usage_metadata["output_tokens"] > 0
     pieces = [chunk.content for chunk in llm.stream("Name one colour of the rainbow.")]
     assert len(pieces) > 1 and "".join(pieces) == answer.content
+
+
+def test_langchain_ollama_completion_and_structured_output(server: Server) -> None:
+    # OllamaLLM sends "format": "" on every request (a 400 until Ember read it as Ollama does);
+    # with_structured_output sends the pydantic model's JSON schema as the format
+    lc = pytest.importorskip("langchain_ollama")
+    pydantic = pytest.importorskip("pydantic")
+    completion = lc.OllamaLLM(model=MODEL, base_url=server.url, num_predict=8, **GREEDY)
+    text = completion.invoke("1, 2, 3,")
+    assert isinstance(text, str) and text.strip()
+
+    class Person(pydantic.BaseModel):
+        name: str
+        age: int
+
+    chat = lc.ChatOllama(model=MODEL, base_url=server.url, num_predict=48, **GREEDY)
+    person = chat.with_structured_output(Person).invoke("Ann is 30 years old. Who is she?")
+    assert isinstance(person, Person)
