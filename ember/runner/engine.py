@@ -311,7 +311,11 @@ class Engine:
             seq.grammar.accept(token)
         if seq.request.logprobs:
             seq.held_logprobs.append(self._logprob(row, token, seq.request.top_logprobs))
-        text = seq.stops.push(seq.decoder.push(token))
+        piece = seq.decoder.push(token)
+        if seq.repeats_too_often(piece):  # as Ollama: the repeat is not sent
+            self._finish(seq, STOP)
+            return
+        text = seq.stops.push(piece)
         if text:
             seq.send(Piece(text, tuple(seq.held_logprobs)))
             seq.held_logprobs.clear()

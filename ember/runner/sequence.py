@@ -19,6 +19,9 @@ from ember.tokenizer import Tokenizer
 
 # done_reason values, as the runner reports them (Ollama's DoneReason 0, 1, 2)
 STOP, LENGTH, CLOSED = "stop", "length", "closed"
+# Ollama ends an answer whose token text, trimmed, came this many times in a row after its
+# first (a model stuck on one token: whitespace in JSON, say), where it would run to num_predict
+MAX_TOKEN_REPEATS = 30
 
 
 class InputTooLongError(EmberError):
@@ -164,6 +167,7 @@ class Sequence:
         self.stops = StopMatcher(opts.stop)
         self.decoder = tokenizer.stream_decoder()
         self.generated: list[int] = []
+        self.last_text, self.text_repeats = "", 0  # the last token's trimmed text, its run
         self.held_logprobs: list[TokenLogprob] = []  # of tokens whose text is held back
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.cancelled = False
@@ -198,6 +202,16 @@ class Sequence:
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    def repeats_too_often(self, text: str) -> bool:
+        """Whether a token of this text, trimmed, makes a run of the same more than
+        MAX_TOKEN_REPEATS long after its first (Ollama's count: from "", whitespace as one)."""
+        text = text.strip()
+        if text == self.last_text:
+            self.text_repeats += 1
+        else:
+            self.last_text, self.text_repeats = text, 0
+        return self.text_repeats > MAX_TOKEN_REPEATS
 
     def send(self, event: Event) -> None:
         self.events.put(event)

@@ -285,3 +285,15 @@ def test_closing_ends_waiting_requests_with_an_error(make):
     engine.close()
     _, done = collect(seq)
     assert done.error is not None
+
+
+def test_a_token_text_repeated_more_than_30_times_in_a_row_ends_the_answer(make):
+    # as Ollama: the 32nd "ff" in a row is not sent, and the answer ends with "stop"
+    engine, _ = make(num_ctx=256)
+    forced = Request([0], opts(num_predict=100), logit_bias=((5, 1e9),))
+    text, done = collect(engine.submit(forced))
+    assert text == "ff" * 31
+    assert (done.done_reason, done.eval_count) == ("stop", 32)
+    # an answer whose token texts change goes on to num_predict
+    text, done = collect(engine.submit(Request([0], opts(num_predict=70))))
+    assert (done.done_reason, done.eval_count) == ("length", 70)
