@@ -46,7 +46,11 @@ def inputs_of(loaded, text: str) -> PromptInputs:
 
 
 def request(inputs: PromptInputs, *, num_keep: int, num_predict: int, tokens=None) -> Request:
-    greedy = Options(temperature=0, num_keep=num_keep, num_predict=num_predict)
+    # a frequency penalty: the random model would repeat one token, and an answer ends after
+    # 31 in a row (Ollama's guard), before its context shifts
+    greedy = Options(
+        temperature=0, num_keep=num_keep, num_predict=num_predict, frequency_penalty=5.0
+    )
     return Request(list(tokens or inputs.tokens), greedy, logit_bias=NO_EOS,
                    same_batch=inputs.same_batch, multimodal=inputs.multimodal,
                    image_hashes=inputs.image_hashes)  # fmt: skip
