@@ -306,15 +306,15 @@ class Engine:
             self._finish(seq, STOP)
             return
         seq.generated.append(token)
+        piece = seq.decoder.push(token)
+        if seq.repeats_too_often(piece):  # as Ollama: the repeat is not sent (nor its logprob)
+            self._finish(seq, STOP)
+            return
         seq.sampler.accept(token)
         if seq.grammar is not None:
             seq.grammar.accept(token)
         if seq.request.logprobs:
             seq.held_logprobs.append(self._logprob(row, token, seq.request.top_logprobs))
-        piece = seq.decoder.push(token)
-        if seq.repeats_too_often(piece):  # as Ollama: the repeat is not sent
-            self._finish(seq, STOP)
-            return
         text = seq.stops.push(piece)
         if text:
             seq.send(Piece(text, tuple(seq.held_logprobs)))

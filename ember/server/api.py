@@ -106,8 +106,9 @@ def _think(value: Any) -> Any:
 
 
 def _format(value: Any) -> Any:
-    if value is None or value == "":  # as Ollama: null and "" are "not set" (LangChain's
-        return None  # OllamaLLM sends "")
+    # as Ollama: null and "" mean no format (LangChain's OllamaLLM sends "" on every request)
+    if value is None or value == "":
+        return None
     if value == "json" or isinstance(value, dict):
         return value
     raise ValueError('must be "json" or a JSON schema object')
