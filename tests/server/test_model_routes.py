@@ -434,3 +434,21 @@ def test_ollama_client_pulls_a_catalogue_model_offline(
     assert shown.modelinfo is not None
     assert shown.modelinfo["tokenizer.ggml.tokens"] is None  # 49,152 tokens: not shown
     assert shown.modelinfo["llama.block_count"] == 30
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+def test_create_from_a_bundled_model_not_yet_pulled_pulls_it_first(
+    served: ollama.Client, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as Ollama pulls a missing FROM model; a bundled one comes from its packages, offline
+    monkeypatch.setenv("EMBER_REGISTRY", "http://127.0.0.1:9")  # a registry is never asked
+    progress = list(served.create("brief", from_="smollm2:135m", system="Be brief.", stream=True))
+    statuses = [p.status for p in progress]
+    assert statuses[0] == "pulling model" and "pulling manifest" in statuses
+    assert statuses.count("success") == 1 and statuses[-1] == "success"
+    assert sorted(m.model for m in served.list().models) == ["brief:latest", "smollm2:135m"]
+    assert "SYSTEM Be brief." in (served.show("brief").modelfile or "")
+    # a name that is neither stored nor bundled stays not found
+    with pytest.raises(ollama.ResponseError, match="not found"):
+        served.create("other", from_="nosuch:1b")
