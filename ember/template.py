@@ -1,11 +1,15 @@
 """Chat templates: the GGUF's Jinja template rendered in minijinja's sandbox with a fuel limit,
-and built-in templates for models whose files carry none (Gemma 3)."""
+Ollama's Go templates (Modelfile TEMPLATEs) in gotemplate.py's, and built-in templates for
+models whose files carry none (Gemma 3)."""
 
+import functools
 from typing import Any
 
 import minijinja
 
 from ember.errors import EmberError
+from ember.gochat import render_go
+from ember.gotemplate import GoTemplate, GoTemplateError, is_go_template
 
 FUEL = 2_000_000  # bounds the work an untrusted template may do
 
@@ -34,7 +38,19 @@ def render_chat(
     **context: Any,
 ) -> str:
     """Renders messages, plus any extra variables (bos_token, tools...). add_generation_prompt
-    False leaves the assistant turn unopened (to continue a final assistant message)."""
+    False leaves the assistant turn unopened (to continue a final assistant message).
+
+    A Go template sees what Ollama's do (System, Messages, Tools, Think...; its own rules for a
+    final assistant message), from the tools, enable_thinking and reasoning_effort given."""
+    if is_go_template(template):
+        think = context.get("reasoning_effort", context.get("enable_thinking"))
+        try:
+            go = _parsed_go(template)
+            return render_go(go, messages, tools=context.get("tools"), think=think)
+        except GoTemplateError as e:
+            raise TemplateError(str(e)) from None
+        except RecursionError:  # a template nested deeper than Python's stack
+            raise TemplateError("the Go template failed: it nests too deeply") from None
     env = minijinja.Environment()
     env.fuel = FUEL
     env.pycompat = True  # HF templates call Python string methods (.strip(), .startswith())
@@ -47,3 +63,8 @@ def render_chat(
         raise
     except Exception as e:  # minijinja reports syntax, runtime and fuel errors alike
         raise TemplateError(f"the chat template failed: {str(e).splitlines()[0]}") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_go(source: str) -> GoTemplate:
+    return GoTemplate(source)

@@ -120,8 +120,26 @@ def _checked_chat(state: ServerState, req: ChatRequest) -> tuple[Plan, ChatReque
     return plan, req
 
 
-async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[Chunk, None]:
-    start = time.perf_counter_ns()
+async def rendered(state: ServerState, req: GenerateRequest | ChatRequest) -> Chunk:
+    """Ollama's `_debug_render_only` answer: the prompt the template made, nothing generated."""
+    if isinstance(req, ChatRequest):
+        plan, req = _checked_chat(state, req)
+    else:
+        plan = _checked_generate(state, req)
+    async with state.lease(plan, req.keep_alive) as lease:
+        if isinstance(req, ChatRequest):
+            prompt = await _chat_prompt(lease, plan, req)
+            empty: Chunk = {"message": {"role": "", "content": ""}}
+        else:
+            prompt = await _generate_prompt(lease, plan, req)
+            empty = {"response": ""}
+    info: dict[str, Any] = {"rendered_template": prompt.text}
+    if prompt.images:
+        info["image_count"] = len(prompt.images)
+    return {"model": req.model, "created_at": now(), **empty, "done": False, "_debug_info": info}
+
+
+def _checked_generate(state: ServerState, req: GenerateRequest) -> Plan:
     plan = state.plan(req.model, req.options)
     images = bool(req.images)
     check_capabilities(
@@ -131,6 +149,12 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
         raise APIError(400, "raw mode does not support template, system, or context")
     if req.suffix and "insert" not in plan.model.capabilities:
         raise unsupported(req.model, "insert")
+    return plan
+
+
+async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[Chunk, None]:
+    start = time.perf_counter_ns()
+    plan = _checked_generate(state, req)
     if not req.prompt and not req.images:
         reason, load_ns = await load_or_unload(state, plan, req.keep_alive)
         yield _final({"response": ""}, req.model, reason, start, load_ns)

@@ -5,7 +5,6 @@ Only names resolve here, never file paths: a request cannot make the server open
 
 import functools
 import logging
-import re
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,10 +25,6 @@ from ember.store.ggufinfo import FILE_TYPES, human_number
 from ember.template import BUILTIN
 
 log = logging.getLogger("ember.server")
-
-# Ollama's own templates are Go templates ("{{ .Prompt }}", "{{ range .Messages }}"): Ember
-# renders Jinja only, so such a template gives way to the GGUF's own.
-_GO_TEMPLATE = re.compile(r"\{\{-?\s*(\.|range\s|if\s+\.|end\s*-?\}\})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +110,6 @@ class Models:
     def _from_store(self, stored: Any) -> ServedModel:
         facts = self.facts(stored.model_path)
         template = stored.template
-        if template and _GO_TEMPLATE.search(template):
-            log.warning("ignoring a Go template: Ember renders Jinja", extra={"model": stored.name})
-            template = None
         messages = tuple(Message(m["role"], m.get("content", "")) for m in stored.messages)
         details = stored.details.to_json()
         return _served(

@@ -9,6 +9,7 @@ from functools import cache
 from typing import Any
 
 from ember.errors import EmberError
+from ember.gotemplate import is_go_template
 from ember.template import render_chat
 
 # No chat template in the file: the contents, one after another (a generate prompt stays as is).
@@ -60,7 +61,7 @@ def fill_in_middle(vocab: Sequence[str]) -> FillInMiddle | None:
 class ChatTemplate:
     """What building a prompt needs to know of a model."""
 
-    source: str | None  # the Jinja chat template; None: PLAIN_TEMPLATE
+    source: str | None  # the chat template (Jinja, or Ollama's Go); None: PLAIN_TEMPLATE
     bos_token: str = ""
     eos_token: str = ""
     system: str = ""  # the default system prompt (Modelfile SYSTEM)
@@ -74,7 +75,14 @@ class ChatTemplate:
         source = self.source or PLAIN_TEMPLATE
         extra = {"bos_token": self.bos_token, "eos_token": self.eos_token, **context}
         last = messages[-1] if messages else None
-        if last is not None and last.role == "assistant" and last.content and not last.tool_calls:
+        # a Go template continues a final assistant message itself, as in Ollama
+        if (
+            last is not None
+            and last.role == "assistant"
+            and last.content
+            and not last.tool_calls
+            and not is_go_template(source)
+        ):
             return _continued(source, dicts, extra), images
         return render_chat(source, dicts, **extra), images
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from ember import OLLAMA_API_VERSION, __version__
@@ -58,6 +58,8 @@ async def version() -> dict[str, str]:
 @router.post("/api/generate", openapi_extra=json_body(GenerateRequest))
 async def generate(request: Request) -> Response:
     req = await body_of(request, GenerateRequest)
+    if req.debug_render_only:
+        return await _rendered(request, req)
     chunks = generation.generate(state_of(request), req)
     return await respond(request, chunks, stream=req.stream, merge=generation.merge_generate)
 
@@ -65,8 +67,17 @@ async def generate(request: Request) -> Response:
 @router.post("/api/chat", openapi_extra=json_body(ChatRequest))
 async def chat(request: Request) -> Response:
     req = await body_of(request, ChatRequest)
+    if req.debug_render_only:
+        return await _rendered(request, req)
     chunks = generation.chat(state_of(request), req)
     return await respond(request, chunks, stream=req.stream, merge=generation.merge_chat)
+
+
+async def _rendered(request: Request, req: GenerateRequest | ChatRequest) -> Response:
+    # Ollama answers one JSON object here, streamed or not
+    return JSONResponse(
+        await until_disconnected(request, generation.rendered(state_of(request), req))
+    )
 
 
 @router.post("/api/embed", openapi_extra=json_body(EmbedRequest))

@@ -301,3 +301,39 @@ def test_fim_styles() -> None:
         "<fim_prefix>", "<fim_suffix>", "<fim_middle>"
     )
     assert fill_in_middle(["<|fim_prefix|>", "<|fim_suffix|>"]) is None
+
+
+# --- Go templates (Ollama's Modelfile TEMPLATEs) ---
+
+GO_LINES = "{{ range .Messages }}{{ .Role }}: {{ .Content }}\n{{ end }}"
+GO_TURN = "{{ if .System }}[{{ .System }}] {{ end }}Q: {{ .Prompt }}\nA: {{ .Response }}\n"
+
+
+def test_a_go_template_builds_chats_with_the_models_system_and_messages() -> None:
+    template = ChatTemplate(GO_LINES, system="S", messages=(Message("user", "m1"),))
+    text = chat_prompt(template, [Message("assistant", "a1"), Message("user", "hi")]).text
+    assert text == "system: S\nuser: m1\nassistant: a1\nuser: hi\n"
+    # as Ollama's: a run of one role is one message
+    text = chat_prompt(template, [Message("user", "hi")]).text
+    assert text == "system: S\nuser: m1\n\nhi\n"
+    # a template without .Messages: a turn at a time, the last left open for the answer
+    template = ChatTemplate(GO_TURN, system="S")
+    messages = [Message("user", "a"), Message("assistant", "b"), Message("user", "c")]
+    assert chat_prompt(template, messages).text == "[S] Q: a\nA: b\nQ: c\nA: "
+    # a final assistant message is continued, as the template's turns leave it open
+    messages = [Message("user", "a"), Message("assistant", "1, 2,")]
+    assert chat_prompt(template, messages).text == "[S] Q: a\nA: 1, 2,"
+
+
+def test_a_go_template_drops_the_oldest_messages_to_fit() -> None:
+    template = ChatTemplate(GO_LINES)
+    messages = [Message("system", "s")]
+    messages += [Message("user" if i % 2 else "assistant", f"m{i}") for i in range(6)]
+    prompt = chat_prompt(template, messages, count=chars, num_ctx=40)
+    assert prompt.text == "system: s\nassistant: m4\nuser: m5\n" and prompt.truncated
+
+
+def test_generate_through_a_go_template() -> None:
+    template = ChatTemplate(GO_TURN, system="model system")
+    assert generate_prompt(template, Completion("hi")).text == "[model system] Q: hi\nA: "
+    assert generate_prompt(template, Completion("hi", system="own")).text == "[own] Q: hi\nA: "

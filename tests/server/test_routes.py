@@ -211,3 +211,31 @@ def test_legacy_embeddings_are_not_normalised(client):
 def test_unknown_routes_are_json_404(client):
     r = client.get("/api/nothing")
     assert r.status_code == 404 and "error" in r.json()
+
+
+def test_debug_render_only_answers_the_prompt_without_generating(client, starter):
+    r = client.post(
+        "/api/generate",
+        json={"model": "fake", "prompt": "why", "_debug_render_only": True},
+    )
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert body["_debug_info"] == {"rendered_template": "<user>why</user>\n<assistant>"}
+    assert body["done"] is False and body["response"] == ""
+    chat = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
+    r = client.post("/api/chat", json=chat | {"_debug_render_only": True, "stream": False})
+    assert r.json()["_debug_info"] == {"rendered_template": "<user>hi</user>\n<assistant>"}
+    assert r.json()["message"] == {"role": "", "content": ""}
+    assert all(not r.prompts for r in starter.runners)  # nothing was generated
+
+
+def test_a_requests_go_template_renders_its_prompt_and_a_bad_one_is_400(client):
+    body = {"model": "fake", "prompt": "why", "system": "S", "_debug_render_only": True}
+    template = "{{ if .System }}({{ .System }}) {{ end }}Q: {{ .Prompt }} A:"
+    r = client.post("/api/generate", json=body | {"template": template})
+    assert r.json()["_debug_info"]["rendered_template"] == "(S) Q: why A:"
+    r = client.post("/api/generate", json=body | {"template": "{{ .Prompt "})
+    assert r.status_code == 400
+    assert r.json() == {"error": "the Go template does not parse: unclosed action"}
+    r = client.post("/api/generate", json=body | {"template": "{{ .Prompt | nosuch }}"})
+    assert r.status_code == 400 and '"nosuch" not defined' in r.json()["error"]

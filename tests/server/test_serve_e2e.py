@@ -366,3 +366,36 @@ def test_langchain_ollama_completion_and_structured_output(server: Server) -> No
     chat = lc.ChatOllama(model=MODEL, base_url=server.url, num_predict=48, **GREEDY)
     person = chat.with_structured_output(Person).invoke("Ann is 30 years old. Who is she?")
     assert isinstance(person, Person)
+
+
+# SmolLM2's ChatML turns as an Ollama Modelfile writes them: a Go template
+CHATML_GO = (
+    "{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n"
+    "{{ end }}<|im_start|>assistant\n"
+)
+
+
+def test_a_modelfile_go_template_renders_as_the_models_own(client, server):
+    # the same turns through the GGUF's Jinja template and through a Go TEMPLATE: the same
+    # prompt, so the same greedy answer
+    client.create(model="chatml-go:1", from_=MODEL, template=CHATML_GO)
+    assert client.show("chatml-go:1").template == CHATML_GO
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": BLUE_SKY}]
+    rendered = []
+    for model in (MODEL, "chatml-go:1"):
+        body = {"model": model, "messages": messages, "_debug_render_only": True}
+        r = httpx.post(f"{server.url}/api/chat", json=body, timeout=120)
+        rendered.append(r.json()["_debug_info"]["rendered_template"])
+    assert rendered[0] == rendered[1]
+    assert rendered[1].endswith(f"user\n{BLUE_SKY}<|im_end|>\n<|im_start|>assistant\n")
+    options = {**GREEDY, "num_predict": 24}
+    answers = [
+        client.chat(m, messages, options=options).message.content for m in (MODEL, "chatml-go:1")
+    ]
+    assert answers[0] == answers[1] and answers[0]
+    # a request's own Go template, through the ollama client
+    r = client.generate(MODEL, "1, 2, 3,", template="{{ .Prompt }}", options=options)
+    assert r.response.strip()
+    with pytest.raises(ollama.ResponseError, match="does not parse"):
+        client.generate(MODEL, "x", template="{{ .Prompt ", options=options)
+    client.delete("chatml-go:1")

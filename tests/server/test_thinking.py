@@ -50,6 +50,12 @@ OWN_TAGS = (
         (DEEPSEEK_R1, THINK),
         (OWN_TAGS, ThinkingTags("<|begin_of_thought|>", "<|end_of_thought|>")),
         ("{% for m in messages %}{{ m.content }}{% endfor %}", None),
+        (  # a Go template, as Ollama's Modelfiles write them
+            "{{ range .Messages }}{{ if .Thinking }}<think>{{ .Thinking }}</think>{{ end }}"
+            "{{ .Content }}{{ end }}",
+            THINK,
+        ),
+        ("{{ range .Messages }}{{ .Content }}{{ end }}", None),
         ("{{ raise_exception('no') }}", None),
         (None, None),
     ],

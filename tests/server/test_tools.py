@@ -29,6 +29,24 @@ LLAMA_JSON = (
     "{% endif %}<|eot_id|>{%- endfor %}"
 )
 
+# Qwen 2.5's turns as an Ollama Modelfile writes them: a Go template
+QWEN_GO = (
+    "{{- if or .System .Tools }}<|im_start|>system\n{{ if .System }}{{ .System }}{{ end }}"
+    "{{- if .Tools }}\n\n# Tools\n\n<tools>{{ range .Tools }}\n"
+    '{"type": "function", "function": {{ .Function }}}{{ end }}\n</tools>\n\n'
+    "Calls go within <tool_call></tool_call> tags.{{ end }}<|im_end|>\n{{ end }}"
+    "{{- range $i, $_ := .Messages }}{{ $last := eq (len (slice $.Messages $i)) 1 }}"
+    '{{- if eq .Role "user" }}<|im_start|>user\n{{ .Content }}<|im_end|>\n'
+    '{{ else if eq .Role "assistant" }}<|im_start|>assistant\n'
+    "{{ if .Content }}{{ .Content }}{{ else if .ToolCalls }}<tool_call>\n"
+    '{{ range .ToolCalls }}{"name": "{{ .Function.Name }}", '
+    '"arguments": {{ .Function.Arguments }}}\n'
+    "{{ end }}</tool_call>{{ end }}{{ if not $last }}<|im_end|>\n{{ end }}"
+    '{{ else if eq .Role "tool" }}<|im_start|>user\n<tool_response>\n{{ .Content }}\n'
+    "</tool_response><|im_end|>\n{{ end }}"
+    '{{- if and (ne .Role "assistant") $last }}<|im_start|>assistant\n{{ end }}{{ end }}'
+)
+
 
 @pytest.fixture(scope="module")
 def qwen_template(qwen2_path: Any) -> str:
@@ -59,12 +77,18 @@ def test_smollm2_template_has_no_tools(smollm2_template: str) -> None:
     [
         (MISTRAL, ToolCallFormat("[TOOL_CALLS] [", "]")),
         (LLAMA_JSON, BARE_JSON),
+        (QWEN_GO, QWEN),
         ("{{ raise_exception('x') }}", BARE_JSON),
         (None, BARE_JSON),
     ],
 )
 def test_formats_of_other_templates(template: str | None, fmt: ToolCallFormat) -> None:
     assert tool_call_format(template) == fmt
+
+
+def test_a_go_template_that_shows_tools_can_use_them() -> None:
+    assert can_use_tools(QWEN_GO) is True
+    assert can_use_tools("{{ range .Messages }}{{ .Content }}{{ end }}") is False
 
 
 def call(name: str, index: int = 0, **arguments: Any) -> dict[str, Any]:
