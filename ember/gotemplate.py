@@ -27,18 +27,9 @@ from ember.errors import EmberError
 FUEL = 2_000_000  # nodes, commands and loop turns one render may take
 MAX_OUTPUT = 64 << 20  # bytes of text one render may write
 
-_KEYWORDS = {
-    "if",
-    "else",
-    "end",
-    "range",
-    "with",
-    "break",
-    "continue",
-    "define",
-    "template",
-    "block",
-}
+_KEYWORDS = frozenset(
+    ("if", "else", "end", "range", "with", "break", "continue", "define", "template", "block")
+)
 _SPACE = " \t\r\n"
 
 
@@ -155,6 +146,19 @@ def _number(s: str) -> int | float:
         return float(s)
 
 
+_COMMENT_OPENING = re.compile(r"\s*/\*")
+_COMMENT_CLOSING = re.compile(r"\*/(\s-)?\}\}")
+
+
+def _comment_end(source: str, at: int) -> tuple[int, bool]:
+    """The position after the comment whose text starts at `at`, and whether it trims after."""
+    end = source.find("*/", at)
+    closing = _COMMENT_CLOSING.match(source, end) if end >= 0 else None
+    if closing is None:
+        raise GoTemplateError("unclosed comment")
+    return closing.end(), closing.group(1) is not None
+
+
 def _lex(source: str) -> Iterator[tuple[str, Any]]:
     """("text", str) and ("action", tokens) items, trim markers applied to the text."""
     i, n = 0, len(source)
@@ -177,10 +181,9 @@ def _lex(source: str) -> Iterator[tuple[str, Any]]:
             inside += 1
         if text:
             yield "text", text
-        comment = re.match(r"\s*/\*.*?\*/\s*?(-?)\}\}", source[inside:], re.S)
-        if comment:  # {{/* ... */}}, whose closing may trim too
-            trim_next = comment.group(1) == "-"
-            i = inside + comment.end()
+        opening = _COMMENT_OPENING.match(source, inside)
+        if opening:  # {{/* ... */}}, whose closing may trim too
+            i, trim_next = _comment_end(source, opening.end())
             continue
         tokens, i, trim_next = _lex_action(source, inside)
         yield "action", tokens
@@ -200,6 +203,11 @@ class _Pipe:
     assign: bool = False
     cmds: list[_Command] = field(default_factory=list)
     chain: tuple[str, ...] = ()  # fields taken of a parenthesized pipeline's value
+
+
+@dataclass(frozen=True, slots=True)
+class _Jump:
+    kind: str  # break, continue
 
 
 @dataclass(slots=True)
@@ -240,7 +248,7 @@ class _Parser:
             if word in ("if", "range", "with"):
                 nodes.append(self.branch(word, tokens[1:]))
             elif word in ("break", "continue"):
-                nodes.append(word)
+                nodes.append(_Jump(word))
             elif word is not None:
                 raise GoTemplateError(f"{{{{{word}}}}} is not supported")
             else:
@@ -401,9 +409,8 @@ def _go_float(f: float) -> str:
 
 
 def go_json(v: Any) -> str:
-    """Go's json.Marshal of a value: compact, map keys sorted (a dict is a map; a GoStruct
-    keeps its own JSON), <, > and & escaped, whole floats
-    without a fraction."""
+    """Go's json.Marshal of a value: compact, a map's keys sorted (a dict is a map; a GoStruct
+    keeps its own JSON), <, > and & escaped, whole floats without a fraction."""
     text = json.dumps(_json_ready(v), separators=(",", ":"), ensure_ascii=False)
     text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
@@ -421,6 +428,10 @@ def _json_ready(v: Any) -> Any:
     return v
 
 
+_TS_TYPES = {"string": "string", "number": "number", "integer": "number", "boolean": "boolean"}
+_TS_TYPES |= {"array": "any[]", "object": "Record<string, any>", "null": "null"}
+
+
 def _ts_type(prop: Any) -> str:
     """Ollama's toTypeScriptType of a tool property."""
     if not isinstance(prop, dict):
@@ -433,16 +444,7 @@ def _ts_type(prop: Any) -> str:
         types = [types]
     if not types:
         return "any"
-    names = {
-        "string": "string",
-        "number": "number",
-        "integer": "number",
-        "boolean": "boolean",
-        "array": "any[]",
-        "object": "Record<string, any>",
-        "null": "null",
-    }
-    return " | ".join(names.get(t, "any") for t in types)
+    return " | ".join(_TS_TYPES.get(t, "any") for t in types)
 
 
 def _sprintf(fmt: str, *args: Any) -> str:
@@ -458,7 +460,7 @@ def _sprintf(fmt: str, *args: Any) -> str:
         except StopIteration:
             return f"%!{kind}(MISSING)"
         if kind in "sv":
-            text = go_json(a) if flags == "+" and isinstance(a, dict) else go_format(a, False)
+            text = go_format(a, False)
         elif kind == "q":
             text = json.dumps(go_format(a, False), ensure_ascii=False)
         elif kind == "d" and isinstance(a, int):
@@ -489,7 +491,6 @@ class _Continue(Exception):
 
 class _Exec:
     def __init__(self, root: Any) -> None:
-        self.root = root
         self.out: list[str] = []
         self.size = 0
         self.fuel = FUEL
@@ -510,11 +511,9 @@ class _Exec:
         for node in nodes:
             self.burn()
             if isinstance(node, str):
-                if node == "break":
-                    raise _Break
-                if node == "continue":
-                    raise _Continue
                 self.write(node)
+            elif isinstance(node, _Jump):
+                raise _Break if node.kind == "break" else _Continue
             elif isinstance(node, _Pipe):
                 value = self.pipe(node, dot)
                 if not node.decl:
@@ -522,15 +521,9 @@ class _Exec:
             else:
                 self.branch(node, dot)
 
-    def scoped(self, body: Callable[[], None]) -> None:
-        self.scopes.append({})
-        try:
-            body()
-        finally:
-            self.scopes.pop()
-
     def branch(self, node: _Branch, dot: Any) -> None:
-        def go() -> None:
+        self.scopes.append({})  # its variables last until its end
+        try:
             if node.kind == "range":
                 self.range(node, dot)
                 return
@@ -539,8 +532,8 @@ class _Exec:
                 self.run(node.body, value if node.kind == "with" else dot)
             else:
                 self.run(node.orelse, dot)
-
-        self.scoped(go)
+        finally:
+            self.scopes.pop()
 
     def range(self, node: _Branch, dot: Any) -> None:
         decl = node.pipe.decl
@@ -549,7 +542,7 @@ class _Exec:
             items: list[tuple[Any, Any]] = []
         elif isinstance(value, dict) and not isinstance(value, GoStruct):
             items = [(k, value[k]) for k in sorted(value)]
-        elif isinstance(value, (list, tuple, str)):
+        elif isinstance(value, (list, tuple)):
             items = list(enumerate(value))
         elif isinstance(value, int) and not isinstance(value, bool):
             items = [(i, i) for i in range(value)]

@@ -350,3 +350,16 @@ def test_render_chat_takes_go_templates_and_reports_their_errors() -> None:
         render_chat("{{ .Prompt ", CHAT)
     with pytest.raises(TemplateError, match='"nosuch" not defined'):
         render_chat("{{ .Prompt | nosuch }}", CHAT)
+
+
+def test_text_that_reads_like_a_keyword_is_text() -> None:
+    assert go("{{ range .L }}break continue{{ end }}", L=[1]) == "break continue"
+
+
+def test_untrusted_sources_fail_fast() -> None:
+    # unclosed comments, strings and actions, many times over: a clear error each
+    for source in ("{{/*" * 20_000, '{{ "' * 20_000, "{{" * 50_000):
+        with pytest.raises(GoTemplateError, match="does not parse"):
+            GoTemplate(source)
+    with pytest.raises(GoTemplateError, match="unclosed comment"):
+        GoTemplate("{{/* no end */ }}")
