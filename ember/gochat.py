@@ -19,11 +19,7 @@ def render_go(
     """messages: dicts as the server's prompts make them (role, content, tool_calls,
     thinking...); think: as the request's (a level, a bool, or None when not set)."""
     system, collated = _collate(messages)
-    values: dict[str, Any] = {
-        "Think": think is not None and think is not False,
-        "ThinkLevel": think if isinstance(think, str) else "",
-        "IsThinkSet": think is not None,
-    }
+    values = _think_values(think)
     if "messages" in template.identifiers:
         values |= {
             "System": system,
@@ -47,6 +43,20 @@ def render_go(
             turn[key] = content
     out.append(template.render(values | turn, template.cut_after_response()))
     return "".join(out)
+
+
+def render_go_fill(template: GoTemplate, prompt: str, suffix: str, think: bool | str | None) -> str:
+    """A gap to fill, as Ollama executes a template that reads .Suffix: Prompt and Suffix."""
+    values = {"Prompt": prompt, "Suffix": suffix, "Response": ""}
+    return template.render(values | _think_values(think))
+
+
+def _think_values(think: bool | str | None) -> dict[str, Any]:
+    return {
+        "Think": think is not None and think is not False,
+        "ThinkLevel": think if isinstance(think, str) else "",
+        "IsThinkSet": think is not None,
+    }
 
 
 def _collate(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:

@@ -8,7 +8,7 @@ from typing import Any
 import minijinja
 
 from ember.errors import EmberError
-from ember.gochat import render_go
+from ember.gochat import render_go, render_go_fill
 from ember.gotemplate import GoTemplate, GoTemplateError, is_go_template
 
 FUEL = 2_000_000  # bounds the work an untrusted template may do
@@ -68,3 +68,24 @@ def render_chat(
 @functools.lru_cache(maxsize=64)
 def _parsed_go(source: str) -> GoTemplate:
     return GoTemplate(source)
+
+
+def fills_gaps(template: str | None) -> bool:
+    """Whether a template fills a gap itself: a Go template that reads .Suffix (Ollama's
+    "insert" capability)."""
+    if not template or not is_go_template(template):
+        return False
+    try:
+        return "suffix" in _parsed_go(template).identifiers
+    except (GoTemplateError, RecursionError):
+        return False
+
+
+def render_fill(template: str, prompt: str, suffix: str, think: bool | str | None = None) -> str:
+    """The prompt of a gap to fill through a template that fills_gaps."""
+    try:
+        return render_go_fill(_parsed_go(template), prompt, suffix, think)
+    except GoTemplateError as e:
+        raise TemplateError(str(e)) from None
+    except RecursionError:
+        raise TemplateError("the Go template failed: it nests too deeply") from None

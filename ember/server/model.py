@@ -22,7 +22,7 @@ from ember.server.thinking import ThinkingTags, infer_tags
 from ember.server.tools import ToolCallFormat, can_use_tools, tool_call_format
 from ember.store import Store, StoreError, get_model, list_models
 from ember.store.ggufinfo import FILE_TYPES, human_number
-from ember.template import BUILTIN
+from ember.template import BUILTIN, fills_gaps
 
 log = logging.getLogger("ember.server")
 
@@ -240,7 +240,7 @@ def _served(facts: GGUFFacts, *, template: str | None, system: str, **fields: An
         capabilities.add("tools")
     if tags is not None:
         capabilities.add("thinking")
-    if chat.fim is not None:
+    if chat.fim is not None or fills_gaps(source):
         capabilities.add("insert")
     if facts.has_vision or fields.get("projector_paths"):
         capabilities.add("vision")

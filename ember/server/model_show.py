@@ -15,6 +15,7 @@ from ember.server.prompt import fill_in_middle
 from ember.server.thinking import can_think
 from ember.server.tools import can_use_tools
 from ember.store import StoredModel, format_parameters, render_modelfile
+from ember.template import fills_gaps
 
 MAX_ARRAY_ITEMS = 1024  # longer arrays (the vocabulary, merges) show as null unless verbose
 _HIDDEN_KEYS = ("general.name", "tokenizer.chat_template")  # as Ollama's show deletes them
@@ -73,8 +74,9 @@ def capabilities(metadata: dict[str, Any], model: StoredModel) -> list[str]:
     source = model.template or metadata.get("tokenizer.chat_template")
     if can_use_tools(source):
         found.append("tools")
-    if fill_in_middle(metadata.get("tokenizer.ggml.tokens") or ()) is not None:
-        found.append("insert")  # suffix works: the vocabulary has fill-in-the-middle tokens
+    if fills_gaps(source) or fill_in_middle(metadata.get("tokenizer.ggml.tokens") or ()):
+        found.append("insert")  # suffix works: a Go template's .Suffix, or the vocabulary's
+        # fill-in-the-middle tokens
     if model.projector_paths or f"{arch}.vision.block_count" in metadata:
         found.append("vision")
     if can_think(source):

@@ -10,7 +10,7 @@ from typing import Any
 
 from ember.errors import EmberError
 from ember.gotemplate import is_go_template
-from ember.template import render_chat
+from ember.template import fills_gaps, render_chat, render_fill
 
 # No chat template in the file: the contents, one after another (a generate prompt stays as is).
 PLAIN_TEMPLATE = (
@@ -66,7 +66,7 @@ class ChatTemplate:
     eos_token: str = ""
     system: str = ""  # the default system prompt (Modelfile SYSTEM)
     messages: tuple[Message, ...] = ()  # messages put before every chat (Modelfile MESSAGE)
-    fim: FillInMiddle | None = None  # set when the model can fill a gap (suffix)
+    fim: FillInMiddle | None = None  # its vocabulary's tokens to fill a gap (suffix) with
     image_tokens: int = IMAGE_TOKENS
 
     def render(self, messages: Sequence[Message], **context: Any) -> tuple[str, list[bytes]]:
@@ -156,6 +156,9 @@ def generate_prompt(template: ChatTemplate, request: Completion) -> Prompt:
             raise PromptError("raw mode does not support template, system, or context")
         return Prompt(request.prompt, request.images)
     if request.suffix:
+        if template.source and fills_gaps(template.source):  # a Go template with .Suffix
+            text = render_fill(template.source, request.prompt, request.suffix, request.think)
+            return Prompt(text, request.images)
         if template.fim is None:
             raise PromptError("this model does not support insert (a suffix)")
         fim = template.fim

@@ -163,6 +163,16 @@ def test_show_capabilities_follow_the_template(client: TestClient, tiny_gguf: Pa
     shown = client.post("/api/show", json={"model": "smart"}).json()
     assert shown["capabilities"] == ["completion", "tools", "thinking"]
     assert shown["template"] == template
+    # a Go template that reads .Suffix fills gaps (Ollama's insert); one with tools shows them
+    template = (
+        "{{ if .Suffix }}<PRE> {{ .Prompt }} <SUF>{{ .Suffix }} <MID>"
+        "{{ else }}{{ if .Tools }}TOOLS {{ .Tools }}{{ end }}"
+        "{{ range .Messages }}{{ .Content }}{{ end }}{{ end }}"
+    )
+    body = {"model": "gaps", "from": "tiny", "template": template, "stream": False}
+    assert client.post("/api/create", json=body).status_code == 200
+    shown = client.post("/api/show", json={"model": "gaps"}).json()
+    assert shown["capabilities"] == ["completion", "tools", "insert"]
 
 
 # ---------------------------------------------------------------- copy and delete

@@ -337,3 +337,14 @@ def test_generate_through_a_go_template() -> None:
     template = ChatTemplate(GO_TURN, system="model system")
     assert generate_prompt(template, Completion("hi")).text == "[model system] Q: hi\nA: "
     assert generate_prompt(template, Completion("hi", system="own")).text == "[own] Q: hi\nA: "
+
+
+def test_a_go_template_that_reads_suffix_fills_the_gap_itself() -> None:
+    # as Ollama's codellama template: its own tokens, whatever the vocabulary's
+    template = ChatTemplate(
+        "{{ if .Suffix }}<PRE> {{ .Prompt }} <SUF>{{ .Suffix }} <MID>"
+        "{{ else }}{{ .Prompt }}{{ end }}"
+    )
+    text = generate_prompt(template, Completion("def f():", suffix="return 1")).text
+    assert text == "<PRE> def f(): <SUF>return 1 <MID>"
+    assert generate_prompt(template, Completion("def f():")).text == "def f():"
