@@ -81,7 +81,7 @@ def _message(m: dict[str, Any]) -> dict[str, Any]:
         "Content": m.get("content", ""),
         "Thinking": m.get("thinking", ""),
         "Images": [],
-        "ToolCalls": calls or None,
+        "ToolCalls": calls,  # a nil slice in Go: false, and prints []
         "ToolName": m.get("tool_name", ""),
         "ToolCallID": m.get("tool_call_id", ""),
     }
