@@ -31,8 +31,12 @@ app = typer.Typer(
 
 def main(argv: list[str] | None = None) -> int:
     """The console script: runs a command and returns its exit status."""
+    args = sys.argv[1:] if argv is None else argv
+    # a bare --think is true and takes no value from the next word, as Ollama's (a level comes
+    # with "=": --think=high)
+    args = ["--think=true" if a == "--think" else a for a in args]
     try:
-        result = app(args=argv, prog_name="ember", standalone_mode=False)
+        result = app(args=args, prog_name="ember", standalone_mode=False)
     except (KeyboardInterrupt, typer.Abort):
         return 130
     except TyperException as e:  # usage errors: one line, not click's box
@@ -69,6 +73,9 @@ def serve() -> None:
     raise typer.Exit(run_server())
 
 
+app.command("start", hidden=True, help="Start the ember server.")(serve)  # Ollama's alias
+
+
 @app.command(hidden=True)
 def runner(
     model: Annotated[str, typer.Option("--model", help="path of the GGUF file")],
@@ -88,7 +95,11 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", help="Show timings for response")] = False,
     format: Annotated[str | None, typer.Option("--format", help="Response format (json)")] = None,
     keepalive: Annotated[str | None, typer.Option("--keepalive", help="e.g. 5m")] = None,
-    think: Annotated[bool | None, typer.Option("--think/--nothink", help="Thinking")] = None,
+    think: Annotated[
+        str | None,
+        typer.Option("--think", help="Thinking: true, false, high, medium or low (--think=high)"),
+    ] = None,
+    nothink: Annotated[bool, typer.Option("--nothink", help="No thinking")] = False,
     hidethinking: Annotated[bool, typer.Option("--hidethinking")] = False,
     nowordwrap: Annotated[bool, typer.Option("--nowordwrap")] = False,
     insecure: Annotated[bool, typer.Option("--insecure", help="Use an insecure registry")] = False,
@@ -107,7 +118,7 @@ def run(
         options=options,
         format=format,
         keep_alive=keepalive,
-        think=think,
+        think=False if nothink else _think(think),
         hide_thinking=hidethinking,
         verbose=verbose,
     )
@@ -124,6 +135,19 @@ def run(
             generate_once(client, session, text)
         else:
             client.request("POST", "/api/generate", {"model": model, "stream": False})
+
+
+def _think(value: str | None) -> bool | str | None:
+    """--think's value as the API takes it: `--think` alone is true, as Ollama's."""
+    if value is None:
+        return None
+    level = value.strip().lower()
+    if level in ("true", "false"):
+        return level == "true"
+    if level in ("high", "medium", "low"):
+        return level
+    must = "must be true, false, high, medium, or low"
+    raise CLIError(f'invalid value for --think: "{value}" ({must})')
 
 
 def _prompt_text(words: list[str]) -> str | None:

@@ -34,7 +34,8 @@ SET_HELP = """Available Commands:
   /set noformat          Disable formatting
   /set verbose           Show LLM stats
   /set quiet             Disable LLM stats
-  /set think / nothink   Enable or disable thinking
+  /set think [level]     Enable thinking (a level: high, medium, low)
+  /set nothink           Disable thinking
 """
 SHOW_PARTS = ("info", "license", "modelfile", "parameters", "system", "template")
 MULTILINE = '"""'
@@ -120,7 +121,10 @@ class Repl:
             "nothink": ("think", False, "Set 'nothink' mode."),
             "noformat": ("format", None, "Disabled format."),
         }
-        if what in flags:
+        if what == "think" and value.strip():  # a level: /set think high, as Ollama's
+            self.session.think = value.strip()
+            print(f"Set 'think' mode to '{value.strip()}'.")
+        elif what in flags:
             attr, flag, message = flags[what]
             setattr(self.session, attr, flag)
             print(message)

@@ -91,6 +91,25 @@ def test_run_with_a_prompt_answers_once(ember: Ember, fake: FakeServer, tiny_ggu
     assert fake.bodies("/api/generate")[-1]["prompt"] == "Why is the sky blue?"
 
 
+def test_run_think_takes_a_level_or_stands_alone(ember: Ember, fake: FakeServer) -> None:
+    # as Ollama's: --think alone is true and leaves the next word to the prompt; a level
+    # comes with "="; --nothink is false
+    for flags, think in ((["--think", "hi"], True), (["--think=high", "hi"], "high")):
+        result = ember("run", "tiny", *flags)
+        assert result.returncode == 0, result.stderr
+        assert fake.bodies("/api/generate")[-1]["think"] == think
+        assert fake.bodies("/api/generate")[-1]["prompt"] == "hi"
+    assert ember("run", "tiny", "--nothink", "hi").returncode == 0
+    assert fake.bodies("/api/generate")[-1]["think"] is False
+    result = ember("run", "tiny", "--think=maybe", "hi")
+    assert result.returncode != 0 and one_line_error(result.stderr)
+    assert 'invalid value for --think: "maybe"' in result.stderr
+
+
+def test_start_is_an_alias_of_serve(ember: Ember) -> None:
+    assert "Start the ember server" in ember("start", "--help").stdout
+
+
 def test_run_reads_a_piped_prompt(ember: Ember, fake: FakeServer) -> None:
     result = ember("run", "tiny", "--temperature", "0", stdin="question from a pipe\n")
     assert result.returncode == 0, result.stderr

@@ -104,6 +104,10 @@ def test_repl_two_turns_set_parameter_ctrl_c_and_bye(
     assert [m["role"] for m in chat["messages"]] == ["user", "assistant", "user"]
     assert chat["messages"][1]["content"].startswith("You said: hello there")
     assert chat["options"] == {"temperature": 0}
+    terminal.send("/set think high", "Enter")  # a level, as Ollama's
+    terminal.wait_for(lambda s: "Set 'think' mode to 'high'." in s)
+    terminal.send("/set nothink", "Enter")
+    terminal.wait_for(lambda s: "Set 'nothink' mode." in s)
 
     # Ctrl-C stops the answer, not the REPL
     terminal.send("tell me a story", "Enter")
