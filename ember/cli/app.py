@@ -2,9 +2,10 @@
 and the hidden `runner` the server starts. Commands talk to the server at EMBER_HOST; errors
 are one line (`Error: ...`) and a non-zero exit, printed by main()."""
 
+import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from typer.exceptions import TyperException
@@ -103,6 +104,13 @@ def run(
     hidethinking: Annotated[bool, typer.Option("--hidethinking")] = False,
     nowordwrap: Annotated[bool, typer.Option("--nowordwrap")] = False,
     insecure: Annotated[bool, typer.Option("--insecure", help="Use an insecure registry")] = False,
+    truncate: Annotated[
+        bool | None,
+        typer.Option(help="Embedding models: cut an input past the context (else an error)"),
+    ] = None,
+    dimensions: Annotated[
+        int, typer.Option(help="Embedding models: cut the vector to this many dimensions")
+    ] = 0,
     temperature: Annotated[float | None, typer.Option(hidden=True)] = None,
     seed: Annotated[int | None, typer.Option(hidden=True)] = None,
     num_predict: Annotated[int | None, typer.Option(hidden=True)] = None,
@@ -124,8 +132,15 @@ def run(
     )
     with Client() as client:
         ensure_server(client)
-        session.vision = has_vision(commands.ensure_model(client, model, insecure=insecure))
+        shown = commands.ensure_model(client, model, insecure=insecure)
+        session.vision = has_vision(shown)
         text = _prompt_text(prompt or [])
+        if "embedding" in (shown.get("capabilities") or []):
+            body: dict[str, Any] = {"model": model, "input": text or ""}
+            body |= {"truncate": truncate} if truncate is not None else {}
+            body |= {"dimensions": dimensions} if dimensions > 0 else {}
+            _embed_once(client, body | ({"keep_alive": keepalive} if keepalive else {}))
+            return
         if text is None:
             from ember.cli.repl import Repl
 
@@ -135,6 +150,17 @@ def run(
             generate_once(client, session, text)
         else:
             client.request("POST", "/api/generate", {"model": model, "stream": False})
+
+
+def _embed_once(client: Client, body: dict[str, Any]) -> None:
+    """An embedding model's run, as Ollama's: the input's vector printed as JSON."""
+    if not body["input"].strip():
+        usage = f'ember run {body["model"]} "your text here"'
+        raise CLIError(f"embedding models require input text. Usage: {usage}")
+    vectors = client.request("POST", "/api/embed", body).get("embeddings") or []
+    if not vectors:
+        raise CLIError("no embeddings returned")
+    print(json.dumps(vectors[0], separators=(",", ":")))
 
 
 def _think(value: str | None) -> bool | str | None:

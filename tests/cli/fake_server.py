@@ -32,6 +32,7 @@ class FakeServer:
         self.requests: list[tuple[str, dict[str, Any]]] = []  # (path, body)
         self.loaded: set[str] = set()
         self.vision: set[str] = set()  # models whose /api/show lists "vision"
+        self.embedders: set[str] = set()  # models whose /api/show lists only "embedding"
         self.url = ""
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -105,10 +106,18 @@ class FakeServer:
             body = await self._record(request, "/api/show")
             answer = await model_routes.show(request)
             name = body["model"].removesuffix(":latest")
-            if answer.status_code != 200 or name not in self.vision:
+            if answer.status_code != 200 or name not in self.vision | self.embedders:
                 return answer
             shown = json.loads(bytes(answer.body))
+            if name in self.embedders:
+                return JSONResponse(shown | {"capabilities": ["embedding"]})
             return JSONResponse(shown | {"capabilities": [*shown["capabilities"], "vision"]})
+
+        @app.post("/api/embed")
+        async def embed(request: Request) -> Response:
+            body = await self._record(request, "/api/embed")
+            size = body.get("dimensions") or 4
+            return JSONResponse({"model": body["model"], "embeddings": [[0.5] * size]})
 
         @app.get("/api/ps")
         def ps() -> Response:

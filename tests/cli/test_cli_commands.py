@@ -106,6 +106,20 @@ def test_run_think_takes_a_level_or_stands_alone(ember: Ember, fake: FakeServer)
     assert 'invalid value for --think: "maybe"' in result.stderr
 
 
+def test_run_of_an_embedding_model_prints_the_vector(ember: Ember, fake: FakeServer) -> None:
+    # as Ollama's: the input's embedding as JSON, with --truncate and --dimensions
+    fake.embedders.add("tiny")
+    result = ember("run", "tiny", "some", "text", "--dimensions", "3", "--no-truncate")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[0.5,0.5,0.5]"
+    body = fake.bodies("/api/embed")[-1]
+    assert body == {"model": "tiny", "input": "some text", "truncate": False, "dimensions": 3}
+    assert not fake.bodies("/api/generate")
+    result = ember("run", "tiny", stdin="")
+    assert result.returncode != 0 and one_line_error(result.stderr)
+    assert "embedding models require input text" in result.stderr
+
+
 def test_start_is_an_alias_of_serve(ember: Ember) -> None:
     assert "Start the ember server" in ember("start", "--help").stdout
 

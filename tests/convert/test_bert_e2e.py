@@ -3,6 +3,7 @@ uploaded as Ollama's create does) and a real `ember serve`: the `ollama` client'
 `openai` client's embeddings.create() give the same unit vectors as sentence-transformers; the
 model shows only the embedding capability and refuses generate and chat with a 400."""
 
+import json
 import math
 import subprocess
 import sys
@@ -77,3 +78,16 @@ def test_show_and_refused_generation(served) -> None:
     reply = httpx.post(f"{server.url}/api/chat", json={"model": "minilm", "messages": messages})
     assert reply.status_code == 400
     assert reply.json()["error"] == '"minilm" does not support chat'
+
+
+def test_ember_run_prints_the_vector(served, tmp_path: Path) -> None:
+    # as `ollama run` on an embedding model: the input's vector as JSON, cut by --dimensions
+    server, _ = served
+    env = cli_env(tmp_path, server.url.removeprefix("http://"))
+    command = [*EMBER, "run", "minilm", TEXTS[0], "--dimensions", "8"]
+    result = subprocess.run(command, text=True, capture_output=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    body = {"model": "minilm", "input": TEXTS[0], "dimensions": 8}
+    assert printed == httpx.post(f"{server.url}/api/embed", json=body).json()["embeddings"][0]
+    assert len(printed) == 8
