@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ember.errors import ModelNotFoundError, OptionsError
+from ember.gotemplate import GoTemplate, GoTemplateError, is_go_template
 from ember.options import Options
 from ember.store import manifest as mt
 from ember.store.convert_files import convert_files, is_hf_directory
@@ -145,6 +146,11 @@ def _check_request(request: CreateRequest) -> None:
     normalize_parameters(request.parameters or {})
     _messages(request.messages or [])
     _licenses(request.license)
+    if request.template and is_go_template(request.template):
+        try:  # as Ollama's create parses a TEMPLATE: a bad one is refused, not stored
+            GoTemplate(request.template)
+        except GoTemplateError as e:
+            raise CreateError(f"template error: {e}") from None
 
 
 def _is_relative_path(text: str) -> bool:

@@ -207,6 +207,13 @@ def test_copy_then_delete(client: TestClient, tiny_gguf: Path, store: Store) -> 
         ("POST", "/api/show", {}, 400, "model is required"),
         ("POST", "/api/create", {"model": "x"}, 400, "neither 'from' or 'files'"),
         ("POST", "/api/create", {"model": "x", "from": "nope"}, 404, "not found"),
+        (  # as Ollama's: a Go TEMPLATE that does not parse is refused at create
+            "POST",
+            "/api/create",
+            {"model": "x", "from": "nope", "template": "{{ if .Prompt }}x"},
+            400,
+            "template error: the Go template does not parse: unexpected EOF",
+        ),
         ("POST", "/api/create", {"model": "x", "files": {"a": "sha256:12"}}, 400, "digest"),
         ("POST", "/api/create", {"model": "x", "files": {"../a": "sha256:" + "0" * 64}}, 400, ""),
         ("POST", "/api/pull", {"model": ":bad"}, 400, "invalid model name"),
