@@ -6,7 +6,8 @@ values the template sees (System, Messages, Tools, Think...); and the older temp
 import json
 from typing import Any
 
-from ember.gotemplate import GoList, GoMap, GoStruct, GoTemplate, go_json
+from ember.gofuncs import GoList, GoMap, GoStruct, go_json
+from ember.gotemplate import GoTemplate
 
 
 def render_go(

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ember.gofuncs import go_json_text
 from ember.store.errors import InvalidDigestError, ManifestError
 from ember.store.names import Digest
 
@@ -125,8 +126,4 @@ def go_json(value: Any) -> bytes:
 
     Kept so that blobs we write hash the same as Ollama's for the same content.
     """
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    for char, escaped in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e")):
-        text = text.replace(char, escaped)  # only inside strings: JSON syntax has none of them
-    text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-    return (text + "\n").encode()
+    return (go_json_text(value) + "\n").encode()
