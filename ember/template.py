@@ -3,6 +3,8 @@ Ollama's Go templates (Modelfile TEMPLATEs) in gotemplate.py's, and built-in tem
 models whose files carry none (Gemma 3)."""
 
 import functools
+import json
+from datetime import datetime
 from typing import Any
 
 import minijinja
@@ -30,6 +32,39 @@ def _raise(message: str) -> None:
     raise TemplateError(f"the chat template raised: {message}")
 
 
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # HF's filter: plain JSON, where minijinja's (as Jinja's) escapes <, >, & and ' for HTML,
+    # so a tool's "a < b" reached the model as "a \u003c b"
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def _jinja() -> minijinja.Environment:
+    """The environment HF's apply_chat_template (and llama.cpp's) renders templates in: blocks'
+    newlines trimmed and their indentation stripped, and its tojson and strftime_now (gpt-oss's
+    template calls it unguarded)."""
+    env = minijinja.Environment()
+    env.fuel = FUEL
+    env.pycompat = True  # HF templates call Python string methods (.strip(), .startswith())
+    env.trim_blocks = True
+    env.lstrip_blocks = True
+    env.add_global("raise_exception", _raise)
+    env.add_global("strftime_now", _strftime_now)
+    env.add_filter("tojson", _tojson)
+    return env
+
+
 def render_chat(
     template: str,
     messages: list[dict[str, Any]],
@@ -51,12 +86,8 @@ def render_chat(
             raise TemplateError(str(e)) from None
         except RecursionError:  # a template nested deeper than Python's stack
             raise TemplateError("the Go template failed: it nests too deeply") from None
-    env = minijinja.Environment()
-    env.fuel = FUEL
-    env.pycompat = True  # HF templates call Python string methods (.strip(), .startswith())
-    env.add_global("raise_exception", _raise)
     try:
-        return env.render_str(
+        return _jinja().render_str(
             template, messages=messages, add_generation_prompt=add_generation_prompt, **context
         )
     except TemplateError:

@@ -14,7 +14,8 @@ from ember.template import fills_gaps, render_chat, render_fill
 
 # No chat template in the file: the contents, one after another (a generate prompt stays as is).
 PLAIN_TEMPLATE = (
-    "{% for m in messages %}{% if not loop.first %}\n\n{% endif %}{{ m['content'] }}{% endfor %}"
+    "{% for m in messages %}{% if not loop.first %}{{ '\\n\\n' }}{% endif %}{{ m['content'] }}"
+    "{% endfor %}"
 )
 IMAGE_TOKENS = 768  # what Ollama counts for an image when it truncates a chat
 
