@@ -15,13 +15,13 @@ from typing import Any
 
 from ember.errors import EmberError
 from ember.runner.client import RunnerError
-from ember.server import budget
+from ember.server import budget, harmony
 from ember.server.api import ChatRequest, GenerateRequest, Generation
 from ember.server.errors import RUNNER_STOPPED_MESSAGE, APIError, unsupported
 from ember.server.metrics import CompletionObserver
 from ember.server.model import ServedModel
-from ember.server.output import OutputParser, Part, logprobs
-from ember.server.prompt import Completion, Prompt, chat_prompt, generate_prompt
+from ember.server.output import OutputParser, Parser, Part, logprobs
+from ember.server.prompt import Completion, Message, Prompt, chat_prompt, generate_prompt
 from ember.server.scheduler import Lease
 from ember.server.state import Plan, ServerState, runner_failure
 from ember.server.thinking import ThinkingTags, no_thinking_message
@@ -67,7 +67,9 @@ async def chat(
         parser = _parser(plan.model, req, prompt.text, tool_names=names)
         observer = state.metrics.completion(plan.model.name, start)
         thinking = thinking_tags(plan.model, req)
-        grammar = chat_grammar(req, plan.model.tool_format, thinking, prompt=prompt.text)
+        grammar = None
+        if not plan.model.harmony:  # Harmony's calls are read from its channels, unconstrained
+            grammar = chat_grammar(req, plan.model.tool_format, thinking, prompt=prompt.text)
         run = _run(
             lease,
             plan,
@@ -113,7 +115,8 @@ def _checked_chat(state: ServerState, req: ChatRequest) -> tuple[Plan, ChatReque
     images = any(m.images for m in req.messages)
     req = req.model_copy(update={"tools": req.chosen_tools()})
     tools = bool(req.tools)
-    choice_mode(req)  # a contradiction is a 400 before anything loads
+    if choice_mode(req) == "required" and plan.model.harmony:  # contradictions: 400s, first
+        raise APIError(400, "tool_choice cannot force a call in gpt-oss's Harmony format yet")
     check_capabilities(
         req.model, plan.model, think=req.think, tools=tools, images=images, what="chat"
     )
@@ -228,7 +231,13 @@ def _final(
 
 def _parser(
     model: ServedModel, req: Generation, prompt: str, *, tool_names: list[str] | None = None
-) -> OutputParser:
+) -> Parser:
+    if model.harmony and not getattr(req, "raw", False):  # as Ollama: raw output stays raw
+        return harmony.HarmonyParser(
+            harmony.HarmonyNames(tool_names or ()),
+            prefill=harmony.prefill(prompt),
+            thinking=req.think is not False,
+        )
     return OutputParser(
         thinking=thinking_tags(model, req),
         prompt=prompt,
@@ -246,9 +255,26 @@ def thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:
 async def _chat_prompt(lease: Lease, plan: Plan, req: ChatRequest) -> Prompt:
     messages = [m.to_prompt() for m in req.messages]
     tools = [t.to_template() for t in req.tools] or None
+    think = req.think
+    if plan.model.harmony:
+        messages, tools, think = harmony.chat_inputs(messages, tools, think)
+    prompt = await _rendered_chat(lease, plan, req, messages, tools, think)
+    if plan.model.harmony and req.format is not None:
+        return harmony.answering(prompt)
+    return prompt
+
+
+async def _rendered_chat(
+    lease: Lease,
+    plan: Plan,
+    req: ChatRequest,
+    messages: list[Message],
+    tools: list[dict[str, Any]] | None,
+    think: bool | str | None,
+) -> Prompt:
     try:
         if req.truncate is False:
-            return chat_prompt(plan.model.template, messages, tools=tools, think=req.think)
+            return chat_prompt(plan.model.template, messages, tools=tools, think=think)
         loop = asyncio.get_running_loop()
 
         def count(text: str) -> int:  # runs in the worker thread; the runner call on the loop
@@ -260,7 +286,7 @@ async def _chat_prompt(lease: Lease, plan: Plan, req: ChatRequest) -> Prompt:
             plan.model.template,
             messages,
             tools=tools,
-            think=req.think,
+            think=think,
             count=count,
             num_ctx=lease.loaded.num_ctx,
         )
@@ -274,6 +300,7 @@ async def _generate_prompt(lease: Lease, plan: Plan, req: GenerateRequest) -> Pr
     template = plan.model.template
     if req.template:
         template = replace(template, source=req.template)
+    think = harmony.think_for_template(req.think) if plan.model.harmony else req.think
     try:
         context = await lease.runner.detokenize(req.context) if req.context else ""
         request = Completion(
@@ -282,10 +309,13 @@ async def _generate_prompt(lease: Lease, plan: Plan, req: GenerateRequest) -> Pr
             suffix=req.suffix,
             images=tuple(req.images),
             raw=req.raw,
-            think=req.think,
+            think=think,
             context=context,
         )
-        return generate_prompt(template, request)
+        prompt = generate_prompt(template, request)
+        if plan.model.harmony and req.format is not None and not req.raw:
+            return harmony.answering(prompt)
+        return prompt
     except RunnerError as err:
         raise await runner_failure(err, lease.runner) from None
     except EmberError as err:
@@ -297,7 +327,7 @@ async def _run(
     plan: Plan,
     req: Generation,
     prompt: Prompt,
-    parser: OutputParser,
+    parser: Parser,
     observer: CompletionObserver,
     *,
     grammar: str | None = None,

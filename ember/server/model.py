@@ -17,6 +17,7 @@ from ember.errors import ModelNotFoundError
 from ember.gguf import GGUFError, GGUFFile
 from ember.pooling import POOLING_RANK
 from ember.server.errors import APIError, not_found
+from ember.server.harmony import uses_harmony
 from ember.server.prompt import ChatTemplate, FillInMiddle, Message, fill_in_middle
 from ember.server.thinking import ThinkingTags, infer_tags
 from ember.server.tools import ToolCallFormat, can_use_tools, tool_call_format
@@ -63,6 +64,7 @@ class ServedModel:
     facts: GGUFFacts | None = field(default=None, compare=False)
     projector_paths: tuple[Path, ...] = ()  # mmproj files (llama.cpp's vision convention)
     draft: str = ""  # the Modelfile's DRAFT: a model that drafts for speculative decoding
+    harmony: bool = False  # gpt-oss's Harmony format: harmony.py reads its output
 
 
 class Models:
@@ -235,10 +237,13 @@ def _served(facts: GGUFFacts, *, template: str | None, system: str, **fields: An
         fim=facts.fim,
     )
     tags, has_tools, tool_format = _template_facts(source)
+    harmony = uses_harmony(facts.architecture, source)
+    if harmony:  # its channels hold the thinking and the calls, not tags
+        tags, has_tools = None, True
     capabilities = {"completion"}
     if has_tools:
         capabilities.add("tools")
-    if tags is not None:
+    if tags is not None or harmony:
         capabilities.add("thinking")
     if chat.fim is not None or fills_gaps(source):
         capabilities.add("insert")
@@ -252,6 +257,7 @@ def _served(facts: GGUFFacts, *, template: str | None, system: str, **fields: An
         capabilities=frozenset(capabilities),
         tool_format=tool_format,
         thinking_tags=tags,
+        harmony=harmony,
         context_length=facts.context_length,
         facts=facts,
         **fields,

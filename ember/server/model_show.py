@@ -11,6 +11,7 @@ import numpy as np
 from ember.gguf import GGUFError, GGUFFile
 from ember.gguf.packed import PackedArray
 from ember.pooling import POOLING_RANK
+from ember.server.harmony import uses_harmony
 from ember.server.prompt import fill_in_middle
 from ember.server.thinking import can_think
 from ember.server.tools import can_use_tools
@@ -72,14 +73,15 @@ def capabilities(metadata: dict[str, Any], model: StoredModel) -> list[str]:
     found = ["completion"]
     # a GGUF imported without TEMPLATE is served with the file's own chat template
     source = model.template or metadata.get("tokenizer.chat_template")
-    if can_use_tools(source):
+    harmony = uses_harmony(arch, source)  # its channels hold thinking and calls
+    if harmony or can_use_tools(source):
         found.append("tools")
     if fills_gaps(source) or fill_in_middle(metadata.get("tokenizer.ggml.tokens") or ()):
         found.append("insert")  # suffix works: a Go template's .Suffix, or the vocabulary's
         # fill-in-the-middle tokens
     if model.projector_paths or f"{arch}.vision.block_count" in metadata:
         found.append("vision")
-    if can_think(source):
+    if harmony or can_think(source):
         found.append("thinking")  # Ollama's order: completion, tools, insert, vision, thinking
     return found
 

@@ -5,7 +5,7 @@ import secrets
 import string
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ember.server.thinking import ThinkingParser, ThinkingTags
 from ember.server.tools import ToolCallFormat, ToolCallParser
@@ -26,6 +26,14 @@ class Part:
 def call_id() -> str:
     """A tool call id as Ollama makes them: call_ and 8 random characters."""
     return "call_" + "".join(secrets.choice(_ID_CHARS) for _ in range(8))
+
+
+class Parser(Protocol):
+    """Model output, piece by piece, as the API's parts."""
+
+    def add(self, text: str) -> Part: ...
+
+    def flush(self) -> Part: ...
 
 
 class OutputParser:

@@ -215,4 +215,18 @@ def _read_eos_ids(metadata: Mapping[str, Any], tokens: Sequence[str]) -> frozens
     if isinstance(architecture, str) and architecture.startswith("gemma"):
         with contextlib.suppress(ValueError):
             ids.add(tokens.index(_GEMMA_END_OF_TURN))
+    ids.update(_harmony_ends(tokens, ids))
     return frozenset(ids)
+
+
+def _harmony_ends(tokens: Sequence[str], ids: set[int]) -> set[int]:
+    """Harmony's (gpt-oss's) ends of generation: an answer (<|return|>) and a tool call
+    (<|call|>), whatever the file lists; <|end|> only ends one message (the analysis), so it
+    is taken out of ids, as llama.cpp does."""
+    try:
+        ends = {tokens.index("<|return|>"), tokens.index("<|call|>")}
+    except ValueError:
+        return set()
+    with contextlib.suppress(ValueError):
+        ids.discard(tokens.index("<|end|>"))
+    return ends

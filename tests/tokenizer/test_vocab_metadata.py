@@ -101,6 +101,23 @@ def test_eot_token_id_also_ends_generation() -> None:
     assert tok.eos_ids == frozenset({258, 259})
 
 
+def test_harmony_ends_on_return_and_call_not_end() -> None:
+    # gpt-oss: a file made by llama.cpp's converter names <|return|> and <|end|> (eot); the
+    # answer continues after <|end|> (the analysis ends there), and a tool call ends on <|call|>
+    specials = tuple((s, CONTROL) for s in ("<|return|>", "<|end|>", "<|call|>", "<|start|>"))
+    metadata = bpe_metadata([("h", "i")], specials=specials)
+    ret, end, call = 257, 258, 259
+    tok = Tokenizer.from_metadata({**metadata, **keys(eos_token_id=ret, eot_token_id=end)})
+    assert tok.eos_ids == frozenset({ret, call})
+    without_call = bpe_metadata([("h", "i")], specials=specials[:2])  # not Harmony's vocabulary
+    tok = Tokenizer.from_metadata({**without_call, **keys(eos_token_id=ret, eot_token_id=end)})
+    assert tok.eos_ids == frozenset({ret, end})
+
+
+def keys(**values: int) -> dict[str, int]:
+    return {f"tokenizer.ggml.{k}": v for k, v in values.items()}
+
+
 def test_gemma_adds_end_of_turn_to_the_stop_ids() -> None:
     metadata = spm_metadata({"a": -1.0}, specials=(("<end_of_turn>", CONTROL),))
     eot = len(metadata["tokenizer.ggml.tokens"]) - 1
