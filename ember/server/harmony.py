@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from ember.server.holdback import partial_tag
 from ember.server.output import Part, call_id
 from ember.server.prompt import Message, Prompt
 
@@ -178,7 +179,7 @@ class HarmonyParser:
                 self._acc = self._acc[at + len(END) :]
                 self._in_message = False
                 return True
-            keep = _partial_tail(self._acc, END)
+            keep = partial_tag(self._acc, END)
             self._emit(part, self._acc[: len(self._acc) - keep])
             self._acc = self._acc[len(self._acc) - keep :]
             return False
@@ -250,10 +251,3 @@ def _header(raw: str) -> tuple[str, str]:
             break
     return channel, recipient
 
-
-def _partial_tail(text: str, tag: str) -> int:
-    """The length of the longest end of text that begins tag (held back: it may be the tag)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
