@@ -8,7 +8,7 @@ import asyncio
 import base64
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -16,7 +16,7 @@ from typing import Any
 from ember.errors import EmberError
 from ember.runner.client import RunnerError
 from ember.server import budget, harmony
-from ember.server.api import ChatRequest, GenerateRequest, Generation
+from ember.server.api import ChatRequest, GenerateRequest, Generation, Tool
 from ember.server.errors import RUNNER_STOPPED_MESSAGE, APIError, unsupported
 from ember.server.metrics import CompletionObserver
 from ember.server.model import ServedModel
@@ -63,12 +63,11 @@ async def chat(
         return
     async with state.lease(plan, req.keep_alive) as lease:
         prompt = await _chat_prompt(lease, plan, req)
-        names = [t.function.name for t in req.tools]
-        parser = _parser(plan.model, req, prompt.text, tool_names=names)
+        parser = _parser(plan.model, req, prompt.text, tools=req.tools)
         observer = state.metrics.completion(plan.model.name, start)
         thinking = thinking_tags(plan.model, req)
         grammar = None
-        if not plan.model.harmony:  # Harmony's calls are read from its channels, unconstrained
+        if not _reads_calls(plan.model):
             grammar = chat_grammar(req, plan.model.tool_format, thinking, prompt=prompt.text)
         run = _run(
             lease,
@@ -115,8 +114,8 @@ def _checked_chat(state: ServerState, req: ChatRequest) -> tuple[Plan, ChatReque
     images = any(m.images for m in req.messages)
     req = req.model_copy(update={"tools": req.chosen_tools()})
     tools = bool(req.tools)
-    if choice_mode(req) == "required" and plan.model.harmony:  # contradictions: 400s, first
-        raise APIError(400, "tool_choice cannot force a call in gpt-oss's Harmony format yet")
+    if choice_mode(req) == "required" and _reads_calls(plan.model):  # 400s come first
+        raise APIError(400, "tool_choice cannot force a call in this model's call format yet")
     check_capabilities(
         req.model, plan.model, think=req.think, tools=tools, images=images, what="chat"
     )
@@ -230,20 +229,31 @@ def _final(
 
 
 def _parser(
-    model: ServedModel, req: Generation, prompt: str, *, tool_names: list[str] | None = None
+    model: ServedModel, req: Generation, prompt: str, *, tools: Sequence[Tool] = ()
 ) -> Parser:
+    names = [t.function.name for t in tools]
     if model.harmony and not getattr(req, "raw", False):  # as Ollama: raw output stays raw
         return harmony.HarmonyParser(
-            harmony.HarmonyNames(tool_names or ()),
+            harmony.HarmonyNames(names),
             prefill=harmony.prefill(prompt),
             thinking=req.think is not False,
         )
+    schemas = [t.to_template()["function"] for t in tools]
     return OutputParser(
         thinking=thinking_tags(model, req),
         prompt=prompt,
-        tools=model.tool_format if tool_names else None,
-        tool_names=tool_names or (),
+        tools=model.tool_format if tools else None,
+        tool_names=names,
+        tool_params={
+            f["name"]: (f.get("parameters") or {}).get("properties") or {} for f in schemas
+        },
     )
+
+
+def _reads_calls(model: ServedModel) -> bool:
+    """Whether the model's calls are read, not held to a grammar: Harmony's channels and
+    Qwen3-Coder's parameters as text have no JSON to constrain (tool_choice "auto" is free)."""
+    return model.harmony or model.tool_format.is_xml
 
 
 def thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:

@@ -3,12 +3,13 @@ tool calls (with server-made call ids), and its logprobs in Ollama's form."""
 
 import secrets
 import string
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ember.server.thinking import ThinkingParser, ThinkingTags
 from ember.server.tools import ToolCallFormat, ToolCallParser
+from ember.server.xml_calls import XmlCallParser
 
 _ID_CHARS = string.ascii_lowercase + string.digits
 
@@ -47,9 +48,16 @@ class OutputParser:
         prompt: str = "",
         tools: ToolCallFormat | None = None,
         tool_names: Collection[str] = (),
+        tool_params: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
+        """tool_params: each tool's parameters (their JSON schemas by name), which type the
+        arguments of a format that writes them as text (xml_calls.py)."""
         self._thinking = ThinkingParser(thinking, prompt=prompt) if thinking else None
-        self._tools = ToolCallParser(tools, tool_names) if tools else None
+        self._tools: ToolCallParser | XmlCallParser | None = None
+        if tools is not None and tools.is_xml:
+            self._tools = XmlCallParser(tools, tool_params or {})
+        elif tools is not None:
+            self._tools = ToolCallParser(tools, tool_names)
 
     def add(self, text: str) -> Part:
         thinking, content = self._thinking.add(text) if self._thinking else ("", text)

@@ -19,11 +19,14 @@ ToolCall = dict[str, Any]  # {"function": {"index": int, "name": str, "arguments
 class ToolCallFormat:
     """How a model writes a call: `opening` before its JSON ("<tool_call>"), or "{" / "[" when
     calls are bare JSON; `closing` after it ("</tool_call>"), or ""; `arguments_key`, the key of
-    the arguments beside "name" ("parameters" in Llama 3.1's template)."""
+    the arguments beside "name" ("parameters" in Llama 3.1's template). is_xml: the call is
+    Qwen3-Coder's `<function=NAME>` with a `<parameter=KEY>` for each argument (xml_calls.py),
+    not JSON."""
 
     opening: str
     closing: str = ""
     arguments_key: str = "arguments"
+    is_xml: bool = False
 
     @property
     def is_bare_json(self) -> bool:
@@ -37,6 +40,7 @@ def _is_bare(tag: str) -> bool:
     return tag in ("{", "[")
 
 
+XML_FUNCTION, XML_FUNCTION_END = "<function=", "</function>"  # Qwen3-Coder's calls
 _NAME = "ember_tool_sentinel"
 _CALL_NAME = "ember_call_sentinel"  # not _NAME, which the rendered tool list also holds
 _TOOL = {
@@ -87,6 +91,8 @@ def _format_from(plain: str, with_call: str) -> ToolCallFormat:
     head = _common_prefix(plain, with_call)
     tail = len(with_call) - _common_prefix(plain[::-1], with_call[::-1])
     at = with_call.find(_CALL_NAME, head)
+    if at >= 0 and with_call[head:at].endswith(XML_FUNCTION):
+        return _xml_format(with_call, head, at, tail)
     start = with_call.find("{", head, at)  # as Ollama, the tag is what comes before the `{`
     if at < 0 or start < 0:
         return BARE_JSON
@@ -95,6 +101,14 @@ def _format_from(plain: str, with_call: str) -> ToolCallFormat:
     closing = with_call[end:tail].strip() if end is not None and end <= tail else ""
     key = _arguments_key(with_call[start:end]) if end is not None else None
     return ToolCallFormat(opening or "{", closing, key or "arguments")
+
+
+def _xml_format(with_call: str, head: int, at: int, tail: int) -> ToolCallFormat:
+    # the tags around <function=...>...</function>, if the template writes any
+    end = with_call.find(XML_FUNCTION_END, at)
+    opening = with_call[head : at - len(XML_FUNCTION)].strip()
+    closing = with_call[end + len(XML_FUNCTION_END) : tail].strip() if end >= 0 else ""
+    return ToolCallFormat(opening, closing if opening else "", is_xml=True)
 
 
 def _arguments_key(call: str) -> str | None:

@@ -268,4 +268,4 @@ def test_a_forced_call_is_refused(oss: tuple[TestClient, FakeStarter]) -> None:
     }
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 400
-    assert "Harmony" in r.json()["error"]["message"]
+    assert "cannot force a call" in r.json()["error"]["message"]
