@@ -22,6 +22,10 @@ GEMMA3 = (
     "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 BUILTIN = {"gemma3": GEMMA3, "gemma2": GEMMA3}  # Gemma 2 uses the same turn format
+# the special tokens when a template is rendered to learn what it writes (tools, thinking,
+# calls): templates add them to turns (Mistral's eos_token), and the model's output never
+# holds them, so they are nothing
+PROBE_SPECIALS: dict[str, Any] = {"bos_token": "", "eos_token": ""}
 
 
 class TemplateError(EmberError):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 
 from ember.server.holdback import partial_tag, trailing_space
-from ember.template import TemplateError, render_chat
+from ember.template import PROBE_SPECIALS, TemplateError, render_chat
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,9 @@ def _renders_with_thinking(template: str) -> list[str]:
     renders = []
     for messages, gen in (([user, past], False), ([user, past, user], True)):
         try:
-            renders.append(render_chat(template, messages, add_generation_prompt=gen))
+            renders.append(
+                render_chat(template, messages, add_generation_prompt=gen, **PROBE_SPECIALS)
+            )
         except TemplateError:
             continue
     return renders

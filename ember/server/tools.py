@@ -10,7 +10,7 @@ from enum import Enum, auto
 from typing import Any
 
 from ember.server.holdback import partial_tag
-from ember.template import TemplateError, render_chat
+from ember.template import PROBE_SPECIALS, TemplateError, render_chat
 
 ToolCall = dict[str, Any]  # {"function": {"index": int, "name": str, "arguments": dict}}
 
@@ -58,7 +58,8 @@ def can_use_tools(template: str | None) -> bool:
     if not template:
         return False
     try:
-        text = render_chat(template, [{"role": "user", "content": "q"}], tools=[_TOOL])
+        messages = [{"role": "user", "content": "q"}]
+        text = render_chat(template, messages, tools=[_TOOL], **PROBE_SPECIALS)
     except TemplateError:
         return False
     return _NAME in text
@@ -69,7 +70,8 @@ def tool_call_format(template: str | None) -> ToolCallFormat:
     `{` in its Go template's ToolCalls block); BARE_JSON when it shows none."""
     if not template:
         return BARE_JSON
-    call = {"function": {"name": _CALL_NAME, "arguments": {"x": 1}}}
+    # an id as Mistral's templates require one (nine letters and digits)
+    call = {"id": "a1b2c3d4e", "function": {"name": _CALL_NAME, "arguments": {"x": 1}}}
     try:
         # content that shares no first or last character with a tag: the renders part there
         plain = _render_turn(template, {"role": "assistant", "content": "§"})
@@ -83,7 +85,9 @@ def tool_call_format(template: str | None) -> ToolCallFormat:
 
 def _render_turn(template: str, turn: dict[str, Any]) -> str:
     messages = [{"role": "user", "content": "q"}, turn]
-    return render_chat(template, messages, add_generation_prompt=False, tools=[_TOOL])
+    return render_chat(
+        template, messages, add_generation_prompt=False, tools=[_TOOL], **PROBE_SPECIALS
+    )
 
 
 def _format_from(plain: str, with_call: str) -> ToolCallFormat:

@@ -23,6 +23,16 @@ MISTRAL = (
     "{% if not loop.last %}, {% endif %}{%- endfor %}]</s>{%- else %}{{ m.content }}</s>"
     "{%- endif %}{%- endfor %}"
 )
+# as Mistral Nemo's: a call needs an id of nine letters and digits, turns end with eos_token
+MISTRAL_IDS = (
+    "{%- for m in messages %}{%- if m.role == 'user' %}[INST]{{ m.content }}[/INST]"
+    "{%- elif m.tool_calls %}[TOOL_CALLS][{%- for tc in m.tool_calls %}"
+    "{%- if tc.id is not defined or tc.id | length != 9 %}"
+    "{{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}"
+    "{%- endif %}{{ {'name': tc.function.name, 'arguments': tc.function.arguments, 'id': tc.id}"
+    " | tojson }}{% if not loop.last %}, {% endif %}{%- endfor %}]{{ eos_token }}"
+    "{%- else %}{{ m.content + eos_token }}{%- endif %}{%- endfor %}"
+)
 LLAMA_JSON = (
     "{%- for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
     "{%- if m.tool_calls %}{{ m.tool_calls[0].function | tojson }}{% else %}{{ m.content }}"
@@ -76,6 +86,7 @@ def test_smollm2_template_has_no_tools(smollm2_template: str) -> None:
     ("template", "fmt"),
     [
         (MISTRAL, ToolCallFormat("[TOOL_CALLS] [", "]")),
+        (MISTRAL_IDS, ToolCallFormat("[TOOL_CALLS][", "]")),  # was bare JSON: the render failed
         (LLAMA_JSON, BARE_JSON),
         (QWEN_GO, QWEN),
         ("{{ raise_exception('x') }}", BARE_JSON),
