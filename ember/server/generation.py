@@ -253,7 +253,7 @@ def _parser(
 def _reads_calls(model: ServedModel) -> bool:
     """Whether the model's calls are read, not held to a grammar: Harmony's channels and
     Qwen3-Coder's parameters as text have no JSON to constrain (tool_choice "auto" is free)."""
-    return model.harmony or model.tool_format.is_xml
+    return model.harmony or model.tool_format.style != "json"
 
 
 def thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:

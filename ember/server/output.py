@@ -7,6 +7,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ember.server.named_calls import NamedCallParser
 from ember.server.thinking import ThinkingParser, ThinkingTags
 from ember.server.tools import ToolCallFormat, ToolCallParser
 from ember.server.xml_calls import XmlCallParser
@@ -53,9 +54,11 @@ class OutputParser:
         """tool_params: each tool's parameters (their JSON schemas by name), which type the
         arguments of a format that writes them as text (xml_calls.py)."""
         self._thinking = ThinkingParser(thinking, prompt=prompt) if thinking else None
-        self._tools: ToolCallParser | XmlCallParser | None = None
-        if tools is not None and tools.is_xml:
+        self._tools: ToolCallParser | XmlCallParser | NamedCallParser | None = None
+        if tools is not None and tools.style == "xml":
             self._tools = XmlCallParser(tools, tool_params or {})
+        elif tools is not None and tools.style == "named":
+            self._tools = NamedCallParser(tools)
         elif tools is not None:
             self._tools = ToolCallParser(tools, tool_names)
 

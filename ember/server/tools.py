@@ -7,7 +7,7 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Any
+from typing import Any, Literal
 
 from ember.server.holdback import partial_tag
 from ember.template import PROBE_SPECIALS, TemplateError, render_chat
@@ -19,14 +19,15 @@ ToolCall = dict[str, Any]  # {"function": {"index": int, "name": str, "arguments
 class ToolCallFormat:
     """How a model writes a call: `opening` before its JSON ("<tool_call>"), or "{" / "[" when
     calls are bare JSON; `closing` after it ("</tool_call>"), or ""; `arguments_key`, the key of
-    the arguments beside "name" ("parameters" in Llama 3.1's template). is_xml: the call is
-    Qwen3-Coder's `<function=NAME>` with a `<parameter=KEY>` for each argument (xml_calls.py),
-    not JSON."""
+    the arguments beside "name" ("parameters" in Llama 3.1's template). style: "json" (the call
+    is that JSON), "xml" (Qwen3-Coder's `<function=NAME>` with a `<parameter=KEY>` for each
+    argument: xml_calls.py) or "named" (the name before the arguments' JSON, as Mistral's
+    `[TOOL_CALLS]NAME[ARGS]{...}`: named_calls.py)."""
 
     opening: str
     closing: str = ""
     arguments_key: str = "arguments"
-    is_xml: bool = False
+    style: Literal["json", "xml", "named"] = "json"
 
     @property
     def is_bare_json(self) -> bool:
@@ -91,15 +92,17 @@ def _render_turn(template: str, turn: dict[str, Any]) -> str:
 
 
 def _format_from(plain: str, with_call: str) -> ToolCallFormat:
-    # the call's text is what differs from the same turn rendered without it
-    head = _common_prefix(plain, with_call)
-    tail = len(with_call) - _common_prefix(plain[::-1], with_call[::-1])
+    # the call's text is what differs from the same turn rendered without it, whole tags
+    head = _tag_start(with_call, _common_prefix(plain, with_call))
+    tail = _tag_end(with_call, len(with_call) - _common_prefix(plain[::-1], with_call[::-1]))
     at = with_call.find(_CALL_NAME, head)
-    if at >= 0 and with_call[head:at].endswith(XML_FUNCTION):
+    if at < 0:
+        return BARE_JSON
+    if with_call[head:at].endswith(XML_FUNCTION):
         return _xml_format(with_call, head, at, tail)
     start = with_call.find("{", head, at)  # as Ollama, the tag is what comes before the `{`
-    if at < 0 or start < 0:
-        return BARE_JSON
+    if start < 0:
+        return _named_format(with_call, head, at, tail)
     end = json_end(with_call, start)
     opening = with_call[head:start].strip()
     closing = with_call[end:tail].strip() if end is not None and end <= tail else ""
@@ -112,7 +115,36 @@ def _xml_format(with_call: str, head: int, at: int, tail: int) -> ToolCallFormat
     end = with_call.find(XML_FUNCTION_END, at)
     opening = with_call[head : at - len(XML_FUNCTION)].strip()
     closing = with_call[end + len(XML_FUNCTION_END) : tail].strip() if end >= 0 else ""
-    return ToolCallFormat(opening, closing if opening else "", is_xml=True)
+    return ToolCallFormat(opening, closing if opening else "", style="xml")
+
+
+def _named_format(with_call: str, head: int, at: int, tail: int) -> ToolCallFormat:
+    # the name first, then the arguments' JSON: [TOOL_CALLS]NAME[ARGS]{...}
+    opening = with_call[head:at].strip()
+    start = with_call.find("{", at)
+    end = json_end(with_call, start) if start >= 0 else None
+    if not opening or end is None:  # a bare name cannot be told from text
+        return BARE_JSON
+    closing = with_call[end:tail].strip() if end <= tail else ""
+    return ToolCallFormat(opening, closing, style="named")
+
+
+def _tag_start(text: str, i: int) -> int:
+    """i, or where the tag it falls inside starts ("<" or "[" not closed before i)."""
+    for left, right in ("<>", "[]"):
+        at = text.rfind(left, 0, i)
+        if at >= 0 and text.rfind(right, 0, i) < at and "\n" not in text[at:i]:
+            return at
+    return i
+
+
+def _tag_end(text: str, i: int) -> int:
+    """i, or where the tag it falls inside ends (a ">" or "]" before any "<" or "[")."""
+    for left, right in ("<>", "[]"):
+        close, opening = text.find(right, i), text.find(left, i)
+        if close >= 0 and (opening < 0 or close < opening) and "\n" not in text[i:close]:
+            return close + 1
+    return i
 
 
 def _arguments_key(call: str) -> str | None:

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ember.server.holdback import partial_tag, trailing_space
+from ember.server.call_stream import CallStream, Step
 from ember.server.tools import XML_FUNCTION, XML_FUNCTION_END, ToolCall, ToolCallFormat
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
@@ -27,30 +27,15 @@ _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<paramete
 _ORDER = ("boolean", "integer", "number", "array", "object")  # most specific first, then string
 
 
-class XmlCallParser:
+class XmlCallParser(CallStream):
     """Fed output pieces, returns (content, completed calls), as ToolCallParser does. tools:
     each tool's name and its parameters' JSON schema (the "properties" object)."""
 
     def __init__(self, fmt: ToolCallFormat, tools: Mapping[str, Mapping[str, Any]]) -> None:
+        super().__init__(fmt.opening or XML_FUNCTION)  # or no tags of its own around calls
         self.fmt = fmt
         self.tools = tools
-        self._opening = fmt.opening or XML_FUNCTION  # no tags of its own around calls
         self._closing = fmt.closing or XML_FUNCTION_END
-        self._buffer = ""
-        self._in_call = False
-        self._space = ""  # the space before the open call's tag: content again if it fails
-        self._count = 0
-
-    def add(self, text: str) -> tuple[str, list[ToolCall]]:
-        self._buffer += text
-        content = ""
-        calls: list[ToolCall] = []
-        while True:
-            step = self._call() if self._in_call else self._content()
-            if step is None:
-                return content, calls
-            content += step[0]
-            calls += step[1]
 
     def flush(self) -> tuple[str, list[ToolCall]]:
         """At the end of output: a call left open is parsed as it is, else given back."""
@@ -59,20 +44,9 @@ class XmlCallParser:
             return rest, []
         self._in_call = False
         call = self._parse(rest)
-        return ("", [call]) if call else (self._space + self._opening + rest, [])
+        return ("", [call]) if call else (self._given_back(rest), [])
 
-    def _content(self) -> tuple[str, list[ToolCall]] | None:
-        before, found, after = self._buffer.partition(self._opening)
-        if found:  # as Ollama: the space around a call is not content
-            self._buffer, self._in_call = after, True
-            self._space = before[len(before.rstrip()) :]
-            return before.rstrip(), []
-        hold = partial_tag(before, self._opening)  # and the space before it: see above
-        hold += trailing_space(before[: len(before) - hold])
-        content, self._buffer = before[: len(before) - hold], before[len(before) - hold :]
-        return (content, []) if content else None
-
-    def _call(self) -> tuple[str, list[ToolCall]] | None:
+    def _call(self) -> Step:
         raw, found, after = self._buffer.partition(self._closing)
         if not found:
             return None
@@ -80,8 +54,8 @@ class XmlCallParser:
         call = self._parse(raw)
         if call is None:
             self._buffer = after
-            return self._space + self._opening + raw + self._closing, []
-        self._buffer = after.lstrip()
+            return self._given_back(raw + self._closing), []
+        self._buffer = after.lstrip()  # as Ollama: nor is the space after it
         return "", [call]
 
     def _parse(self, raw: str) -> ToolCall | None:
@@ -95,9 +69,7 @@ class XmlCallParser:
             key.strip(): typed(_strip_newline(value), schema.get(key.strip()))
             for key, value in _PARAMETER.findall(match.group(2))
         }
-        call = {"function": {"index": self._count, "name": name, "arguments": arguments}}
-        self._count += 1
-        return call
+        return self._numbered(name, arguments)
 
 
 def _strip_newline(value: str) -> str:

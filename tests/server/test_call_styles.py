@@ -1,7 +1,8 @@
-"""Tool calls in Qwen3-Coder's form (`<function=NAME>` and a `<parameter=KEY>` for each
-argument): the format read from the template, the calls parsed from pieces split anywhere with
-values typed by the tools' schemas (as Ollama's qwen3-coder parser), and the routes with the real
-`ollama` and `openai` clients over a scripted runner."""
+"""Tool calls that are not one JSON value: Qwen3-Coder's (`<function=NAME>` and a
+`<parameter=KEY>` for each argument, values typed by the tools' schemas as Ollama's qwen3-coder
+parser types them), and the name before the arguments' JSON (Mistral's `[TOOL_CALLS]NAME[ARGS]
+{...}`, Kimi K2's). The format is read from the template; calls parse from pieces split
+anywhere; the routes answer the real `ollama` and `openai` clients over a scripted runner."""
 
 import json
 from typing import Any
@@ -56,9 +57,41 @@ PARAMS = {"get_weather": WEATHER["function"]["parameters"]["properties"]}  # typ
 ARGUMENTS = {"city": "San Francisco", "days": 3, "metric": True, "hours": [9, 12]}
 
 
-def test_the_format_is_read_from_the_template() -> None:
-    assert tool_call_format(CODER) == ToolCallFormat("<tool_call>", "</tool_call>", is_xml=True)
-    assert tool_call_format(BARE) == ToolCallFormat("", "", is_xml=True)
+# Mistral's newer turns: the name, an id, then the arguments
+MISTRAL = (
+    "{% for m in messages %}{% if m.role == 'user' %}[INST]{{ m.content }}[/INST]"
+    "{% elif m.tool_calls %}{% for c in m.tool_calls %}[TOOL_CALLS]{{ c.function.name }}"
+    "[CALL_ID]{{ c.id }}[ARGS]{{ c.function.arguments | tojson }}{% endfor %}{{ eos_token }}"
+    "{% else %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+# Kimi K2's: a section of calls, each named with an index, closed by tags
+KIMI = (
+    "{% for m in messages %}<|im_{{ m.role }}|>{{ m.content }}"
+    "{% if m.tool_calls %}<|tool_calls_section_begin|>{% for c in m.tool_calls %}"
+    "<|tool_call_begin|>functions.{{ c.function.name }}:{{ loop.index0 }}"
+    "<|tool_call_argument_begin|>{{ c.function.arguments | tojson }}<|tool_call_end|>"
+    "{% endfor %}<|tool_calls_section_end|>{% endif %}<|im_end|>{% endfor %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "fmt"),
+    [
+        (CODER, ToolCallFormat("<tool_call>", "</tool_call>", style="xml")),
+        (BARE, ToolCallFormat("", "", style="xml")),
+        (MISTRAL, ToolCallFormat("[TOOL_CALLS]", style="named")),
+        (
+            KIMI,
+            ToolCallFormat(
+                "<|tool_calls_section_begin|><|tool_call_begin|>functions.",
+                "<|tool_call_end|><|tool_calls_section_end|>",
+                style="named",
+            ),
+        ),
+    ],
+)
+def test_the_format_is_read_from_the_template(template: str, fmt: ToolCallFormat) -> None:
+    assert tool_call_format(template) == fmt
 
 
 def parse(text: str, step: int, fmt: ToolCallFormat) -> tuple[str, list[dict[str, Any]]]:
@@ -98,6 +131,51 @@ def test_what_is_not_a_call_stays_content() -> None:
     assert (content, [c["function"]["arguments"] for c in calls]) == ("", [{"a": "1"}])
 
 
+NAMED = [
+    (
+        MISTRAL,
+        'Sure.\n[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Paris", "n": [1, "}"]}'
+        '[TOOL_CALLS]get_time[ARGS]{"tz": "CET"}',
+        "Sure.",
+    ),
+    (
+        KIMI,
+        "ok <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": "Paris", "n": [1, "}"]}<|tool_call_end|>'
+        "<|tool_calls_section_end|> then",
+        "ok then",
+    ),
+]
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 1000])
+@pytest.mark.parametrize(("template", "text", "content"), NAMED)
+def test_named_calls_parse_from_any_split(
+    step: int, template: str, text: str, content: str
+) -> None:
+    got, calls = parse(text, step, tool_call_format(template))
+    assert got == content
+    assert calls[0]["function"] == {
+        "index": 0,
+        "name": "get_weather",
+        "arguments": {"city": "Paris", "n": [1, "}"]},
+    }
+    if template is MISTRAL:  # a second call opens again
+        assert calls[1]["function"] == {"index": 1, "name": "get_time", "arguments": {"tz": "CET"}}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I write [TOOL_CALLS] as text.",  # no name and arguments after it
+        'Cut [TOOL_CALLS]f[ARGS]{"a": ',  # a call cut off
+        'Not [TOOL_CALLS]f[ARGS]["a"]',  # arguments that are not an object
+    ],
+)
+def test_what_is_not_a_named_call_stays_content(text: str) -> None:
+    assert parse(text, 3, tool_call_format(MISTRAL)) == (text, [])
+
+
 @pytest.mark.parametrize(
     ("text", "schema", "value"),
     [
@@ -121,24 +199,27 @@ def test_values_take_their_schemas_type(text: str, schema: Any, value: Any) -> N
     assert typed(text, schema) == value
 
 
-CODER_MODEL = served(
-    "coder",
-    template=CODER,
-    capabilities=frozenset({"completion", "tools"}),
-    tool_format=tool_call_format(CODER),
-)
+def model(template: str) -> Any:
+    fmt = tool_call_format(template)
+    return served(
+        "m", template=template, capabilities=frozenset({"completion", "tools"}), tool_format=fmt
+    )
 
 
-def test_clients_get_typed_calls() -> None:
+MISTRAL_CALL = "I will look it up.[TOOL_CALLS]get_weather[ARGS]" + json.dumps(ARGUMENTS)
+
+
+@pytest.mark.parametrize(("template", "reply"), [(CODER, CALL), (MISTRAL, MISTRAL_CALL)])
+def test_clients_get_typed_calls(template: str, reply: str) -> None:
     ollama = pytest.importorskip("ollama")
     openai = pytest.importorskip("openai")
-    starter = FakeStarter(reply=CALL)
+    starter = FakeStarter(reply=reply)
     scheduler = Scheduler(start=starter, defaults=Defaults(), num_parallel=2)
-    state = ServerState(FakeModels({**MODELS, "coder": CODER_MODEL}), scheduler)  # type: ignore[arg-type]
+    state = ServerState(FakeModels({**MODELS, "m": model(template)}), scheduler)  # type: ignore[arg-type]
     messages = [{"role": "user", "content": "Weather in San Francisco?"}]
     with TestClient(create_app(state)) as client:
         api = ollama.Client("http://testserver", transport=through(client))
-        r = api.chat(model="coder", messages=messages, tools=[WEATHER])
+        r = api.chat(model="m", messages=messages, tools=[WEATHER])
         assert r.message.content == "I will look it up."
         [call] = r.message.tool_calls or []
         assert (call.function.name, call.function.arguments) == ("get_weather", ARGUMENTS)
@@ -146,10 +227,10 @@ def test_clients_get_typed_calls() -> None:
 
         http = httpx.Client(transport=through(client))
         oai = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http)
-        done = oai.chat.completions.create(model="coder", messages=messages, tools=[WEATHER])
+        done = oai.chat.completions.create(model="m", messages=messages, tools=[WEATHER])
         [oai_call] = done.choices[0].message.tool_calls or []
         assert json.loads(oai_call.function.arguments) == ARGUMENTS
         assert done.choices[0].finish_reason == "tool_calls"
-        forced = {"model": "coder", "messages": messages, "tools": [WEATHER]}
+        forced = {"model": "m", "messages": messages, "tools": [WEATHER]}
         r2 = client.post("/v1/chat/completions", json={**forced, "tool_choice": "required"})
         assert r2.status_code == 400
