@@ -229,6 +229,14 @@ def _call(item: Any, names: Collection[str], *, is_tagged: bool) -> ToolCall | N
 _SEPARATORS = " \t\r\n,]"  # between the calls of a run, and a list's end
 
 
+def _ends_calls(rest: str, fmt: ToolCallFormat) -> bool:
+    """Whether what follows a run of calls at the end of output is only its end: separators, or
+    the start of the closing (whose end may be a token the model stops on: Nemotron's template
+    writes its end of turn after </TOOLCALL>)."""
+    trimmed = rest.strip()
+    return not trimmed.lstrip(_SEPARATORS) or bool(fmt.closing.startswith(trimmed))
+
+
 class _State(Enum):
     START = auto()  # only whitespace so far: bare JSON calls may start here
     LOOKING = auto()  # content, watching for the opening tag
@@ -267,7 +275,7 @@ class ToolCallParser:
     def flush(self) -> tuple[str, list[ToolCall]]:
         """At the end of output: everything held back, as content."""
         rest, self._buffer = self._buffer, ""
-        if self._state == _State.CALLING and not (self._opened or rest.lstrip(_SEPARATORS)):
+        if self._state == _State.CALLING and not self._opened and _ends_calls(rest, self.fmt):
             return "", []
         rest, self._opened = self._opened + rest, ""
         return rest, []
@@ -305,14 +313,16 @@ class ToolCallParser:
     def _calling(self) -> tuple[str, list[ToolCall]] | None:
         buf = self._buffer
         rest = buf.lstrip(_SEPARATORS)
+        spaced = buf.lstrip()  # a closing may begin with a separator (`]</TOOLCALL>`)
         tags = [t for t in (self.fmt.closing, self.fmt.opening) if t and not _is_bare(t)]
         for tag in tags:
-            if rest.startswith(tag):
-                self._buffer = rest[len(tag) :]
-                self._opened = tag if tag == self.fmt.opening else ""
-                self._is_tagged_run = self._is_tagged_run or bool(self._opened)
-                return "", []
-        if not rest or any(t.startswith(rest) for t in tags):
+            for text in (spaced, rest):
+                if text.startswith(tag):
+                    self._buffer = text[len(tag) :]
+                    self._opened = tag if tag == self.fmt.opening else ""
+                    self._is_tagged_run = self._is_tagged_run or bool(self._opened)
+                    return "", []
+        if not rest or any(t.startswith(rest) or t.startswith(spaced) for t in tags):
             return None  # separators or a partial tag: wait
         if rest[0] in "{[":
             return self._json(rest, skipped=buf[: len(buf) - len(rest)])

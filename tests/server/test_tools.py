@@ -240,3 +240,23 @@ def test_parse_calls_refuses_arguments_that_are_not_an_object() -> None:
     assert parse_calls('{"name": "f", "arguments": [1]}', (), is_tagged=True) is None
     assert parse_calls('{"name": "f", "arguments": "not json"}', (), is_tagged=True) is None
     assert parse_calls("[]", (), is_tagged=True) is None
+
+
+# as Nemotron Nano 2's: a list of calls in tags, the end of turn written after them
+NEMOTRON = (
+    "{% for m in messages %}<SPECIAL_11>{{ m.role }}\n{% if m.tool_calls %}<TOOLCALL>"
+    "{{ m.tool_calls | map(attribute='function') | list | tojson }}</TOOLCALL><SPECIAL_12>\n\n"
+    "{% else %}{{ m.content }}\n<SPECIAL_12>\n{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_a_closing_cut_by_the_end_of_turn_is_not_content(step: int) -> None:
+    fmt = tool_call_format(NEMOTRON)
+    assert fmt == ToolCallFormat("<TOOLCALL>[", "]</TOOLCALL><SPECIAL_12>")
+    parser = ToolCallParser(fmt, NAMES)
+    text = f"Checking. <TOOLCALL>[{WEATHER}]</TOOLCALL>"  # the model stops on <SPECIAL_12>
+    pieces = [parser.add(text[i : i + step]) for i in range(0, len(text), step)]
+    pieces.append(parser.flush())
+    assert "".join(c for c, _ in pieces) == "Checking. "
+    assert [call["function"]["name"] for _, calls in pieces for call in calls] == ["get_weather"]
