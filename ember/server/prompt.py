@@ -3,6 +3,7 @@ num_ctx as Ollama's chatPrompt does, and /api/generate's prompt, system, suffix 
 
 Text only: tokenizing is the caller's (through `count`), images travel beside the text."""
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -10,7 +11,7 @@ from typing import Any
 
 from ember.errors import EmberError
 from ember.gotemplate import is_go_template
-from ember.template import fills_gaps, render_chat, render_fill
+from ember.template import TemplateError, fills_gaps, render_chat, render_fill
 
 # No chat template in the file: the contents, one after another (a generate prompt stays as is).
 PLAIN_TEMPLATE = (
@@ -73,6 +74,19 @@ class ChatTemplate:
     def render(self, messages: Sequence[Message], **context: Any) -> tuple[str, list[bytes]]:
         """The text of messages (images as [img-N] tags) and their images in tag order."""
         dicts, images = _template_messages(messages)
+        try:
+            return self._render(messages, dicts, context), images
+        except TemplateError:
+            # DeepSeek V3.1's and functionary's templates join a call's arguments to text,
+            # written as JSON: HF's form (an object) fails there, so they get that instead
+            strung = _arguments_as_json(dicts)
+            if strung is None:
+                raise
+            return self._render(messages, strung, context), images
+
+    def _render(
+        self, messages: Sequence[Message], dicts: list[dict[str, Any]], context: dict[str, Any]
+    ) -> str:
         source = self.source or PLAIN_TEMPLATE
         extra = {"bos_token": self.bos_token, "eos_token": self.eos_token, **context}
         last = messages[-1] if messages else None
@@ -84,8 +98,28 @@ class ChatTemplate:
             and not last.tool_calls
             and not is_go_template(source)
         ):
-            return _continued(source, dicts, extra), images
-        return render_chat(source, dicts, **extra), images
+            return _continued(source, dicts, extra)
+        return render_chat(source, dicts, **extra)
+
+
+def _arguments_as_json(dicts: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The messages with each call's arguments as a JSON string; None when no call has any."""
+    out, changed = [], False
+    for d in dicts:
+        calls = d.get("tool_calls")
+        if calls:
+            strung = [_json_arguments(c) for c in calls]
+            changed = changed or strung != calls
+            d = {**d, "tool_calls": strung}
+        out.append(d)
+    return out if changed else None
+
+
+def _json_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    if not isinstance(function, dict) or isinstance(function.get("arguments"), str):
+        return call
+    return {**call, "function": {**function, "arguments": json.dumps(function.get("arguments"))}}
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,17 +71,21 @@ def tool_call_format(template: str | None) -> ToolCallFormat:
     `{` in its Go template's ToolCalls block); BARE_JSON when it shows none."""
     if not template:
         return BARE_JSON
-    # an id as Mistral's templates require one (nine letters and digits)
-    call = {"id": "a1b2c3d4e", "function": {"name": _CALL_NAME, "arguments": {"x": 1}}}
     try:
         # content that shares no first or last character with a tag: the renders part there
         plain = _render_turn(template, {"role": "assistant", "content": "§"})
-        with_call = _render_turn(
-            template, {"role": "assistant", "content": "", "tool_calls": [call]}
-        )
     except TemplateError:
         return BARE_JSON
-    return _format_from(plain, with_call)
+    # the arguments as an object (HF's form), else as JSON text (DeepSeek V3.1's template
+    # joins them to its tags); an id as Mistral's templates require one (nine characters)
+    for arguments in ({"x": 1}, '{"x": 1}'):
+        call = {"id": "a1b2c3d4e", "function": {"name": _CALL_NAME, "arguments": arguments}}
+        turn = {"role": "assistant", "content": "", "tool_calls": [call]}
+        try:
+            return _format_from(plain, _render_turn(template, turn))
+        except TemplateError:
+            continue
+    return BARE_JSON
 
 
 def _render_turn(template: str, turn: dict[str, Any]) -> str:
@@ -98,7 +102,7 @@ def _format_from(plain: str, with_call: str) -> ToolCallFormat:
     at = with_call.find(_CALL_NAME, head)
     if at < 0:
         return BARE_JSON
-    if with_call[head:at].endswith(XML_FUNCTION):
+    if with_call[head:at].endswith(XML_FUNCTION) and "<parameter=" in with_call[at:tail]:
         return _xml_format(with_call, head, at, tail)
     start = with_call.find("{", head, at)  # as Ollama, the tag is what comes before the `{`
     if start < 0:

@@ -72,11 +72,28 @@ KIMI = (
     "<|tool_call_argument_begin|>{{ c.function.arguments | tojson }}<|tool_call_end|>"
     "{% endfor %}<|tool_calls_section_end|>{% endif %}<|im_end|>{% endfor %}"
 )
+# DeepSeek V3.1's: the name, then the arguments joined as text (an object fails there)
+DEEPSEEK = (
+    "{% for m in messages %}{% if m.role == 'user' %}<｜User｜>{{ m.content }}"
+    "{% elif m.tool_calls %}<｜Assistant｜><｜tool▁calls▁begin｜>{% for c in m.tool_calls %}"
+    "<｜tool▁call▁begin｜>{{ c.function.name + '<｜tool▁sep｜>' + c.function.arguments }}"
+    "<｜tool▁call▁end｜>{% endfor %}<｜tool▁calls▁end｜>"
+    "{% elif m.role == 'tool' %}<｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜>"
+    "{% else %}<｜Assistant｜>{{ m.content }}{% endif %}{% endfor %}"
+)
 
 
 @pytest.mark.parametrize(
     ("template", "fmt"),
     [
+        (
+            DEEPSEEK,
+            ToolCallFormat(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>",
+                "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                style="named",
+            ),
+        ),
         (CODER, ToolCallFormat("<tool_call>", "</tool_call>", style="xml")),
         (BARE, ToolCallFormat("", "", style="xml")),
         (MISTRAL, ToolCallFormat("[TOOL_CALLS]", style="named")),
@@ -145,6 +162,12 @@ NAMED = [
         "<|tool_calls_section_end|> then",
         "ok then",
     ),
+    (
+        DEEPSEEK,
+        "ok <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+        '{"city": "Paris", "n": [1, "}"]}<｜tool▁call▁end｜><｜tool▁calls▁end｜> then',
+        "ok then",
+    ),
 ]
 
 
@@ -209,7 +232,16 @@ def model(template: str) -> Any:
 MISTRAL_CALL = "I will look it up.[TOOL_CALLS]get_weather[ARGS]" + json.dumps(ARGUMENTS)
 
 
-@pytest.mark.parametrize(("template", "reply"), [(CODER, CALL), (MISTRAL, MISTRAL_CALL)])
+DEEPSEEK_CALL = (
+    "I will look it up.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+    + json.dumps(ARGUMENTS)
+    + "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "reply"), [(CODER, CALL), (MISTRAL, MISTRAL_CALL), (DEEPSEEK, DEEPSEEK_CALL)]
+)
 def test_clients_get_typed_calls(template: str, reply: str) -> None:
     ollama = pytest.importorskip("ollama")
     openai = pytest.importorskip("openai")
@@ -224,6 +256,14 @@ def test_clients_get_typed_calls(template: str, reply: str) -> None:
         [call] = r.message.tool_calls or []
         assert (call.function.name, call.function.arguments) == ("get_weather", ARGUMENTS)
         assert starter.runners[0].fields[-1].get("grammar") is None  # read, not constrained
+        # the call goes back in the history (as arguments in JSON text where the template
+        # joins them to text: DeepSeek's)
+        history = [*messages, r.message.model_dump(exclude_none=True)]
+        api.chat(
+            model="m", messages=[*history, {"role": "tool", "content": "12 C"}], tools=[WEATHER]
+        )
+        assert "get_weather" in starter.runners[0].prompts[-1]
+        assert "San Francisco" in starter.runners[0].prompts[-1].split("Weather in")[-1]
 
         http = httpx.Client(transport=through(client))
         oai = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http)
