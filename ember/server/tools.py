@@ -231,6 +231,7 @@ def _call(item: Any, names: Collection[str], *, is_tagged: bool) -> ToolCall | N
 
 
 _SEPARATORS = " \t\r\n,]"  # between the calls of a run, and a list's end
+_LEADING_TAG_MAX = 48  # the longest tag a bare-JSON model may write before its calls
 
 
 def _ends_calls(rest: str, fmt: ToolCallFormat) -> bool:
@@ -300,8 +301,25 @@ class ToolCallParser:
             return None
         if trimmed[0] in "{[":
             self._buffer, self._state = trimmed, _State.CALLING
+        elif self.fmt.is_bare_json and "<|".startswith(trimmed[:2]):
+            return self._leading_tag(trimmed)
         else:
             self._state = _State.DONE if self.fmt.is_bare_json else _State.LOOKING
+        return "", []
+
+    def _leading_tag(self, trimmed: str) -> tuple[str, list[ToolCall]] | None:
+        """A bare-JSON model's output that opens with a tag before its JSON calls: Granite 3.3
+        writes `<|tool_call|>[...]`, which its template names only in prose, never in a call it
+        renders. The tag opens a run of calls; anything else after it is content."""
+        end = trimmed.find("|>")
+        rest = trimmed[end + 2 :].lstrip() if end >= 0 else ""
+        if not rest and len(trimmed) < _LEADING_TAG_MAX:
+            return None  # the tag, or what follows it, is still coming
+        if end >= 0 and rest[:1] in ("{", "["):
+            self._buffer, self._opened, self._state = rest, trimmed[: end + 2], _State.CALLING
+            self._is_tagged_run = True
+        else:
+            self._state = _State.DONE
         return "", []
 
     def _looking(self) -> tuple[str, list[ToolCall]] | None:

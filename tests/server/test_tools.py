@@ -260,3 +260,26 @@ def test_a_closing_cut_by_the_end_of_turn_is_not_content(step: int) -> None:
     pieces.append(parser.flush())
     assert "".join(c for c, _ in pieces) == "Checking. "
     assert [call["function"]["name"] for _, calls in pieces for call in calls] == ["get_weather"]
+
+
+@pytest.mark.parametrize("step", [1, 2, 1000])
+@pytest.mark.parametrize(
+    ("text", "content", "names"),
+    [
+        # Granite 3.3: its template names <|tool_call|> only in prose, so its format is bare JSON
+        (f"<|tool_call|>[{WEATHER}]", "", ["get_weather"]),
+        (f" <|tool_call|> {WEATHER}", "", ["get_weather"]),
+        ('<|tool_call|>[{"name": "nope", "arguments": {}}]', None, []),  # not a tool's call
+        ("<|tool_call|> sorry, no tool fits", None, []),
+        ("<|im_start|>hello", None, []),
+        ("<b>bold</b>", None, []),
+    ],
+)
+def test_a_bare_json_model_may_open_its_calls_with_a_tag(
+    step: int, text: str, content: str | None, names: list[str]
+) -> None:
+    parser = ToolCallParser(BARE_JSON, NAMES)
+    pieces = [parser.add(text[i : i + step]) for i in range(0, len(text), step)]
+    pieces.append(parser.flush())
+    assert "".join(c for c, _ in pieces) == (text if content is None else content)
+    assert [call["function"]["name"] for _, calls in pieces for call in calls] == names
