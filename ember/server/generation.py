@@ -25,7 +25,7 @@ from ember.server.prompt import Completion, Message, Prompt, chat_prompt, genera
 from ember.server.scheduler import Lease
 from ember.server.state import Plan, ServerState, runner_failure
 from ember.server.thinking import ThinkingTags, no_thinking_message
-from ember.server.tool_grammar import chat_grammar, choice_mode
+from ember.server.tool_grammar import chat_grammar, choice_mode, format_grammar
 
 Chunk = dict[str, Any]
 
@@ -69,6 +69,7 @@ async def chat(
         grammar = None
         if not _reads_calls(plan.model):
             grammar = chat_grammar(req, plan.model.tool_format, thinking, prompt=prompt.text)
+        grammar = grammar or _thinking_format(req, thinking, prompt.text)
         run = _run(
             lease,
             plan,
@@ -166,7 +167,10 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
         parser = _parser(plan.model, req, prompt.text)
         text: list[str] = []
         observer = state.metrics.completion(plan.model.name, start)
-        async for part, lps, final in _run(lease, plan, req, prompt, parser, observer):
+        thinking = None if req.raw else thinking_tags(plan.model, req)
+        grammar = _thinking_format(req, thinking, prompt.text)
+        run = _run(lease, plan, req, prompt, parser, observer, grammar=grammar)
+        async for part, lps, final in run:
             text.append(part.content)
             fields: Chunk = {"response": part.content}
             if part.thinking:
@@ -254,6 +258,14 @@ def _reads_calls(model: ServedModel) -> bool:
     """Whether the model's calls are read, not held to a grammar: Harmony's channels and
     Qwen3-Coder's parameters as text have no JSON to constrain (tool_choice "auto" is free)."""
     return model.harmony or model.tool_format.style != "json"
+
+
+def _thinking_format(req: Generation, tags: ThinkingTags | None, prompt: str) -> str | None:
+    """The grammar of a format that lets the model think first (None without a format, or
+    without thinking: the runner then holds the whole output to the format)."""
+    if req.format is None or tags is None:
+        return None
+    return format_grammar(req.format, tags, prompt=prompt)  # a RequestError (400) if it fails
 
 
 def thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:
@@ -347,8 +359,8 @@ async def _run(
     sees every record (metrics). grammar: the Lark text of tool_choice (tool_grammar.py), which
     the runner takes instead of a format."""
     fields = runner_fields(lease, plan, req)
-    if grammar is not None:
-        fields["grammar"] = grammar
+    if grammar is not None:  # it holds the format too, where there is one
+        fields["grammar"], fields["format"] = grammar, None
     if prompt.images:  # as Ollama's ImageData: base64 bytes and the N of the prompt's [img-N]
         fields["images"] = [
             {"data": base64.b64encode(data).decode(), "id": i}

@@ -1,5 +1,6 @@
 """tool_choice as a grammar: the llguidance Lark text that holds a model to tool calls in its own
-format (ToolCallFormat), each call's arguments valid against its tool's JSON schema.
+format (ToolCallFormat), each call's arguments valid against its tool's JSON schema; and a
+thinking model's format, held once its thinking ends (format_grammar).
 
 "required" allows only calls (one with parallel_tool_calls false); "auto" leaves the output free
 until the call format's opening, then holds the call to a tool and its schema (a lazy grammar).
@@ -14,7 +15,7 @@ from typing import Any, Literal
 
 import llguidance
 
-from ember.sample.grammar import JSON_OPTIONS, closed_objects
+from ember.sample.grammar import ANY_JSON_OBJECT, JSON_OPTIONS, closed_objects
 from ember.server.api import ChatRequest, RequestError, Tool
 from ember.server.thinking import ThinkingTags, prompt_opens
 from ember.server.tools import ToolCallFormat
@@ -186,10 +187,29 @@ def chat_grammar(
     return text
 
 
-def check(grammar: str) -> None:
+def format_grammar(fmt: Any, tags: ThinkingTags, *, prompt: str) -> str | None:
+    """A format (`format`, response_format) held after free thinking: the model thinks first,
+    then its answer is the format's JSON (Ollama lets a thinking model think before it applies
+    the format, by asking again; here one grammar does both). None for what only the runner's
+    format takes (a regex or a Lark grammar: the Python API's)."""
+    schema = ANY_JSON_OBJECT if fmt == "json" else fmt
+    if not isinstance(schema, dict) or (
+        len(schema) == 1 and ("regex" in schema or "lark" in schema)
+    ):
+        return None
+    body = {**closed_objects(schema), "x-guidance": JSON_OPTIONS}
+    rules = [f"answer: %json {json.dumps(body)}", f"SPACE: {_SPACE}"]
+    free = Thinking(tags, prompt_opens(prompt, tags))
+    text = "\n".join([f"start: {_thinking(free, rules)}answer", *rules]) + "\n"
+    check(text, field="format")
+    return text
+
+
+def check(grammar: str, *, field: str = "tools") -> None:
     """RequestError (400) naming the problem when llguidance cannot compile grammar (a tool's
     schema with an external $ref, say), before the runner is asked."""
     error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar))
     if error and not error.startswith("WARNING"):
         reason = re.sub(r"^at \d+\(\d+\): ", "", error.splitlines()[0])
-        raise RequestError(f"the tools' parameters cannot be enforced: {reason}", "tools")
+        what = "the format" if field == "format" else "the tools' parameters"
+        raise RequestError(f"{what} cannot be enforced: {reason}", field)

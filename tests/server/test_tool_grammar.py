@@ -11,7 +11,13 @@ from fastapi.testclient import TestClient
 
 from ember.server.api import ChatRequest, RequestError, Tool
 from ember.server.thinking import THINK
-from ember.server.tool_grammar import Thinking, chat_grammar, choice_mode, tool_grammar
+from ember.server.tool_grammar import (
+    Thinking,
+    chat_grammar,
+    choice_mode,
+    format_grammar,
+    tool_grammar,
+)
 from ember.server.tools import BARE_JSON, ToolCallFormat
 
 QWEN = ToolCallFormat("<tool_call>", "</tool_call>")
@@ -278,3 +284,49 @@ def test_a_schema_llguidance_cannot_compile_is_a_400_naming_the_tools() -> None:
     with pytest.raises(RequestError, match=r"cannot be enforced: .*example\.com") as err:
         chat_grammar(req, QWEN, None, prompt="")
     assert err.value.param == "tools"
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def test_a_thinking_models_format_holds_once_its_thinking_ends() -> None:
+    grammar = format_grammar(SCHEMA, THINK, prompt="<|im_start|>assistant\n")
+    assert grammar is not None
+    assert accepts(grammar, '<think>\nA number: {a}? Say 1.\n</think>\n\n{"a": 1}')
+    assert accepts(grammar, '{"a": 1}')  # thinking may be skipped
+    assert not accepts(grammar, '<think>x</think>\nSure: {"a": 1}')  # nothing but the format
+    assert not accepts(grammar, '<think>x</think>{"a": 1, "b": 2}')  # closed, as the format
+    assert not accepts(grammar, '<think>x</think>{"a": "1"}')
+    opened = format_grammar("json", THINK, prompt="<|im_start|>assistant\n<think>\n")
+    assert opened is not None and accepts(opened, 'still thinking</think>\n{"x": [1]}')
+    assert format_grammar({"regex": "a+"}, THINK, prompt="") is None  # the runner's alone
+    with pytest.raises(RequestError, match="the format cannot be enforced") as err:
+        format_grammar({"$ref": "http://example.com/s.json"}, THINK, prompt="")
+    assert err.value.param == "format"
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate", "/v1/chat/completions"])
+def test_a_thinker_gets_its_format_as_a_grammar_after_thinking(client, starter, path):
+    body: dict[str, Any] = {"model": "thinker", "stream": False, "think": True}
+    if path == "/api/generate":
+        body["prompt"] = "A number?"
+    else:
+        body["messages"] = [{"role": "user", "content": "A number?"}]
+    if path.startswith("/v1"):
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "n", "schema": SCHEMA},
+        }
+        body.pop("think")
+    else:
+        body["format"] = SCHEMA
+    assert client.post(path, json=body).status_code == 200
+    fields = starter.runners[0].fields[-1]
+    assert fields["format"] is None
+    assert accepts(fields["grammar"], '<think>hmm</think>\n{"a": 1}')
+    assert not accepts(fields["grammar"], "<think>hmm</think>\nno")
+    no_think = {**body, "think": False} if not path.startswith("/v1") else None
+    if no_think is not None:  # without thinking the runner holds the whole output to it
+        assert client.post(path, json=no_think).status_code == 200
+        assert starter.runners[0].fields[-1]["format"] == SCHEMA
+        assert "grammar" not in starter.runners[0].fields[-1]
