@@ -399,3 +399,31 @@ def test_a_modelfile_go_template_renders_as_the_models_own(client, server):
     with pytest.raises(ollama.ResponseError, match="does not parse"):
         client.generate(MODEL, "x", template="{{ .Prompt ", options=options)
     client.delete("chatml-go:1")
+
+
+# the same turns, showing a past answer's thinking: Ember reads <think> tags from it
+CHATML_THINK_GO = (
+    "{{- range .Messages }}<|im_start|>{{ .Role }}\n"
+    "{{ if .Thinking }}<think>{{ .Thinking }}</think>\n{{ end }}{{ .Content }}<|im_end|>\n"
+    "{{ end }}<|im_start|>assistant\n"
+)
+
+
+def test_a_thinking_models_format_holds_after_its_thinking(client):
+    # the format becomes a grammar that lets the model think first (one compiled on SmolLM2's
+    # real vocabulary here); SmolLM2 does not think, so it answers the format at once
+    client.create(model="smol-think:1", from_=MODEL, template=CHATML_THINK_GO)
+    assert "thinking" in (client.show("smol-think:1").capabilities or [])
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    question = [{"role": "user", "content": "Ann is 30 years old. Give her name and age."}]
+    options = {**GREEDY, "num_predict": 64}
+    for think in (True, False):
+        r = client.chat("smol-think:1", question, format=schema, think=think, options=options)
+        answer = json.loads(r.message.content)
+        assert set(answer) == {"name", "age"} and isinstance(answer["age"], int)
+        assert r.done_reason == "stop"
+    client.delete("smol-think:1")
