@@ -8,7 +8,7 @@ import asyncio
 import base64
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -68,8 +68,14 @@ async def chat(
         thinking = thinking_tags(plan.model, req)
         grammar = None
         if not _reads_calls(plan.model):
-            grammar = chat_grammar(req, plan.model.tool_format, thinking, prompt=prompt.text)
-        grammar = grammar or _thinking_format(req, thinking, prompt.text)
+            grammar = chat_grammar(
+                req,
+                plan.model.tool_format,
+                thinking,
+                prompt=prompt.text,
+                specials=_control_tokens(plan.model),
+            )
+        grammar = grammar or _thinking_format(plan.model, req, thinking, prompt.text)
         run = _run(
             lease,
             plan,
@@ -168,7 +174,7 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
         text: list[str] = []
         observer = state.metrics.completion(plan.model.name, start)
         thinking = None if req.raw else thinking_tags(plan.model, req)
-        grammar = _thinking_format(req, thinking, prompt.text)
+        grammar = _thinking_format(plan.model, req, thinking, prompt.text)
         run = _run(lease, plan, req, prompt, parser, observer, grammar=grammar)
         async for part, lps, final in run:
             text.append(part.content)
@@ -260,12 +266,19 @@ def _reads_calls(model: ServedModel) -> bool:
     return model.harmony or model.tool_format.style != "json"
 
 
-def _thinking_format(req: Generation, tags: ThinkingTags | None, prompt: str) -> str | None:
+def _thinking_format(
+    model: ServedModel, req: Generation, tags: ThinkingTags | None, prompt: str
+) -> str | None:
     """The grammar of a format that lets the model think first (None without a format, or
     without thinking: the runner then holds the whole output to the format)."""
     if req.format is None or tags is None:
         return None
-    return format_grammar(req.format, tags, prompt=prompt)  # a RequestError (400) if it fails
+    specials = _control_tokens(model)
+    return format_grammar(req.format, tags, prompt=prompt, specials=specials)  # or a 400
+
+
+def _control_tokens(model: ServedModel) -> Mapping[str, int]:
+    return model.facts.control_tokens if model.facts is not None else {}
 
 
 def thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:

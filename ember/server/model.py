@@ -6,6 +6,7 @@ Only names resolve here, never file paths: a request cannot make the server open
 import functools
 import logging
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
@@ -26,6 +27,7 @@ from ember.store.ggufinfo import FILE_TYPES, human_number
 from ember.template import BUILTIN, fills_gaps
 
 log = logging.getLogger("ember.server")
+CONTROL = 3  # GGUF's token type of a control token (ember.tokenizer's TokenType.CONTROL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,8 @@ class GGUFFacts:
     has_vision: bool = False  # the file holds a vision tower (Ollama's single-file convention)
     is_embedding: bool = False  # an embedding-only model (a pooling type): it cannot complete
     is_rerank: bool = False  # a cross-encoder (pooling type rank): it only reranks
+    # the vocabulary's control tokens by text: grammars match tags that are one as the token
+    control_tokens: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +213,12 @@ def read_facts(path: Path) -> GGUFFacts:
         has_vision=f"{arch}.vision.block_count" in md,
         is_embedding=f"{arch}.pooling_type" in md,
         is_rerank=md.get(f"{arch}.pooling_type") == POOLING_RANK,
+        control_tokens=_control_tokens(vocab, md.get("tokenizer.ggml.token_type") or []),
     )
+
+
+def _control_tokens(vocab: Sequence[Any], types: Sequence[Any]) -> dict[str, int]:
+    return {str(t): i for i, (t, k) in enumerate(zip(vocab, types, strict=False)) if k == CONTROL}
 
 
 def _count(shape: tuple[int, ...]) -> int:

@@ -9,7 +9,7 @@ only writes grammar text; the runner compiles it (ember.sample.grammar)."""
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,6 +21,10 @@ from ember.server.thinking import ThinkingTags, prompt_opens
 from ember.server.tools import ToolCallFormat
 
 Mode = Literal["auto", "required"]
+# the control tokens of the model's vocabulary, by text: a tag that is one (Mistral's
+# [TOOL_CALLS]) is matched as that token, never as text, which a control token cannot be
+Specials = Mapping[str, int]
+_NONE: Specials = {}
 
 # whitespace around tags and between calls: bounded, so a model cannot pad its output forever
 _SPACE = r"/[ \t\r\n]{0,4}/"
@@ -87,14 +91,16 @@ def tool_grammar(
     mode: Mode,
     parallel: bool = True,
     thinking: Thinking | None = None,
+    specials: Specials = _NONE,
 ) -> str:
     """The Lark grammar of tool_choice `mode` over tools (at least one) in the format fmt."""
     if not tools:
         raise ValueError("a tool grammar needs at least one tool")
     calls = "bare_calls" if fmt.is_bare_json else "tagged_calls"
+    tagged = _tagged_rules(fmt, parallel, specials)
     rules = [
         f"fn: %json {json.dumps(call_schema(tools, fmt.arguments_key))}",
-        *(_bare_rules(parallel) if fmt.is_bare_json else _tagged_rules(fmt, parallel)),
+        *(_bare_rules(parallel) if fmt.is_bare_json else tagged),
         f"SPACE: {_SPACE}",
     ]
     if mode == "required":
@@ -102,21 +108,28 @@ def tool_grammar(
     elif fmt.is_bare_json:  # as the parser, bare calls count only at the start of the output
         body = f"PLAIN | SPACE {calls} SPACE"
         rules.append(r"PLAIN: /[ \t\r\n]*([^ \t\r\n{\[](.|\n)*)?/")
+    elif _is_special(fmt.opening, specials):  # free text, which the tag's token ends
+        body = "TEXT | TEXT? tagged_calls SPACE"
+        rules.append(f"TEXT: {_free(thinking, specials)}")
     else:  # free text; its first opening tag starts the calls (a lazy lexeme ends there)
         body = "TEXT | before_calls tagged_rest SPACE"
-        rules += [f"before_calls[suffix={_literal(fmt.opening)}]: TEXT", f"TEXT: {_free(thinking)}"]
-    return "\n".join([f"start: {_thinking(thinking, rules)}({body})", *rules]) + "\n"
+        rules += [
+            f"before_calls[suffix={_literal(fmt.opening)}]: TEXT",
+            f"TEXT: {_free(thinking, specials)}",
+        ]
+    start = f"start: {_thinking(thinking, rules, specials)}({body})"
+    return "\n".join([start, *rules]) + "\n"
 
 
-def _tagged_rules(fmt: ToolCallFormat, parallel: bool) -> list[str]:
+def _tagged_rules(fmt: ToolCallFormat, parallel: bool, specials: Specials) -> list[str]:
     """A call between the tags; several calls: one list inside one pair of tags when the opening
     opens a list (Mistral's "[TOOL_CALLS] ["), else one pair of tags each (Qwen's <tool_call>)."""
-    closing = f" SPACE {_literal(fmt.closing)}" if fmt.closing else ""
+    closing = f" SPACE {_tag(fmt.closing, specials)}" if fmt.closing else ""
     is_list = fmt.opening.endswith("[")
     inner = 'fn (SPACE "," SPACE fn)*' if parallel and is_list else "fn"
     repeat = " (SPACE tagged_calls)?" if parallel and not is_list else ""
     return [
-        f"tagged_calls: {_literal(fmt.opening)} tagged_rest",
+        f"tagged_calls: {_tag(fmt.opening, specials)} tagged_rest",
         f"tagged_rest: SPACE {inner}{closing}{repeat}",
     ]
 
@@ -128,29 +141,63 @@ def _bare_rules(parallel: bool) -> list[str]:
     ]
 
 
-def _free(thinking: Thinking | None) -> str:
+def _free(thinking: Thinking | None, specials: Specials) -> str:
     """Free text; when the output may open thinking, text that does not open it: else the lazy
-    end of the text at the opening tag would also end a thought that mentions the tag."""
-    if thinking is None or thinking.is_open:
+    end of the text at the opening tag would also end a thought that mentions the tag (text
+    never holds a control token, so an opening that is one needs no exclusion)."""
+    if thinking is None or thinking.is_open or _is_special(thinking.tags.opening, specials):
         return _TEXT
     opening = re.escape(thinking.tags.opening).replace("/", "\\/")
     return f"{_TEXT} & ~/[ \\t\\r\\n]*{opening}(.|\\n)*/"
 
 
-def _thinking(thinking: Thinking | None, rules: list[str]) -> str:
+def _thinking(thinking: Thinking | None, rules: list[str], specials: Specials) -> str:
     """The start rule's prefix for free thinking (and adds its rules), "" without thinking."""
     if thinking is None:
         return ""
-    closing = _literal(thinking.tags.closing)
-    rules.append(f"thought[suffix={closing}]: {_TEXT}")
+    closing = thinking.tags.closing
+    if _is_special(closing, specials):  # the thought's text ends at the closing's token
+        rules += [f"thought: THOUGHT? {_tag(closing, specials)}", f"THOUGHT: {_TEXT}"]
+    else:
+        rules.append(f"thought[suffix={_literal(closing)}]: {_TEXT}")
     if thinking.is_open:  # the prompt opened it: the output begins inside the thinking
         return "thought SPACE "
-    rules.append(f"thinking: SPACE {_literal(thinking.tags.opening)} thought SPACE")
+    rules.append(f"thinking: SPACE {_tag(thinking.tags.opening, specials)} thought SPACE")
     return "thinking? "
 
 
 def _literal(text: str) -> str:
     return json.dumps(text)  # a Lark string literal: JSON's escapes are Lark's
+
+
+def _is_special(tag: str, specials: Specials) -> bool:
+    """Whether the tag begins with a control token."""
+    return any(tag.startswith(s) for s in _within(tag, specials))
+
+
+def _within(text: str, specials: Specials) -> list[str]:
+    return sorted((s for s in specials if s and s in text), key=len, reverse=True)
+
+
+def _tag(text: str, specials: Specials) -> str:
+    """A tag in the grammar: its text, each control token in it as that token (`<[id]>`)."""
+    found = _within(text, specials)
+    if not found:
+        return _literal(text)
+    pieces: list[str] = []
+    plain, i = "", 0
+    while i < len(text):
+        token = next((s for s in found if text.startswith(s, i)), None)
+        if token is None:
+            plain, i = plain + text[i], i + 1
+            continue
+        if plain:
+            pieces.append(_literal(plain))
+        pieces.append(f"<[{specials[token]}]>")
+        plain, i = "", i + len(token)
+    if plain:
+        pieces.append(_literal(plain))
+    return pieces[0] if len(pieces) == 1 else f"({' '.join(pieces)})"
 
 
 def choice_mode(req: ChatRequest) -> Mode | None:
@@ -174,7 +221,12 @@ def choice_mode(req: ChatRequest) -> Mode | None:
 
 
 def chat_grammar(
-    req: ChatRequest, fmt: ToolCallFormat, thinking: ThinkingTags | None, *, prompt: str
+    req: ChatRequest,
+    fmt: ToolCallFormat,
+    thinking: ThinkingTags | None,
+    *,
+    prompt: str,
+    specials: Specials = _NONE,
 ) -> str | None:
     """The grammar of a chat request with tools (see choice_mode), None when it needs none.
     thinking: the tags of the model's thinking when the output may hold some."""
@@ -182,12 +234,17 @@ def chat_grammar(
     if mode is None:
         return None
     free = Thinking(thinking, prompt_opens(prompt, thinking)) if thinking else None
-    text = tool_grammar(req.tools, fmt, mode=mode, parallel=req.parallel_tool_calls, thinking=free)
+    parallel = req.parallel_tool_calls
+    text = tool_grammar(
+        req.tools, fmt, mode=mode, parallel=parallel, thinking=free, specials=specials
+    )
     check(text)
     return text
 
 
-def format_grammar(fmt: Any, tags: ThinkingTags, *, prompt: str) -> str | None:
+def format_grammar(
+    fmt: Any, tags: ThinkingTags, *, prompt: str, specials: Specials = _NONE
+) -> str | None:
     """A format (`format`, response_format) held after free thinking: the model thinks first,
     then its answer is the format's JSON (Ollama lets a thinking model think before it applies
     the format, by asking again; here one grammar does both). None for what only the runner's
@@ -200,7 +257,7 @@ def format_grammar(fmt: Any, tags: ThinkingTags, *, prompt: str) -> str | None:
     body = {**closed_objects(schema), "x-guidance": JSON_OPTIONS}
     rules = [f"answer: %json {json.dumps(body)}", f"SPACE: {_SPACE}"]
     free = Thinking(tags, prompt_opens(prompt, tags))
-    text = "\n".join([f"start: {_thinking(free, rules)}answer", *rules]) + "\n"
+    text = "\n".join([f"start: {_thinking(free, rules, specials)}answer", *rules]) + "\n"
     check(text, field="format")
     return text
 
