@@ -8,7 +8,7 @@ import asyncio
 import base64
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -16,16 +16,23 @@ from typing import Any
 from ember.errors import EmberError
 from ember.runner.client import RunnerError
 from ember.server import budget, harmony
-from ember.server.api import ChatRequest, GenerateRequest, Generation, Tool
+from ember.server.api import ChatRequest, GenerateRequest, Generation
 from ember.server.errors import RUNNER_STOPPED_MESSAGE, APIError, unsupported
 from ember.server.metrics import CompletionObserver
 from ember.server.model import ServedModel
-from ember.server.output import OutputParser, Parser, Part, logprobs
+from ember.server.output import Parser, Part, logprobs
+from ember.server.output_rules import (
+    chat_constraint,
+    output_parser,
+    reads_calls,
+    thinking_format,
+    thinking_tags,
+)
 from ember.server.prompt import Completion, Message, Prompt, chat_prompt, generate_prompt
 from ember.server.scheduler import Lease
 from ember.server.state import Plan, ServerState, runner_failure
-from ember.server.thinking import ThinkingTags, no_thinking_message
-from ember.server.tool_grammar import chat_grammar, choice_mode, format_grammar
+from ember.server.thinking import no_thinking_message
+from ember.server.tool_grammar import choice_mode
 
 Chunk = dict[str, Any]
 
@@ -63,19 +70,9 @@ async def chat(
         return
     async with state.lease(plan, req.keep_alive) as lease:
         prompt = await _chat_prompt(lease, plan, req)
-        parser = _parser(plan.model, req, prompt.text, tools=req.tools)
+        parser = output_parser(plan.model, req, prompt.text, tools=req.tools)
         observer = state.metrics.completion(plan.model.name, start)
-        thinking = thinking_tags(plan.model, req)
-        grammar = None
-        if not _reads_calls(plan.model):
-            grammar = chat_grammar(
-                req,
-                plan.model.tool_format,
-                thinking,
-                prompt=prompt.text,
-                specials=_control_tokens(plan.model),
-            )
-        grammar = grammar or _thinking_format(plan.model, req, thinking, prompt.text)
+        grammar = chat_constraint(plan.model, req, prompt.text)
         run = _run(
             lease,
             plan,
@@ -121,7 +118,7 @@ def _checked_chat(state: ServerState, req: ChatRequest) -> tuple[Plan, ChatReque
     images = any(m.images for m in req.messages)
     req = req.model_copy(update={"tools": req.chosen_tools()})
     tools = bool(req.tools)
-    if choice_mode(req) == "required" and _reads_calls(plan.model):  # 400s come first
+    if choice_mode(req) == "required" and reads_calls(plan.model):  # 400s come first
         raise APIError(400, "tool_choice cannot force a call in this model's call format yet")
     check_capabilities(
         req.model, plan.model, think=req.think, tools=tools, images=images, what="chat"
@@ -170,11 +167,11 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
         return
     async with state.lease(plan, req.keep_alive) as lease:
         prompt = await _generate_prompt(lease, plan, req)
-        parser = _parser(plan.model, req, prompt.text)
+        parser = output_parser(plan.model, req, prompt.text)
         text: list[str] = []
         observer = state.metrics.completion(plan.model.name, start)
         thinking = None if req.raw else thinking_tags(plan.model, req)
-        grammar = _thinking_format(plan.model, req, thinking, prompt.text)
+        grammar = thinking_format(plan.model, req, thinking, prompt.text)
         run = _run(lease, plan, req, prompt, parser, observer, grammar=grammar)
         async for part, lps, final in run:
             text.append(part.content)
@@ -236,55 +233,6 @@ def _final(
     if final.get("stop_sequence"):  # an extension: which stop string ended the answer
         chunk["stop_sequence"] = final["stop_sequence"]
     return chunk
-
-
-def _parser(
-    model: ServedModel, req: Generation, prompt: str, *, tools: Sequence[Tool] = ()
-) -> Parser:
-    names = [t.function.name for t in tools]
-    if model.harmony and not getattr(req, "raw", False):  # as Ollama: raw output stays raw
-        return harmony.HarmonyParser(
-            harmony.HarmonyNames(names),
-            prefill=harmony.prefill(prompt),
-            thinking=req.think is not False,
-        )
-    schemas = [t.to_template()["function"] for t in tools]
-    return OutputParser(
-        thinking=thinking_tags(model, req),
-        prompt=prompt,
-        tools=model.tool_format if tools else None,
-        tool_names=names,
-        tool_params={
-            f["name"]: (f.get("parameters") or {}).get("properties") or {} for f in schemas
-        },
-    )
-
-
-def _reads_calls(model: ServedModel) -> bool:
-    """Whether the model's calls are read, not held to a grammar: Harmony's channels and
-    Qwen3-Coder's parameters as text have no JSON to constrain (tool_choice "auto" is free)."""
-    return model.harmony or model.tool_format.style != "json"
-
-
-def _thinking_format(
-    model: ServedModel, req: Generation, tags: ThinkingTags | None, prompt: str
-) -> str | None:
-    """The grammar of a format that lets the model think first (None without a format, or
-    without thinking: the runner then holds the whole output to the format)."""
-    if req.format is None or tags is None:
-        return None
-    specials = _control_tokens(model)
-    return format_grammar(req.format, tags, prompt=prompt, specials=specials)  # or a 400
-
-
-def _control_tokens(model: ServedModel) -> Mapping[str, int]:
-    return model.facts.control_tokens if model.facts is not None else {}
-
-
-def thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:
-    """The tags of the thinking this request's output may hold, None when it holds none."""
-    thinks = "thinking" in model.capabilities and req.think is not False
-    return model.thinking_tags if thinks else None
 
 
 async def _chat_prompt(lease: Lease, plan: Plan, req: ChatRequest) -> Prompt:

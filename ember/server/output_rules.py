@@ -1,0 +1,75 @@
+"""How a request's output is held and read: the grammar its tools or its format give the runner
+(tool_grammar.py writes it), and the parser its text goes through (thinking, content and calls:
+output.py, or harmony.py for gpt-oss)."""
+
+from collections.abc import Mapping, Sequence
+
+from ember.server import harmony
+from ember.server.api import ChatRequest, Generation, Tool
+from ember.server.model import ServedModel
+from ember.server.output import OutputParser, Parser
+from ember.server.thinking import ThinkingTags
+from ember.server.tool_grammar import chat_grammar, format_grammar
+
+
+def thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:
+    """The tags of the thinking this request's output may hold, None when it holds none."""
+    thinks = "thinking" in model.capabilities and req.think is not False
+    return model.thinking_tags if thinks else None
+
+
+def reads_calls(model: ServedModel) -> bool:
+    """Whether the model's calls are read, not held to a grammar: Harmony's channels and calls
+    written as text (Qwen3-Coder's parameters, a name before its JSON) have no JSON value to
+    constrain (tool_choice "auto" is free, and a forced call is refused)."""
+    return model.harmony or model.tool_format.style != "json"
+
+
+def chat_constraint(model: ServedModel, req: ChatRequest, prompt: str) -> str | None:
+    """The grammar of a chat's output: its tool_choice's, else its format's after free thinking;
+    None when the runner's format (or nothing) holds it."""
+    thinking = thinking_tags(model, req)
+    if not reads_calls(model):
+        specials = control_tokens(model)
+        grammar = chat_grammar(req, model.tool_format, thinking, prompt=prompt, specials=specials)
+        if grammar is not None:
+            return grammar
+    return thinking_format(model, req, thinking, prompt)
+
+
+def thinking_format(
+    model: ServedModel, req: Generation, tags: ThinkingTags | None, prompt: str
+) -> str | None:
+    """The grammar of a format that lets the model think first (None without a format, or
+    without thinking: the runner then holds the whole output to the format)."""
+    if req.format is None or tags is None:
+        return None
+    specials = control_tokens(model)
+    return format_grammar(req.format, tags, prompt=prompt, specials=specials)  # or a 400
+
+
+def control_tokens(model: ServedModel) -> Mapping[str, int]:
+    return model.facts.control_tokens if model.facts is not None else {}
+
+
+def output_parser(
+    model: ServedModel, req: Generation, prompt: str, *, tools: Sequence[Tool] = ()
+) -> Parser:
+    """The parser of this request's output, which the prompt leaves where it ends."""
+    names = [t.function.name for t in tools]
+    if model.harmony and not getattr(req, "raw", False):  # as Ollama: raw output stays raw
+        return harmony.HarmonyParser(
+            harmony.HarmonyNames(names),
+            prefill=harmony.prefill(prompt),
+            thinking=req.think is not False,
+        )
+    schemas = [t.to_template()["function"] for t in tools]
+    return OutputParser(
+        thinking=thinking_tags(model, req),
+        prompt=prompt,
+        tools=model.tool_format if tools else None,
+        tool_names=names,
+        tool_params={
+            f["name"]: (f.get("parameters") or {}).get("properties") or {} for f in schemas
+        },
+    )
