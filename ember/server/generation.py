@@ -242,8 +242,8 @@ async def _chat_prompt(lease: Lease, plan: Plan, req: ChatRequest) -> Prompt:
     if plan.model.harmony:
         messages, tools, think = harmony.chat_inputs(messages, tools, think)
     prompt = await _rendered_chat(lease, plan, req, messages, tools, think)
-    if plan.model.harmony and req.format is not None:
-        return harmony.answering(prompt)
+    if plan.model.harmony and req.format is not None and req.think is False:
+        return harmony.answering(prompt)  # else the analysis comes first (output_rules.py)
     return prompt
 
 
@@ -296,7 +296,7 @@ async def _generate_prompt(lease: Lease, plan: Plan, req: GenerateRequest) -> Pr
             context=context,
         )
         prompt = generate_prompt(template, request)
-        if plan.model.harmony and req.format is not None and not req.raw:
+        if plan.model.harmony and req.format is not None and req.think is False and not req.raw:
             return harmony.answering(prompt)
         return prompt
     except RunnerError as err:

@@ -9,13 +9,15 @@ template (HarmonyNames) and mapped back in the calls, as Ollama does."""
 
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from ember.server import tool_grammar
 from ember.server.holdback import partial_tag
 from ember.server.output import Part, call_id
 from ember.server.prompt import Message, Prompt
+from ember.server.thinking import ThinkingTags
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 FINAL = f"{START}assistant{CHANNEL}final{MESSAGE}"  # a final answer's opening
@@ -110,9 +112,21 @@ def _named(item: dict[str, Any]) -> bool:
     return isinstance(function, dict) and isinstance(function.get("name"), str)
 
 
+ANALYSIS = ThinkingTags(f"{CHANNEL}analysis{MESSAGE}", f"{END}{START}assistant")
+
+
+def format_grammar(fmt: Any, specials: Mapping[str, int]) -> str | None:
+    """A format after gpt-oss's analysis: the analysis message stays free, then the final
+    message's text is the format's JSON (the prompt ends by opening the assistant's message)."""
+    final = FINAL.removeprefix(f"{START}assistant")
+    return tool_grammar.format_grammar(
+        fmt, ANALYSIS, prompt="", specials=specials, answer_opening=final
+    )
+
+
 def answering(prompt: Prompt) -> Prompt:
-    """The prompt with the final answer's channel opened (for a format, which holds the whole
-    output to its JSON: the answer comes without the analysis)."""
+    """The prompt with the final answer's channel opened (for a format without thinking, which
+    holds the whole output to its JSON: the answer comes without the analysis)."""
     if prefill(prompt.text) != f"{START}assistant":
         return prompt
     return replace(prompt, text=prompt.text + FINAL.removeprefix(f"{START}assistant"))
@@ -250,4 +264,3 @@ def _header(raw: str) -> tuple[str, str]:
             recipient = word[3:]
             break
     return channel, recipient
-

@@ -29,6 +29,8 @@ def chat_constraint(model: ServedModel, req: ChatRequest, prompt: str) -> str | 
     """The grammar of a chat's output: its tool_choice's, else its format's after free thinking;
     None when the runner's format (or nothing) holds it."""
     thinking = thinking_tags(model, req)
+    if model.harmony:
+        return harmony_format(model, req)
     if not reads_calls(model):
         specials = control_tokens(model)
         grammar = chat_grammar(req, model.tool_format, thinking, prompt=prompt, specials=specials)
@@ -46,6 +48,14 @@ def thinking_format(
         return None
     specials = control_tokens(model)
     return format_grammar(req.format, tags, prompt=prompt, specials=specials)  # or a 400
+
+
+def harmony_format(model: ServedModel, req: Generation) -> str | None:
+    """gpt-oss's format after its analysis; with think false the prompt opened the final
+    channel instead, and the runner's format holds the whole output."""
+    if req.format is None or req.think is False or getattr(req, "raw", False):
+        return None
+    return harmony.format_grammar(req.format, control_tokens(model))
 
 
 def control_tokens(model: ServedModel) -> Mapping[str, int]:

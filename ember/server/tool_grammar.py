@@ -124,12 +124,12 @@ def tool_grammar(
 def _tagged_rules(fmt: ToolCallFormat, parallel: bool, specials: Specials) -> list[str]:
     """A call between the tags; several calls: one list inside one pair of tags when the opening
     opens a list (Mistral's "[TOOL_CALLS] ["), else one pair of tags each (Qwen's <tool_call>)."""
-    closing = f" SPACE {_tag(fmt.closing, specials)}" if fmt.closing else ""
+    closing = f" SPACE {tag(fmt.closing, specials)}" if fmt.closing else ""
     is_list = fmt.opening.endswith("[")
     inner = 'fn (SPACE "," SPACE fn)*' if parallel and is_list else "fn"
     repeat = " (SPACE tagged_calls)?" if parallel and not is_list else ""
     return [
-        f"tagged_calls: {_tag(fmt.opening, specials)} tagged_rest",
+        f"tagged_calls: {tag(fmt.opening, specials)} tagged_rest",
         f"tagged_rest: SPACE {inner}{closing}{repeat}",
     ]
 
@@ -157,12 +157,12 @@ def _thinking(thinking: Thinking | None, rules: list[str], specials: Specials) -
         return ""
     closing = thinking.tags.closing
     if _is_special(closing, specials):  # the thought's text ends at the closing's token
-        rules += [f"thought: THOUGHT? {_tag(closing, specials)}", f"THOUGHT: {_TEXT}"]
+        rules += [f"thought: THOUGHT? {tag(closing, specials)}", f"THOUGHT: {_TEXT}"]
     else:
         rules.append(f"thought[suffix={_literal(closing)}]: {_TEXT}")
     if thinking.is_open:  # the prompt opened it: the output begins inside the thinking
         return "thought SPACE "
-    rules.append(f"thinking: SPACE {_tag(thinking.tags.opening, specials)} thought SPACE")
+    rules.append(f"thinking: SPACE {tag(thinking.tags.opening, specials)} thought SPACE")
     return "thinking? "
 
 
@@ -179,7 +179,7 @@ def _within(text: str, specials: Specials) -> list[str]:
     return sorted((s for s in specials if s and s in text), key=len, reverse=True)
 
 
-def _tag(text: str, specials: Specials) -> str:
+def tag(text: str, specials: Specials) -> str:
     """A tag in the grammar: its text, each control token in it as that token (`<[id]>`)."""
     found = _within(text, specials)
     if not found:
@@ -243,23 +243,39 @@ def chat_grammar(
 
 
 def format_grammar(
-    fmt: Any, tags: ThinkingTags, *, prompt: str, specials: Specials = _NONE
+    fmt: Any,
+    tags: ThinkingTags,
+    *,
+    prompt: str,
+    specials: Specials = _NONE,
+    answer_opening: str = "",
 ) -> str | None:
     """A format (`format`, response_format) held after free thinking: the model thinks first,
     then its answer is the format's JSON (Ollama lets a thinking model think before it applies
-    the format, by asking again; here one grammar does both). None for what only the runner's
-    format takes (a regex or a Lark grammar: the Python API's)."""
+    the format, by asking again; here one grammar does both). answer_opening: the tag the
+    answer follows (gpt-oss's final channel). None for what only the runner's format takes (a
+    regex or a Lark grammar: the Python API's)."""
+    answer = json_answer(fmt)
+    if answer is None:
+        return None
+    rules = [answer, f"SPACE: {_SPACE}"]
+    free = Thinking(tags, prompt_opens(prompt, tags))
+    opening = f"{tag(answer_opening, specials)} " if answer_opening else ""
+    start = f"start: {_thinking(free, rules, specials)}{opening}answer"
+    text = "\n".join([start, *rules]) + "\n"
+    check(text, field="format")
+    return text
+
+
+def json_answer(fmt: Any) -> str | None:
+    """The rule `answer` of a format's JSON (as the runner's format holds it: closed objects,
+    compact separators); None for a regex or Lark format, which only the runner takes."""
     schema = ANY_JSON_OBJECT if fmt == "json" else fmt
     if not isinstance(schema, dict) or (
         len(schema) == 1 and ("regex" in schema or "lark" in schema)
     ):
         return None
-    body = {**closed_objects(schema), "x-guidance": JSON_OPTIONS}
-    rules = [f"answer: %json {json.dumps(body)}", f"SPACE: {_SPACE}"]
-    free = Thinking(tags, prompt_opens(prompt, tags))
-    text = "\n".join([f"start: {_thinking(free, rules, specials)}answer", *rules]) + "\n"
-    check(text, field="format")
-    return text
+    return f"answer: %json {json.dumps({**closed_objects(schema), 'x-guidance': JSON_OPTIONS})}"
 
 
 def check(grammar: str, *, field: str = "tools") -> None:

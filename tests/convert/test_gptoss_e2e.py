@@ -1,9 +1,9 @@
 """A tiny random-weight gpt-oss whose vocabulary has Harmony's tags and whose chat template
 writes Harmony, through `ember create` and a real `ember serve`: it shows the thinking and tools
 capabilities, its tool names reach the template as identifiers, <|return|> and <|call|> end its
-generation, and a format opens the final channel, so the `ollama` client gets the format's JSON
-as content. (Its thinking and calls, which random weights cannot write, are read in
-tests/server/test_harmony.py from a scripted runner.)"""
+generation, and a format follows the analysis (or, with think false, opens the final channel),
+so the `ollama` client gets the format's JSON as content. (Its thinking and calls, which random
+weights cannot write, are read in tests/server/test_harmony.py from a scripted runner.)"""
 
 import dataclasses
 import json
@@ -96,7 +96,7 @@ def test_capabilities_and_the_rendered_prompt(served) -> None:
     assert text.endswith("<|start|>user<|message|>Weather?<|end|><|start|>assistant")
 
 
-def test_a_format_answers_json_in_the_final_channel(served) -> None:
+def test_a_format_follows_the_analysis_or_answers_at_once(served) -> None:
     ollama = pytest.importorskip("ollama")
     server, _ = served
     schema = {
@@ -106,15 +106,20 @@ def test_a_format_answers_json_in_the_final_channel(served) -> None:
         "additionalProperties": False,
     }
     api = ollama.Client(server.url)
-    r = api.chat(
-        model="oss",
-        messages=[{"role": "user", "content": "A city?"}],
-        format=schema,
-        options={"num_predict": 40, "seed": 1},
-    )
+    question = [{"role": "user", "content": "A city?"}]
+    options = {"num_predict": 40, "seed": 1}
+    # think false: the final channel opened after the prompt, the format on the whole output
+    r = api.chat(model="oss", messages=question, format=schema, think=False, options=options)
     assert r.message.thinking is None
     answer = json.loads(r.message.content)
     assert set(answer) == {"city"} and isinstance(answer["city"], str)
+    # else the grammar (its tags as the vocabulary's control tokens) lets the analysis come
+    # first: random weights think until the limit, read as thinking, or answer the format
+    r = api.chat(model="oss", messages=question, format=schema, options=options)
+    if r.message.content:
+        assert set(json.loads(r.message.content)) == {"city"}
+    else:
+        assert r.message.thinking and r.done_reason == "length"
     free = api.chat(
         model="oss", messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 8}
     )

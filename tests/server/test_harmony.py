@@ -249,13 +249,19 @@ def test_tool_call_through_both_clients() -> None:
         assert done.choices[0].finish_reason == "tool_calls"
 
 
-def test_a_format_opens_the_final_channel(oss: tuple[TestClient, FakeStarter]) -> None:
+def test_a_format_follows_the_analysis(oss: tuple[TestClient, FakeStarter]) -> None:
     client, starter = oss
     body = {"model": "oss", "messages": [{"role": "user", "content": "Hi"}], "stream": False}
-    r = client.post("/api/chat", json={**body, "format": "json"})
+    assert client.post("/api/chat", json={**body, "format": "json"}).status_code == 200
+    prompt, fields = starter.runners[0].prompts[-1], starter.runners[0].fields[-1]
+    assert prompt.endswith("<|start|>assistant") and fields["format"] is None
+    assert "analysis" in fields["grammar"] and "final" in fields["grammar"]
+    # think false: the final channel opened after the prompt, the format on the whole output
+    r = client.post("/api/chat", json={**body, "format": "json", "think": False})
     assert r.status_code == 200
     assert starter.runners[0].prompts[-1].endswith(FINAL)
     assert starter.runners[0].fields[-1]["format"] == "json"
+    assert "grammar" not in starter.runners[0].fields[-1]
 
 
 def test_a_forced_call_is_refused(oss: tuple[TestClient, FakeStarter]) -> None:
