@@ -23,9 +23,9 @@ from ember.server.model import ServedModel
 from ember.server.output import Parser, Part, logprobs
 from ember.server.output_rules import (
     chat_constraint,
+    generate_constraint,
     output_parser,
     reads_calls,
-    thinking_format,
     thinking_tags,
 )
 from ember.server.prompt import Completion, Message, Prompt, chat_prompt, generate_prompt
@@ -170,8 +170,7 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
         parser = output_parser(plan.model, req, prompt.text)
         text: list[str] = []
         observer = state.metrics.completion(plan.model.name, start)
-        thinking = None if req.raw else thinking_tags(plan.model, req)
-        grammar = thinking_format(plan.model, req, thinking, prompt.text)
+        grammar = generate_constraint(plan.model, req, prompt.text)
         run = _run(lease, plan, req, prompt, parser, observer, grammar=grammar)
         async for part, lps, final in run:
             text.append(part.content)

@@ -5,7 +5,7 @@ output.py, or harmony.py for gpt-oss)."""
 from collections.abc import Mapping, Sequence
 
 from ember.server import harmony
-from ember.server.api import ChatRequest, Generation, Tool
+from ember.server.api import ChatRequest, GenerateRequest, Generation, Tool
 from ember.server.model import ServedModel
 from ember.server.output import OutputParser, Parser
 from ember.server.thinking import ThinkingTags
@@ -37,6 +37,17 @@ def chat_constraint(model: ServedModel, req: ChatRequest, prompt: str) -> str | 
         if grammar is not None:
             return grammar
     return thinking_format(model, req, thinking, prompt)
+
+
+def generate_constraint(model: ServedModel, req: GenerateRequest, prompt: str) -> str | None:
+    """The grammar of a generate's output: its format's after free thinking (or gpt-oss's
+    analysis); None when the runner's format (or nothing) holds it. Raw output is not read as
+    thinking, so its format holds all of it."""
+    if req.raw:
+        return None
+    if model.harmony:
+        return harmony_format(model, req)
+    return thinking_format(model, req, thinking_tags(model, req), prompt)
 
 
 def thinking_format(

@@ -262,6 +262,12 @@ def test_a_format_follows_the_analysis(oss: tuple[TestClient, FakeStarter]) -> N
     assert starter.runners[0].prompts[-1].endswith(FINAL)
     assert starter.runners[0].fields[-1]["format"] == "json"
     assert "grammar" not in starter.runners[0].fields[-1]
+    # /api/generate alike
+    generate = {"model": "oss", "prompt": "Hi", "stream": False, "format": "json"}
+    assert client.post("/api/generate", json=generate).status_code == 200
+    assert "analysis" in starter.runners[0].fields[-1]["grammar"]
+    assert client.post("/api/generate", json={**generate, "think": False}).status_code == 200
+    assert starter.runners[0].prompts[-1].endswith(FINAL)
 
 
 def test_a_forced_call_is_refused(oss: tuple[TestClient, FakeStarter]) -> None:
