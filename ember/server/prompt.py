@@ -211,10 +211,9 @@ def generate_prompt(template: ChatTemplate, request: Completion) -> Prompt:
 def _template_context(
     tools: Sequence[dict[str, Any]] | None, think: bool | str | None
 ) -> dict[str, Any]:
-    # HF templates read `tools`, `enable_thinking` (Qwen3) and `reasoning_effort` (gpt-oss)
-    context: dict[str, Any] = {}
-    if tools:
-        context["tools"] = list(tools)
+    # HF templates read `tools`, `enable_thinking` (Qwen3) and `reasoning_effort` (gpt-oss);
+    # tools is None without any, as HF passes it (`tools is not none` is false, not undefined)
+    context: dict[str, Any] = {"tools": list(tools) if tools else None}
     if think is not None:
         context["enable_thinking"] = think is not False
         if isinstance(think, str):

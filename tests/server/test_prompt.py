@@ -348,3 +348,11 @@ def test_a_go_template_that_reads_suffix_fills_the_gap_itself() -> None:
     text = generate_prompt(template, Completion("def f():", suffix="return 1")).text
     assert text == "<PRE> def f(): <SUF>return 1 <MID>"
     assert generate_prompt(template, Completion("def f():")).text == "def f():"
+
+
+def test_tools_are_none_without_any_as_hf_passes_them() -> None:
+    # Llama 3.1's and Hermes' templates test `tools is not none`: an undefined tools is not none
+    template = ChatTemplate("{% if tools is not none %}[{{ tools | length }} tools]{% endif %}x")
+    assert chat_prompt(template, [Message("user", "q")]).text == "x"
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert chat_prompt(template, [Message("user", "q")], tools=tools).text == "[1 tools]x"
