@@ -23,9 +23,9 @@ from ember.server.model import ServedModel
 from ember.server.output import Parser, Part, logprobs
 from ember.server.output_rules import (
     chat_constraint,
+    forces_unreadable_call,
     generate_constraint,
     output_parser,
-    reads_calls,
     thinking_tags,
 )
 from ember.server.prompt import Completion, Message, Prompt, chat_prompt, generate_prompt
@@ -118,7 +118,8 @@ def _checked_chat(state: ServerState, req: ChatRequest) -> tuple[Plan, ChatReque
     images = any(m.images for m in req.messages)
     req = req.model_copy(update={"tools": req.chosen_tools()})
     tools = bool(req.tools)
-    if choice_mode(req) == "required" and reads_calls(plan.model):  # 400s come first
+    choice_mode(req)  # a contradiction is a 400 before anything loads
+    if forces_unreadable_call(plan.model, req):
         raise APIError(400, "tool_choice cannot force a call in this model's call format yet")
     check_capabilities(
         req.model, plan.model, think=req.think, tools=tools, images=images, what="chat"

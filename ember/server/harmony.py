@@ -14,12 +14,14 @@ from dataclasses import replace
 from typing import Any
 
 from ember.server import tool_grammar
+from ember.server.api import Tool
 from ember.server.holdback import partial_tag
 from ember.server.output import Part, call_id
 from ember.server.prompt import Message, Prompt
 from ember.server.thinking import ThinkingTags
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
+CONSTRAIN = "<|constrain|>"
 FINAL = f"{START}assistant{CHANNEL}final{MESSAGE}"  # a final answer's opening
 FAMILIES = ("gptoss", "gpt-oss")
 _BUILTIN_TOOLS = ("browser.open", "browser.search", "browser.find", "python")
@@ -122,6 +124,30 @@ def format_grammar(fmt: Any, specials: Mapping[str, int]) -> str | None:
     return tool_grammar.format_grammar(
         fmt, ANALYSIS, prompt="", specials=specials, answer_opening=final
     )
+
+
+def call_grammar(
+    tools: Sequence[Tool],
+    names: HarmonyNames,
+    specials: Mapping[str, int],
+    *,
+    analysis: bool = True,
+) -> str:
+    """A forced call (tool_choice "required" or a named function): the analysis free (unless
+    analysis is False: think false), then one message to `functions.NAME` of a tool,
+    `<|constrain|>json`, and arguments valid against its schema; <|call|> (an end of generation)
+    follows."""
+    rules = [f"SPACE: {tool_grammar.SPACE}"]
+    start = tool_grammar.thinking_prefix(ANALYSIS, rules, specials) if analysis else ""
+    calls = []
+    for i, tool in enumerate(tools):
+        name = names.harmony(tool.function.name)
+        header = f"{CHANNEL}commentary to=functions.{name} {CONSTRAIN}json{MESSAGE}"
+        calls.append(f"{tool_grammar.tag(header, specials)} args_{i}")
+        rules.append(f"args_{i}: %json {json.dumps(tool_grammar.arguments_schema(tool))}")
+    text = "\n".join([f"start: {start}({' | '.join(calls)})", *rules]) + "\n"
+    tool_grammar.check(text)
+    return text
 
 
 def answering(prompt: Prompt) -> Prompt:

@@ -9,7 +9,7 @@ from ember.server.api import ChatRequest, GenerateRequest, Generation, Tool
 from ember.server.model import ServedModel
 from ember.server.output import OutputParser, Parser
 from ember.server.thinking import ThinkingTags
-from ember.server.tool_grammar import chat_grammar, format_grammar
+from ember.server.tool_grammar import chat_grammar, choice_mode, format_grammar
 
 
 def thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:
@@ -25,10 +25,21 @@ def reads_calls(model: ServedModel) -> bool:
     return model.harmony or model.tool_format.style != "json"
 
 
+def forces_unreadable_call(model: ServedModel, req: ChatRequest) -> bool:
+    """A forced call in a format no grammar of Ember's holds yet (calls written as text)."""
+    return (
+        choice_mode(req) == "required" and model.tool_format.style != "json" and not model.harmony
+    )
+
+
 def chat_constraint(model: ServedModel, req: ChatRequest, prompt: str) -> str | None:
     """The grammar of a chat's output: its tool_choice's, else its format's after free thinking;
     None when the runner's format (or nothing) holds it."""
     thinking = thinking_tags(model, req)
+    if model.harmony and choice_mode(req) == "required":
+        names = harmony.HarmonyNames(t.function.name for t in req.tools)
+        analysis = req.think is not False
+        return harmony.call_grammar(req.tools, names, control_tokens(model), analysis=analysis)
     if model.harmony:
         return harmony_format(model, req)
     if not reads_calls(model):

@@ -27,7 +27,7 @@ Specials = Mapping[str, int]
 _NONE: Specials = {}
 
 # whitespace around tags and between calls: bounded, so a model cannot pad its output forever
-_SPACE = r"/[ \t\r\n]{0,4}/"
+SPACE = r"/[ \t\r\n]{0,4}/"
 _CALL_SEPARATOR = r"/[ \t\r\n]{0,4}(,[ \t\r\n]{0,4})?/"  # between the bare calls of a run
 _TEXT = r"/(.|\n)*/"
 
@@ -63,8 +63,20 @@ def call_schema(tools: Sequence[Tool], arguments_key: str = "arguments") -> dict
         _def_name(i): _rebased(closed_objects(t.function.parameters or {"type": "object"}), i)
         for i, t in enumerate(tools)
     }
-    # the compact separators of structured outputs (JSON_OPTIONS), inside the Lark grammar
-    return {**schema, "$defs": defs, "x-guidance": {**JSON_OPTIONS, "lenient": True}}
+    return {**schema, "$defs": defs, "x-guidance": _GUIDANCE}
+
+
+def arguments_schema(tool: Tool) -> dict[str, Any]:
+    """The JSON schema of one tool's arguments alone (lenient as call_schema's)."""
+    return {
+        **closed_objects(tool.function.parameters or {"type": "object"}),
+        "x-guidance": _GUIDANCE,
+    }
+
+
+# the compact separators of structured outputs (JSON_OPTIONS), inside the Lark grammar; lenient:
+# a keyword or format llguidance does not implement is not enforced, rather than a failure
+_GUIDANCE = {**JSON_OPTIONS, "lenient": True}
 
 
 def _def_name(index: int) -> str:
@@ -101,7 +113,7 @@ def tool_grammar(
     rules = [
         f"fn: %json {json.dumps(call_schema(tools, fmt.arguments_key))}",
         *(_bare_rules(parallel) if fmt.is_bare_json else tagged),
-        f"SPACE: {_SPACE}",
+        f"SPACE: {SPACE}",
     ]
     if mode == "required":
         body = f"SPACE {calls} SPACE"
@@ -149,6 +161,11 @@ def _free(thinking: Thinking | None, specials: Specials) -> str:
         return _TEXT
     opening = re.escape(thinking.tags.opening).replace("/", "\\/")
     return f"{_TEXT} & ~/[ \\t\\r\\n]*{opening}(.|\\n)*/"
+
+
+def thinking_prefix(tags: ThinkingTags, rules: list[str], specials: Specials) -> str:
+    """The start rule's prefix for free thinking in tags the prompt has not opened."""
+    return _thinking(Thinking(tags), rules, specials)
 
 
 def _thinking(thinking: Thinking | None, rules: list[str], specials: Specials) -> str:
@@ -258,7 +275,7 @@ def format_grammar(
     answer = json_answer(fmt)
     if answer is None:
         return None
-    rules = [answer, f"SPACE: {_SPACE}"]
+    rules = [answer, f"SPACE: {SPACE}"]
     free = Thinking(tags, prompt_opens(prompt, tags))
     opening = f"{tag(answer_opening, specials)} " if answer_opening else ""
     start = f"start: {_thinking(free, rules, specials)}{opening}answer"

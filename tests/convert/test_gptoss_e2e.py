@@ -96,6 +96,41 @@ def test_capabilities_and_the_rendered_prompt(served) -> None:
     assert text.endswith("<|start|>user<|message|>Weather?<|end|><|start|>assistant")
 
 
+# its city one of two: random weights finish the call within the limit
+SHORT_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get-weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def test_a_forced_call_is_valid_arguments_of_a_tool(served) -> None:
+    # tool_choice (Ember's extension on /api/chat): with think false the grammar holds the
+    # output to the call's header (its tags as control tokens) and the tool's schema
+    server, _ = served
+    body = {
+        "model": "oss",
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "tools": [SHORT_WEATHER],
+        "tool_choice": "required",
+        "think": False,
+        "stream": False,
+        "options": {"num_predict": 60, "seed": 1},
+    }
+    r = httpx.post(f"{server.url}/api/chat", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert "tool_calls" in r.json()["message"], r.json()
+    [call] = r.json()["message"]["tool_calls"]
+    assert call["function"]["name"] == "get-weather"  # renamed for the template, and back
+    assert call["function"]["arguments"] in ({"city": "Paris"}, {"city": "Oslo"})
+
+
 def test_a_format_follows_the_analysis_or_answers_at_once(served) -> None:
     ollama = pytest.importorskip("ollama")
     server, _ = served

@@ -3,20 +3,24 @@ anywhere), tool names renamed for the template and back, think as the reasoning 
 routes with the real `ollama` and `openai` clients over a scripted runner."""
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import llguidance
 import pytest
 from fastapi.testclient import TestClient
 from server_fakes import MODELS, FakeModels, FakeStarter, served
 
+from ember.server.api import Tool
 from ember.server.app import create_app
 from ember.server.harmony import (
     FINAL,
     HarmonyNames,
     HarmonyParser,
     answering,
+    call_grammar,
     prefill,
     uses_harmony,
 )
@@ -270,14 +274,57 @@ def test_a_format_follows_the_analysis(oss: tuple[TestClient, FakeStarter]) -> N
     assert starter.runners[0].prompts[-1].endswith(FINAL)
 
 
-def test_a_forced_call_is_refused(oss: tuple[TestClient, FakeStarter]) -> None:
-    client, _ = oss
+class _HarmonyBytes:
+    """Byte tokens, EOS, and Harmony's tags as control tokens (as gpt-oss's vocabulary)."""
+
+    TAGS = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|constrain|>")
+
+    def __init__(self) -> None:
+        self.eos_token_id, self.bos_token_id = 256, None
+        self.tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
+        self.tokens += [t.encode() for t in self.TAGS]
+        self.special_token_ids = list(range(256, 257 + len(self.TAGS)))
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text.encode() if isinstance(text, str) else text)
+
+
+SPECIALS = {t: 257 + i for i, t in enumerate(_HarmonyBytes.TAGS)}
+
+
+def accepts(grammar: str, text: str) -> bool:
+    ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_HarmonyBytes()))
+    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar))
+    assert not matcher.is_error(), matcher.get_error()
+    ids: list[int] = []
+    for piece in re.split(r"(<\|[a-z]+\|>)", text):
+        ids += [SPECIALS[piece]] if piece in SPECIALS else list(piece.encode())
+    return all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()
+
+
+def test_a_forced_call_is_one_to_a_tool_after_the_analysis() -> None:
+    tools = [Tool.model_validate(WEATHER)]
+    grammar = call_grammar(tools, HarmonyNames(["get-weather"]), SPECIALS)
+    header = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    assert accepts(grammar, header + '{"city": "Paris"}')
+    assert accepts(
+        grammar, THOUGHT + "<|start|>assistant" + header + '{"city": "Oslo", "unit": "c"}'
+    )
+    assert not accepts(grammar, header + '{"unit": "c"}')  # its required city
+    assert not accepts(grammar, ANSWER.removeprefix("<|start|>assistant"))  # no answer instead
+    assert not accepts(grammar, header.replace("get_weather", "get-weather") + '{"city": "P"}')
+    direct = call_grammar(tools, HarmonyNames(["get-weather"]), SPECIALS, analysis=False)
+    assert accepts(direct, header + '{"city": "Paris"}')  # think false: the call at once
+    assert not accepts(direct, THOUGHT + "<|start|>assistant" + header + '{"city": "Oslo"}')
+
+
+def test_the_runner_gets_the_forced_calls_grammar(oss: tuple[TestClient, FakeStarter]) -> None:
+    client, starter = oss
     body = {
         "model": "oss",
         "messages": [{"role": "user", "content": "Hi"}],
         "tools": [WEATHER],
         "tool_choice": "required",
     }
-    r = client.post("/v1/chat/completions", json=body)
-    assert r.status_code == 400
-    assert "cannot force a call" in r.json()["error"]["message"]
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert "to=functions.get_weather" in starter.runners[0].fields[-1]["grammar"]
