@@ -19,9 +19,9 @@ def thinking_tags(model: ServedModel, req: Generation) -> ThinkingTags | None:
 
 
 def reads_calls(model: ServedModel) -> bool:
-    """Whether the model's calls are read, not held to a grammar: Harmony's channels and calls
-    written as text (Qwen3-Coder's parameters, a name before its JSON) have no JSON value to
-    constrain (tool_choice "auto" is free, and a forced call is refused)."""
+    """Whether tool_choice "auto" leaves the model's calls free, to be read: Harmony's channels
+    and calls written as text (Qwen3-Coder's parameters, a name before its JSON) have no JSON
+    call for auto's lazy grammar to hold (a forced call: Harmony's grammar, else a 400)."""
     return model.harmony or model.tool_format.style != "json"
 
 
