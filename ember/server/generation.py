@@ -242,8 +242,14 @@ async def _chat_prompt(lease: Lease, plan: Plan, req: ChatRequest) -> Prompt:
     if plan.model.harmony:
         messages, tools, think = harmony.chat_inputs(messages, tools, think)
     prompt = await _rendered_chat(lease, plan, req, messages, tools, think)
+    return _harmony_answer(plan, req, prompt)
+
+
+def _harmony_answer(plan: Plan, req: Generation, prompt: Prompt) -> Prompt:
+    """gpt-oss asked for a format without thinking: its final channel opened after the prompt
+    (with thinking, the analysis comes first: output_rules.py)."""
     if plan.model.harmony and req.format is not None and req.think is False:
-        return harmony.answering(prompt)  # else the analysis comes first (output_rules.py)
+        return harmony.answering(prompt)
     return prompt
 
 
@@ -296,9 +302,7 @@ async def _generate_prompt(lease: Lease, plan: Plan, req: GenerateRequest) -> Pr
             context=context,
         )
         prompt = generate_prompt(template, request)
-        if plan.model.harmony and req.format is not None and req.think is False and not req.raw:
-            return harmony.answering(prompt)
-        return prompt
+        return prompt if req.raw else _harmony_answer(plan, req, prompt)
     except RunnerError as err:
         raise await runner_failure(err, lease.runner) from None
     except EmberError as err:

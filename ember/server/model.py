@@ -193,7 +193,7 @@ def read_facts(path: Path) -> GGUFFacts:
     try:
         with GGUFFile.open(path) as gguf:
             md = gguf.metadata
-            vocab = md.get("tokenizer.ggml.tokens") or []
+            vocab = [str(t) for t in md.get("tokenizer.ggml.tokens") or []]
             arch = str(md.get("general.architecture", ""))
             size_label = md.get("general.size_label")
             num_params = sum(_count(t.shape) for t in gguf.tensors.values())
@@ -209,7 +209,7 @@ def read_facts(path: Path) -> GGUFFacts:
         context_length=int(md.get(f"{arch}.context_length", 0) or 0),
         file_type=FILE_TYPES.get(ftype, "unknown") if isinstance(ftype, int) else "unknown",
         parameter_size=human_number(num_params) if num_params else str(size_label or ""),
-        fim=fill_in_middle([str(t) for t in vocab]),
+        fim=fill_in_middle(vocab),
         has_vision=f"{arch}.vision.block_count" in md,
         is_embedding=f"{arch}.pooling_type" in md,
         is_rerank=md.get(f"{arch}.pooling_type") == POOLING_RANK,
@@ -217,8 +217,8 @@ def read_facts(path: Path) -> GGUFFacts:
     )
 
 
-def _control_tokens(vocab: Sequence[Any], types: Sequence[Any]) -> dict[str, int]:
-    return {str(t): i for i, (t, k) in enumerate(zip(vocab, types, strict=False)) if k == CONTROL}
+def _control_tokens(vocab: Sequence[str], types: Sequence[Any]) -> dict[str, int]:
+    return {t: i for i, (t, k) in enumerate(zip(vocab, types, strict=False)) if k == CONTROL}
 
 
 def _count(shape: tuple[int, ...]) -> int:

@@ -3,15 +3,14 @@ anywhere), tool names renamed for the template and back, think as the reasoning 
 routes with the real `ollama` and `openai` clients over a scripted runner."""
 
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import llguidance
 import pytest
 from fastapi.testclient import TestClient
 from server_fakes import MODELS, FakeModels, FakeStarter, served
+from test_tool_grammar import accepts_tokens, control_ids
 
 from ember.server.api import Tool
 from ember.server.app import create_app
@@ -274,32 +273,11 @@ def test_a_format_follows_the_analysis(oss: tuple[TestClient, FakeStarter]) -> N
     assert starter.runners[0].prompts[-1].endswith(FINAL)
 
 
-class _HarmonyBytes:
-    """Byte tokens, EOS, and Harmony's tags as control tokens (as gpt-oss's vocabulary)."""
-
-    TAGS = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|constrain|>")
-
-    def __init__(self) -> None:
-        self.eos_token_id, self.bos_token_id = 256, None
-        self.tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
-        self.tokens += [t.encode() for t in self.TAGS]
-        self.special_token_ids = list(range(256, 257 + len(self.TAGS)))
-
-    def __call__(self, text: str | bytes) -> list[int]:
-        return list(text.encode() if isinstance(text, str) else text)
-
-
-SPECIALS = {t: 257 + i for i, t in enumerate(_HarmonyBytes.TAGS)}
+SPECIALS = control_ids("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|constrain|>")
 
 
 def accepts(grammar: str, text: str) -> bool:
-    ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_HarmonyBytes()))
-    matcher = llguidance.LLMatcher(ll, llguidance.LLMatcher.grammar_from_lark(grammar))
-    assert not matcher.is_error(), matcher.get_error()
-    ids: list[int] = []
-    for piece in re.split(r"(<\|[a-z]+\|>)", text):
-        ids += [SPECIALS[piece]] if piece in SPECIALS else list(piece.encode())
-    return all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()
+    return accepts_tokens(grammar, text, SPECIALS)
 
 
 def test_a_forced_call_is_one_to_a_tool_after_the_analysis() -> None:

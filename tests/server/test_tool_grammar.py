@@ -2,6 +2,7 @@
 each mode accepts and rejects, in Qwen's tagged format, bare JSON and Mistral's list, with free
 thinking before the calls; and the grammar each route sends the (fake) runner."""
 
+import functools
 import json
 import re
 from typing import Any
@@ -333,28 +334,38 @@ def test_a_thinker_gets_its_format_as_a_grammar_after_thinking(client, starter, 
         assert "grammar" not in starter.runners[0].fields[-1]
 
 
-class _Specials(_Bytes):
-    """The byte tokenizer with three control tokens, as Mistral's and Magistral's vocabularies
-    hold their tags."""
+class _WithControls(_Bytes):
+    """The byte tokenizer with control tokens after EOS (ids 257 on), as a vocabulary holds
+    Mistral's, Magistral's or gpt-oss's tags."""
 
-    def __init__(self) -> None:
+    def __init__(self, tags: tuple[str, ...]) -> None:
         super().__init__()
-        self.tokens += [b"[TOOL_CALLS]", b"[THINK]", b"[/THINK]"]
-        self.special_token_ids = [256, 257, 258, 259]
+        self.tokens += [t.encode() for t in tags]
+        self.special_token_ids = list(range(256, 257 + len(tags)))
 
 
-SPECIALS = {"[TOOL_CALLS]": 257, "[THINK]": 258, "[/THINK]": 259}
-LL_SPECIALS = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Specials()))
+@functools.cache
+def _controls(tags: tuple[str, ...]) -> llguidance.LLTokenizer:
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_WithControls(tags)))
 
 
-def accepts_tokens(grammar: str, text: str) -> bool:
+def control_ids(*tags: str) -> dict[str, int]:
+    """The ids _WithControls gives tags: the `specials` a grammar takes."""
+    return {t: 257 + i for i, t in enumerate(tags)}
+
+
+def accepts_tokens(grammar: str, text: str, specials: dict[str, int]) -> bool:
     """Whether grammar allows text, its control tags as their tokens and the rest byte by byte."""
-    matcher = llguidance.LLMatcher(LL_SPECIALS, llguidance.LLMatcher.grammar_from_lark(grammar))
+    tokenizer = _controls(tuple(specials))
+    matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar))
     assert not matcher.is_error(), matcher.get_error()
     ids: list[int] = []
-    for piece in re.split(r"(\[TOOL_CALLS\]|\[THINK\]|\[/THINK\])", text):
-        ids += [SPECIALS[piece]] if piece in SPECIALS else list(piece.encode())
+    for piece in re.split("(" + "|".join(map(re.escape, specials)) + ")", text):
+        ids += [specials[piece]] if piece in specials else list(piece.encode())
     return all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()
+
+
+SPECIALS = control_ids("[TOOL_CALLS]", "[THINK]", "[/THINK]")
 
 
 NEMO = ToolCallFormat("[TOOL_CALLS][", "]")  # Mistral Nemo's, whose tag is a control token
@@ -365,25 +376,25 @@ NEMO_CALL = f"[TOOL_CALLS][{call('get_weather', city='Paris')}]"
 def test_a_control_token_tag_is_matched_as_its_token(mode: str) -> None:
     grammar = tool_grammar(TOOLS, NEMO, mode=mode, specials=SPECIALS)  # type: ignore[arg-type]
     assert "<[257]>" in grammar
-    assert accepts_tokens(grammar, NEMO_CALL)
-    assert accepts_tokens(grammar, "Let me look. " + NEMO_CALL) == (mode == "auto")
-    assert accepts_tokens(grammar, "It is sunny.") == (mode == "auto")
-    assert not accepts_tokens(grammar, f"[TOOL_CALLS][{call('get_weather', city=1)}]")
+    assert accepts_tokens(grammar, NEMO_CALL, SPECIALS)
+    assert accepts_tokens(grammar, "Let me look. " + NEMO_CALL, SPECIALS) == (mode == "auto")
+    assert accepts_tokens(grammar, "It is sunny.", SPECIALS) == (mode == "auto")
+    assert not accepts_tokens(grammar, f"[TOOL_CALLS][{call('get_weather', city=1)}]", SPECIALS)
     # before, the tag was text only: the model's own token was refused (it had to spell it)
     plain = tool_grammar(TOOLS, NEMO, mode=mode)  # type: ignore[arg-type]
-    assert not accepts_tokens(plain, NEMO_CALL)
+    assert not accepts_tokens(plain, NEMO_CALL, SPECIALS)
 
 
 def test_control_token_thinking_tags() -> None:
     magistral = ThinkingTags("[THINK]", "[/THINK]")
     grammar = format_grammar(SCHEMA, magistral, prompt="", specials=SPECIALS)
     assert grammar is not None
-    assert accepts_tokens(grammar, '[THINK]A number [is] due.[/THINK]\n{"a": 2}')
-    assert accepts_tokens(grammar, '{"a": 2}')
-    assert not accepts_tokens(grammar, '[THINK]x[/THINK] {"a": "2"}')
+    assert accepts_tokens(grammar, '[THINK]A number [is] due.[/THINK]\n{"a": 2}', SPECIALS)
+    assert accepts_tokens(grammar, '{"a": 2}', SPECIALS)
+    assert not accepts_tokens(grammar, '[THINK]x[/THINK] {"a": "2"}', SPECIALS)
     opened = format_grammar(SCHEMA, magistral, prompt="[THINK]", specials=SPECIALS)
-    assert opened is not None and accepts_tokens(opened, 'still[/THINK]{"a": 2}')
+    assert opened is not None and accepts_tokens(opened, 'still[/THINK]{"a": 2}', SPECIALS)
     tools = tool_grammar(
         TOOLS, NEMO, mode="required", thinking=Thinking(magistral), specials=SPECIALS
     )
-    assert accepts_tokens(tools, "[THINK]weather? use the tool[/THINK]" + NEMO_CALL)
+    assert accepts_tokens(tools, "[THINK]weather? use the tool[/THINK]" + NEMO_CALL, SPECIALS)
