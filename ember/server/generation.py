@@ -83,22 +83,23 @@ async def chat(
             grammar=grammar,
             thinking_budget=thinking_budget,
         )
-        async for part, lps, final in run:
-            message: dict[str, Any] = {"role": "assistant", "content": part.content}
-            if part.thinking:
-                message["thinking"] = part.thinking
-            if part.tool_calls:
-                message["tool_calls"] = part.tool_calls
-            fields: Chunk = {"message": message}
-            if lps:
-                fields["logprobs"] = lps
-            if final is None:
-                yield {"model": req.model, "created_at": now(), **fields, "done": False}
-                continue
-            chunk = _final(fields, req.model, final, start, lease.load_duration)
-            if prompt.truncated:
-                chunk["truncated"] = True
-            yield chunk
+        async with contextlib.aclosing(run):  # a client gone: the runner's stream ends now
+            async for part, lps, final in run:
+                message: dict[str, Any] = {"role": "assistant", "content": part.content}
+                if part.thinking:
+                    message["thinking"] = part.thinking
+                if part.tool_calls:
+                    message["tool_calls"] = part.tool_calls
+                fields: Chunk = {"message": message}
+                if lps:
+                    fields["logprobs"] = lps
+                if final is None:
+                    yield {"model": req.model, "created_at": now(), **fields, "done": False}
+                    continue
+                chunk = _final(fields, req.model, final, start, lease.load_duration)
+                if prompt.truncated:
+                    chunk["truncated"] = True
+                yield chunk
 
 
 async def count_tokens(state: ServerState, req: ChatRequest) -> int:
@@ -173,20 +174,21 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
         observer = state.metrics.completion(plan.model.name, start)
         grammar = generate_constraint(plan.model, req, prompt.text)
         run = _run(lease, plan, req, prompt, parser, observer, grammar=grammar)
-        async for part, lps, final in run:
-            text.append(part.content)
-            fields: Chunk = {"response": part.content}
-            if part.thinking:
-                fields["thinking"] = part.thinking
-            if lps:
-                fields["logprobs"] = lps
-            if final is None:
-                yield {"model": req.model, "created_at": now(), **fields, "done": False}
-                continue
-            if not req.raw:  # as Ollama: the tokens of prompt and answer, to continue from
-                context = prompt.text + "".join(text)
-                fields["context"] = await _tokens(lease, context, add_special=False)
-            yield _final(fields, req.model, final, start, lease.load_duration)
+        async with contextlib.aclosing(run):  # a client gone: the runner's stream ends now
+            async for part, lps, final in run:
+                text.append(part.content)
+                fields: Chunk = {"response": part.content}
+                if part.thinking:
+                    fields["thinking"] = part.thinking
+                if lps:
+                    fields["logprobs"] = lps
+                if final is None:
+                    yield {"model": req.model, "created_at": now(), **fields, "done": False}
+                    continue
+                if not req.raw:  # as Ollama: the tokens of prompt and answer, to continue from
+                    context = prompt.text + "".join(text)
+                    fields["context"] = await _tokens(lease, context, add_special=False)
+                yield _final(fields, req.model, final, start, lease.load_duration)
 
 
 async def _tokens(lease: Lease, text: str, *, add_special: bool = True) -> list[int]:
@@ -339,15 +341,16 @@ async def _run(
             return runner_records(lease, text, fields)
 
         records = budget.capped(complete, prompt.text, fields, budget=thinking_budget, tags=tags)
-    async for record in records:
-        observer.record(record)
-        if record.get("done"):
-            yield parser.flush(), [], record
-            return
-        part = parser.add(record.get("content", ""))
-        lps = logprobs(record.get("logprobs") or [])
-        if part or lps:
-            yield part, lps, None
+    async with contextlib.aclosing(records):
+        async for record in records:
+            observer.record(record)
+            if record.get("done"):
+                yield parser.flush(), [], record
+                return
+            part = parser.add(record.get("content", ""))
+            lps = logprobs(record.get("logprobs") or [])
+            if part or lps:
+                yield part, lps, None
 
 
 def runner_fields(lease: Lease, plan: Plan, req: Generation) -> dict[str, Any]:
