@@ -4,10 +4,12 @@ runner killed mid-run; every request's outcome is recorded and checked.
     .venv/bin/python benchmarks/soak.py --clients 64 --minutes 10
 
 The server is started here (its own temporary model store, a free loopback port). The clients
-send a mix of /api/generate, /api/chat, /api/embed and /v1/chat/completions, streaming and not,
-with small num_predict; some close their connection mid-request (cancelled); a tenth ask for a
-second model, which is unloaded every 20 s (keep_alive 0), so the scheduler loads it again while
-the first one runs. Partway through, the first model's runner process is killed with SIGKILL.
+send a mix of /api/generate, /api/chat (some with a JSON schema format), /api/embed, and OpenAI's
+and Anthropic's routes (/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages),
+streaming and not, with small num_predict; some close their connection mid-request (cancelled);
+a tenth ask for a second model, which is unloaded every 20 s (keep_alive 0), so the scheduler
+loads it again while the first one runs. Partway through, the first model's runner process is
+killed with SIGKILL.
 
 Checks (exit status 1 when one fails): no request lost (each one completed, was refused with a
 429/503 and an error body, or was cancelled by its client); no error except on the requests in
@@ -176,38 +178,64 @@ def _prompt(rng: random.Random) -> str:
     return "Write one sentence about " + " and ".join(rng.sample(WORDS, rng.randint(1, 3))) + "."
 
 
+ROUTES = [
+    "/api/generate",
+    "/api/chat",
+    "/api/embed",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/responses",
+]
+PERSON = {  # a structured output: the grammar path under load
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
 def _request(rng: random.Random, model: str) -> tuple[str, dict[str, Any]]:
     """A random route and body of the mix."""
-    route = rng.choice(["/api/generate", "/api/chat", "/api/embed", "/v1/chat/completions"])
+    route = rng.choice(ROUTES)
     prompt, num_predict, stream = _prompt(rng), rng.randint(2, 12), rng.random() < 0.5
     messages = [{"role": "user", "content": prompt}]
+    options: dict[str, Any] = {"num_predict": num_predict}
     if route == "/api/generate":
-        body = {"prompt": prompt, "stream": stream, "options": {"num_predict": num_predict}}
+        body = {"prompt": prompt, "stream": stream, "options": options}
     elif route == "/api/chat":
-        body = {"messages": messages, "stream": stream, "options": {"num_predict": num_predict}}
+        body = {"messages": messages, "stream": stream, "options": options}
+        if rng.random() < 0.3:
+            body["format"] = PERSON
     elif route == "/api/embed":
         body = {"input": [prompt] * rng.randint(1, 3)}
-    else:
+    elif route == "/v1/completions":
+        body = {"prompt": prompt, "stream": stream, "max_tokens": num_predict}
+    elif route == "/v1/responses":
+        body = {"input": prompt, "stream": stream, "max_output_tokens": num_predict}
+    else:  # OpenAI's chat and Anthropic's messages
         body = {"messages": messages, "stream": stream, "max_tokens": num_predict}
     return route, {"model": model, **body}
 
 
-async def _read_stream(response: httpx.Response, sse: bool, stop_after: int | None) -> str:
+ENDS = ("message_stop", "response.completed", "response.incomplete")  # max tokens: incomplete
+
+
+async def _read_stream(response: httpx.Response, stop_after: int | None) -> str:
     """Reads a stream to its end: "" when it ended well, else why not; stops (cancelled) after
-    stop_after pieces."""
+    stop_after pieces. NDJSON ends with a done record, OpenAI's SSE with [DONE], Anthropic's
+    and the Responses API's with an event of ENDS."""
     pieces = 0
     async for line in response.aiter_lines():
-        if not line:
+        if not line or line.startswith("event: "):
             continue
-        if sse:
-            if line == "data: [DONE]":
-                return ""
-            line = line.removeprefix("data: ")
-        record = json.loads(line)
-        if "error" in record:
-            error = record["error"]
+        if line == "data: [DONE]":
+            return ""
+        record = json.loads(line.removeprefix("data: "))
+        error = record.get("error")
+        if error or record.get("type") in ("error", "response.failed"):
+            error = error or record.get("response", {}).get("error")
             return "error: " + str(error.get("message") if isinstance(error, dict) else error)
-        if record.get("done") and not sse:
+        if record.get("done") or record.get("type") in ENDS:
             return ""
         pieces += 1
         if stop_after is not None and pieces >= stop_after:
@@ -226,10 +254,11 @@ async def _send(
             return
         if not body.get("stream"):
             data = json.loads(await response.aread())
-            ok = any(k in data for k in ("response", "message", "embeddings", "choices"))
+            answers = ("response", "message", "embeddings", "choices", "content", "output")
+            ok = any(k in data for k in answers)
             outcome.result, outcome.detail = ("done", "") if ok else ("lost", "no answer field")
             return
-        ended = await _read_stream(response, outcome.route.startswith("/v1/"), stop_after)
+        ended = await _read_stream(response, stop_after)
         if ended in ("", "cancelled"):
             outcome.result = ended or "done"
         else:
