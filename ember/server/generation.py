@@ -83,7 +83,7 @@ async def chat(
             grammar=grammar,
             thinking_budget=thinking_budget,
         )
-        async with contextlib.aclosing(run):  # a client gone: the runner's stream ends now
+        async with contextlib.aclosing(run):  # here, not by the collector: README's Soak
             async for part, lps, final in run:
                 message: dict[str, Any] = {"role": "assistant", "content": part.content}
                 if part.thinking:
@@ -174,7 +174,7 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
         observer = state.metrics.completion(plan.model.name, start)
         grammar = generate_constraint(plan.model, req, prompt.text)
         run = _run(lease, plan, req, prompt, parser, observer, grammar=grammar)
-        async with contextlib.aclosing(run):  # a client gone: the runner's stream ends now
+        async with contextlib.aclosing(run):  # here, not by the collector: README's Soak
             async for part, lps, final in run:
                 text.append(part.content)
                 fields: Chunk = {"response": part.content}

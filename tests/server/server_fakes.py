@@ -2,12 +2,17 @@
 with a hand-written template, and a state wiring them to a real Scheduler."""
 
 import asyncio
-from collections.abc import AsyncGenerator
+import contextlib
+import threading
+import time
+from collections.abc import AsyncGenerator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ember.runner.client import LoadSettings, RunnerError
+import uvicorn
+
+from ember.runner.client import LoadSettings, RunnerError, free_port
 from ember.server.errors import not_found
 from ember.server.model import ServedModel
 from ember.server.prompt import ChatTemplate
@@ -194,3 +199,22 @@ def fake_state(starter: FakeStarter | None = None, **scheduler_args: Any) -> Ser
     scheduler_args.setdefault("num_parallel", 2)
     scheduler = Scheduler(start=starter or FakeStarter(), defaults=Defaults(), **scheduler_args)
     return ServerState(FakeModels(), scheduler)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def served_in_thread(app: Any, port: int | None = None) -> Iterator[str]:
+    """app served by a real uvicorn on a loopback port (a free one when None), in a thread of
+    its own; its URL."""
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

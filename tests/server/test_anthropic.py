@@ -5,16 +5,13 @@ stop sequences, count_tokens, Anthropic's error object, and x-api-key with the r
 import asyncio
 import base64
 import json
-import threading
-import time
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import anthropic
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
-from server_fakes import FakeRunner, FakeStarter, fake_state
+from server_fakes import FakeRunner, FakeStarter, fake_state, served_in_thread
 
 from ember.envconfig import HostAddress
 from ember.runner.client import free_port
@@ -400,14 +397,8 @@ def live(starter: ScriptedStarter) -> Iterator[str]:
         origins=[],
         api_key=KEY,
     )
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join()
+    with served_in_thread(app, port) as url:
+        yield url
 
 
 def test_x_api_key_with_the_anthropic_client(live, starter):

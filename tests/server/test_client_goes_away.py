@@ -8,16 +8,13 @@ held open until a collection."""
 import asyncio
 import gc
 import logging
-import socket
-import threading
 import time
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from server_fakes import FakeRunner, FakeStarter, fake_state
+from server_fakes import FakeRunner, FakeStarter, fake_state, served_in_thread
 
 from ember.server.app import create_app
 
@@ -82,22 +79,13 @@ def live(monkeypatch: pytest.MonkeyPatch) -> Iterator[Live]:
     # set before the server's loop starts, which takes its finalizer from its class
     monkeypatch.setattr(asyncio.BaseEventLoop, "_asyncgen_finalizer_hook", finalizer)
     starter = Starter()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    app = create_app(fake_state(starter))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
     handler = logging.Handler(logging.ERROR)
     handler.emit = lambda record: wrong.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger().addHandler(handler)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        assert _wait(lambda: server.started), "uvicorn did not start"
-        yield f"http://127.0.0.1:{port}", starter, wrong
+        with served_in_thread(create_app(fake_state(starter))) as url:
+            yield url, starter, wrong
     finally:
-        server.should_exit = True
-        thread.join(10)
         logging.getLogger().removeHandler(handler)
 
 

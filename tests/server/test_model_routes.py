@@ -5,10 +5,7 @@ delete, pull from the catalogue and from a loopback registry, push)."""
 
 import hashlib
 import json
-import socket
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +13,6 @@ from typing import Any
 import httpx
 import ollama
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -26,6 +22,7 @@ from ember.store import Store
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
 from registry_server import RegistryServer
+from server_fakes import served_in_thread
 
 SYSTEM = "You are a tiny test model."
 
@@ -325,36 +322,10 @@ def test_pull_of_a_missing_model_ends_with_an_error_line(
 # ---------------------------------------------------------------- the real ollama client
 
 
-class Server:
-    """A uvicorn server with only the model routes, on a free loopback port, in a thread."""
-
-    def __init__(self, app: FastAPI) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="critical", lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [sock]}, daemon=True
-        )
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 @pytest.fixture
 def served(store: Store) -> Iterator[ollama.Client]:
-    server = Server(make_app(store))
-    try:
-        yield ollama.Client(host=server.url)
-    finally:
-        server.stop()
+    with served_in_thread(make_app(store)) as url:
+        yield ollama.Client(host=url)
 
 
 @pytest.mark.e2e
