@@ -10,13 +10,14 @@ for bad input, 409 before a load, 507 when the load does not fit in memory, 500 
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import asdict
 from typing import Any, TypeVar
 
@@ -309,7 +310,11 @@ async def _run_all(engine: Engine, requests: list[SeqRequest]) -> list[Done]:
         for seq, _ in subs:
             seq.cancel()
         raise HTTPError(400, str(err)) from None
-    return [await _last(seq, wake) for seq, wake in subs]
+    try:
+        return [await _last(seq, wake) for seq, wake in subs]
+    finally:  # those not waited on yet when one failed or the handler was cancelled
+        for seq, _ in subs:
+            seq.cancel()
 
 
 async def tokenize(request: Request) -> dict[str, Any]:
@@ -367,7 +372,7 @@ def _subscribe(engine: Engine, request: SeqRequest) -> tuple[Sequence, asyncio.E
     return engine.submit(request, on_event=notify), wake
 
 
-async def _events(seq: Sequence, wake: asyncio.Event) -> AsyncIterator[Event]:
+async def _events(seq: Sequence, wake: asyncio.Event) -> AsyncGenerator[Event, None]:
     try:
         while True:
             wake.clear()
@@ -384,9 +389,10 @@ async def _events(seq: Sequence, wake: asyncio.Event) -> AsyncIterator[Event]:
 
 
 async def _last(seq: Sequence, wake: asyncio.Event) -> Done:
-    async for event in _events(seq, wake):
-        if isinstance(event, Done):
-            return event
+    async with contextlib.aclosing(_events(seq, wake)) as events:  # not left to the collector
+        async for event in events:
+            if isinstance(event, Done):
+                return event
     raise RuntimeError("the sequence ended without a final record")
 
 

@@ -11,11 +11,13 @@ import shutil
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import anyio
 import httpx
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from ember import envconfig
 from ember.errors import EmberError, ModelNotFoundError
@@ -127,7 +129,27 @@ async def progress_response(items: Iterator[Progress], *, stream: bool, prime: i
         first = await run_in_threadpool(lambda: list(itertools.islice(items, prime)))
     except (EmberError, OSError) as e:
         return error(status_of(e), message_of(e))
-    return StreamingResponse(_lines(first, items), media_type=NDJSON)
+    return _ProgressStream(first, items)
+
+
+class _ProgressStream(StreamingResponse):
+    """The progress lines, whose iterator is closed once the stream ends, however it ends. A
+    client that goes away leaves it suspended, and what it holds (a download's lock on its
+    partial file, a registry connection) would wait for the garbage collector: a pull cut by
+    Ctrl-C and pulled again found its layer "already under way"."""
+
+    def __init__(self, first: list[Progress], items: Iterator[Progress]) -> None:
+        super().__init__(_lines(first, items), media_type=NDJSON)
+        self._items = items
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self._items, "close", None)
+            if close is not None:  # no thread runs it now: a cancel waits for the worker's step
+                with anyio.CancelScope(shield=True):
+                    await run_in_threadpool(close)  # its cleanup may block (a file, a socket)
 
 
 def _last(items: Iterator[Progress]) -> Progress:

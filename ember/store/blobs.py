@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from ember.store.errors import BlobDigestError, BlobSizeError, StoreError
+from ember.store.errors import BlobBusyError, BlobDigestError, BlobSizeError, StoreError
 from ember.store.names import Digest
 
 READ_CHUNK = 1 << 20
@@ -25,6 +25,11 @@ READ_CHUNK = 1 << 20
 class BlobInfo:
     digest: Digest
     size: int
+
+
+def partial_path(tmp_dir: Path, digest: Digest) -> Path:
+    """Where a resumable download of `digest` keeps what it has so far."""
+    return tmp_dir / f"{digest.filename}-partial"
 
 
 class BlobWriter:
@@ -55,7 +60,7 @@ class BlobWriter:
         self._keep_on_abort = resume
         self._done = False
         if resume and expected is not None:
-            self.path = tmp_dir / f"{expected.filename}-partial"
+            self.path = partial_path(tmp_dir, expected)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         else:
             fd, name = tempfile.mkstemp(prefix="blob-", dir=tmp_dir)
@@ -73,7 +78,7 @@ class BlobWriter:
                 raise BlockingIOError
         except (BlockingIOError, FileNotFoundError):
             self._file.close()
-            raise StoreError(f"a download of {self.expected} is already under way") from None
+            raise BlobBusyError(f"a download of {self.expected} is already under way") from None
 
     def _rehash(self) -> int:
         """Hashes what a previous attempt left, so the download continues where it stopped."""
@@ -134,6 +139,11 @@ class BlobWriter:
         if not self._keep_on_abort:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
+
+    def discard(self) -> None:
+        """Drops the temp file even if resumable (the blob was published meanwhile)."""
+        self._keep_on_abort = False
+        self.abort()
 
     def _close(self) -> None:
         with contextlib.suppress(OSError):

@@ -15,6 +15,11 @@ class StoreError(EmberError):
     """The store cannot do what was asked: a bad manifest, a missing blob, a path outside it."""
 
 
+class BlobBusyError(StoreError):
+    """Another writer holds the resumable partial file of this blob: a download of it is under
+    way."""
+
+
 class ManifestError(StoreError):
     """A manifest that is not valid JSON of the expected shape, or is too large."""
 

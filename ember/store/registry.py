@@ -20,8 +20,14 @@ import httpx
 
 from ember.errors import ModelNotFoundError
 from ember.store.allowlist import check_allowed, check_redirect
-from ember.store.blobs import READ_CHUNK, BlobWriter
-from ember.store.errors import ManifestError, RegistryError, RegistryNotFoundError, StoreError
+from ember.store.blobs import READ_CHUNK, BlobWriter, partial_path
+from ember.store.errors import (
+    BlobBusyError,
+    ManifestError,
+    RegistryError,
+    RegistryNotFoundError,
+    StoreError,
+)
 from ember.store.manifest import MANIFEST_MEDIA_TYPE, MAX_MANIFEST_BYTES, Layer, Manifest
 from ember.store.names import ModelName
 from ember.store.store import Store, as_name
@@ -109,17 +115,36 @@ class Registry:
         def progress(done: int) -> Progress:
             return _progress(f"pulling {layer.digest.short}", layer, done)
 
-        if self.store.has_blob(layer.digest):
+        writer = None
+        while writer is None:
+            if self.store.has_blob(layer.digest):
+                yield progress(layer.size)
+                return
+            try:
+                writer = self.store.blob_writer(expected=layer.digest, size=layer.size, resume=True)
+            except BlobBusyError:
+                # another pull has this layer under way (another client's, or one whose client
+                # just went away): follow its progress and take over if it stops, as Ollama's
+                # second pull of a layer joins the first
+                yield progress(self._partial_size(layer))
+                time.sleep(PROGRESS_INTERVAL)
+        if self.store.has_blob(layer.digest):  # published just before we took the partial file
+            writer.discard()
             yield progress(layer.size)
             return
         url = f"{base}/v2/{name.repository}/blobs/{layer.digest}"
-        writer = self.store.blob_writer(expected=layer.digest, size=layer.size, resume=True)
         with writer:
             yield progress(writer.written)
             if writer.written < layer.size:
                 yield from self._fetch(base, url, writer, progress)
             writer.commit()
         yield progress(layer.size)
+
+    def _partial_size(self, layer: Layer) -> int:
+        try:
+            return min(partial_path(self.store.tmp_dir, layer.digest).stat().st_size, layer.size)
+        except OSError:
+            return 0
 
     def _fetch(
         self, base: str, url: str, writer: BlobWriter, progress: Callable[[int], Progress]

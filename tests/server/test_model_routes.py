@@ -3,9 +3,12 @@ httpx in-process for status codes and streams, and through the real `ollama` cli
 real uvicorn server for the flows a user runs (create from an uploaded GGUF, list, show, copy,
 delete, pull from the catalogue and from a loopback registry, push)."""
 
+import concurrent.futures
+import gc
 import hashlib
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,8 @@ from fastapi.testclient import TestClient
 from ember.server.model_routes import router
 from ember.server.model_show import model_info
 from ember.store import Store
+from ember.store.errors import BlobBusyError
+from ember.store.names import Digest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
 from registry_server import RegistryServer
@@ -440,3 +445,90 @@ def test_create_from_a_bundled_model_not_yet_pulled_pulls_it_first(
     # a name that is neither stored nor bundled stays not found
     with pytest.raises(ollama.ResponseError, match="not found"):
         served.create("other", from_="nosuch:1b")
+
+
+def slow_body(data: bytes, piece: int = 4096, pause: float = 0.02) -> Iterator[bytes]:
+    for start in range(0, len(data), piece):
+        time.sleep(pause)
+        yield data[start : start + piece]
+
+
+@pytest.fixture
+def published(
+    store: Store, tiny_gguf: Path, registry: RegistryServer, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, str]]:
+    """A served store (its URL) whose registry holds me/tiny, which the store lacks; its layer's
+    digest. The registry sends that layer slowly."""
+    with served_in_thread(make_app(store)) as url:
+        client = ollama.Client(host=url)
+        client.create("tiny", files={"tiny.gguf": client.create_blob(tiny_gguf)})
+        host = registry.url.removeprefix("http://")
+        monkeypatch.setenv("EMBER_REGISTRIES", host)
+        client.copy("tiny", f"{host}/me/tiny")
+        assert client.push(f"{host}/me/tiny", insecure=True).status == "success"
+        client.delete(f"{host}/me/tiny")
+        client.delete("tiny")
+        monkeypatch.setenv("EMBER_REGISTRY", registry.url)
+        data = tiny_gguf.read_bytes()
+        registry.bodies[sha(data)] = lambda: slow_body(data)
+        yield url, sha(data)
+
+
+def layer_free(store: Store, digest: str, size: int, within: float) -> bool:
+    """Whether a download of the layer could start (no pull holds its partial file) within
+    `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            writer = store.blob_writer(expected=Digest.parse(digest), size=size, resume=True)
+        except BlobBusyError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        else:
+            writer.abort()  # the partial file stays
+            return True
+
+
+@pytest.mark.e2e
+def test_a_pull_cut_by_its_client_lets_its_layer_go_and_resumes(
+    store: Store, published: tuple[str, str], registry: RegistryServer, tiny_gguf: Path
+) -> None:
+    url, digest = published
+    gc.disable()  # what the pull held must be let go when its client goes, not when collected
+    try:
+        with httpx.stream("POST", f"{url}/api/pull", json={"model": "me/tiny"}) as resp:
+            for line in resp.iter_lines():  # a user's Ctrl-C once some of the layer came
+                progress = json.loads(line)
+                if progress.get("digest") == digest and progress["completed"] > 0:
+                    break
+        assert layer_free(store, digest, tiny_gguf.stat().st_size, within=5)
+    finally:
+        gc.enable()
+    del registry.bodies[digest]
+    pulled = list(ollama.Client(host=url).pull("me/tiny", stream=True))
+    assert pulled[-1].status == "success"
+    ranges = [r for m, p, r in registry.requests if m == "GET" and p.endswith(digest)]
+    assert ranges[0] is None and ranges[-1] is not None  # the second went on where it was cut
+    assert store.blob_path(digest).read_bytes() == tiny_gguf.read_bytes()
+
+
+@pytest.mark.e2e
+def test_two_pulls_of_one_model_at_once_both_succeed(
+    store: Store, published: tuple[str, str], registry: RegistryServer
+) -> None:
+    url, digest = published
+
+    def pull() -> list[Any]:
+        return list(ollama.Client(host=url).pull("me/tiny", stream=True))
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(pull)
+        time.sleep(0.2)  # the first has the layer under way
+        second = pool.submit(pull)
+        answers = [first.result(timeout=60), second.result(timeout=60)]
+    assert [a[-1].status for a in answers] == ["success", "success"]
+    followed = [p for p in answers[1] if p.digest == digest]
+    assert followed[-1].completed == followed[-1].total
+    assert registry.blob_count(digest) == 1  # the second followed the first's download
+    assert [m.model for m in ollama.Client(host=url).list().models] == ["me/tiny:latest"]
