@@ -29,7 +29,7 @@ from ember.server.errors import APIError
 from ember.server.image_urls import Fetched, fetch_images
 from ember.server.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
 from ember.server.routes import body_of, state_of
-from ember.server.streaming import collect, first_chunk, prepend, sse_response
+from ember.server.streaming import collect, prepend, sse_response, until_disconnected
 
 router = APIRouter(prefix="/v1")
 Chunk = dict[str, Any]
@@ -51,7 +51,6 @@ def _stream_error(err: APIError) -> dict[str, Any]:
 @router.post("/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     req = await body_of(request, ChatCompletionRequest)
-    _check_choices(req)
     native = _native_chat(req, await fetch_images(req.image_urls()))
     state = state_of(request)
     reply = _Reply("chatcmpl", req.model, include_usage=_usage_wanted(req))
@@ -62,9 +61,8 @@ async def chat_completions(request: Request) -> Response:
 
         merged = [generation.merge_chat(c) for c in await _each_choice(request, req.n, one)]
         return JSONResponse(reply.chat(merged))
-    chunks = generation.chat(state, native)
-    first = await first_chunk(request, chunks)
-    return sse_response(reply.chat_stream(prepend(first, chunks)), _stream_error)
+    streams = [generation.chat(state, _with_seed(native, i)) for i in range(req.n)]
+    return sse_response(reply.chat_stream(await _started(request, streams)), _stream_error)
 
 
 def _native_chat(req: ChatCompletionRequest, fetched: Fetched) -> ChatRequest:
@@ -84,11 +82,6 @@ def _native_chat(req: ChatCompletionRequest, fetched: Fetched) -> ChatRequest:
     )
 
 
-def _check_choices(req: ChatCompletionRequest | CompletionRequest) -> None:
-    if req.n > 1 and req.stream:
-        raise APIError(400, "n > 1 is not supported with stream; send stream: false")
-
-
 def _with_seed(native: Any, i: int) -> Any:
     """The i-th choice's request: a given seed becomes seed + i, so choices differ."""
     seed = native.options.seed if native.options is not None else None
@@ -103,6 +96,61 @@ async def _each_choice(
 ) -> list[list[Chunk]]:
     """The chunks of n generations run at once (they share the runner's batch)."""
     return list(await asyncio.gather(*(collect(request, start(i)) for i in range(n))))
+
+
+async def _started(
+    request: Request, streams: list[AsyncGenerator[Chunk, None]]
+) -> list[AsyncGenerator[Chunk, None]]:
+    """The streams, the first one's first chunk awaited so that an error before any (a bad
+    request, a model that fails to load) gets its own status. The others start as they get a
+    slot: n may be more than the runner's parallel sequences, whose slots the first choices
+    free only once read to their end. On an error all are closed."""
+    try:
+        first = await until_disconnected(request, anext(streams[0]))
+    except BaseException:
+        for stream in streams:
+            await stream.aclose()
+        raise
+    return [prepend(first, streams[0]), *streams[1:]]
+
+
+async def _interleaved(
+    streams: list[AsyncGenerator[Chunk, None]],
+) -> AsyncGenerator[tuple[int, Chunk], None]:
+    """(index, chunk) of each stream's chunks as they come (n choices generated at once); the
+    streams are closed when this is."""
+    if len(streams) == 1:
+        async with contextlib.aclosing(streams[0]):
+            async for only in streams[0]:
+                yield 0, only
+        return
+    queue: asyncio.Queue[tuple[int, Chunk | None, Exception | None]] = asyncio.Queue(16)
+
+    async def pump(index: int, stream: AsyncGenerator[Chunk, None]) -> None:
+        try:
+            async with contextlib.aclosing(stream):
+                async for chunk in stream:
+                    await queue.put((index, chunk, None))
+        except Exception as err:  # the consumer raises it: the stream's error event
+            await queue.put((index, None, err))
+        else:
+            await queue.put((index, None, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            index, chunk, err = await queue.get()
+            if err is not None:
+                raise err
+            if chunk is None:
+                running -= 1
+            else:
+                yield index, chunk
+    finally:  # the client went away, or one choice failed: the others stop too
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _usage_wanted(req: ChatCompletionRequest | CompletionRequest) -> bool:
@@ -142,19 +190,24 @@ class _Reply:
             )
         return {**self._object("chat.completion", choices), "usage": usage(*natives)}
 
-    async def chat_stream(self, chunks: AsyncGenerator[Chunk, None]) -> AsyncGenerator[Chunk, None]:
-        has_calls = False
-        async with contextlib.aclosing(chunks):
-            async for native in chunks:
+    async def chat_stream(
+        self, streams: list[AsyncGenerator[Chunk, None]]
+    ) -> AsyncGenerator[Chunk, None]:
+        has_calls = [False] * len(streams)
+        finals = []
+        async with contextlib.aclosing(_interleaved(streams)) as chunks:
+            async for index, native in chunks:
                 delta = _message(native["message"])
-                has_calls = has_calls or bool(delta.get("tool_calls"))
-                finish = _finish_reason(native, has_calls) if native.get("done") else None
-                choice = {"index": 0, "delta": delta, "finish_reason": finish}
+                has_calls[index] = has_calls[index] or bool(delta.get("tool_calls"))
+                finish = _finish_reason(native, has_calls[index]) if native.get("done") else None
+                choice = {"index": index, "delta": delta, "finish_reason": finish}
                 if native.get("logprobs"):
                     choice["logprobs"] = _chat_logprobs(native)
                 yield self._object("chat.completion.chunk", [choice])
-                if native.get("done") and self.include_usage:
-                    yield {**self._object("chat.completion.chunk", []), "usage": usage(native)}
+                if native.get("done"):
+                    finals.append(native)
+        if self.include_usage and finals:
+            yield {**self._object("chat.completion.chunk", []), "usage": usage(*finals)}
 
     def completion(self, natives: list[Chunk], *, echo: str = "") -> Chunk:
         choices = [
@@ -169,24 +222,28 @@ class _Reply:
         return {**self._object("text_completion", choices), "usage": usage(*natives)}
 
     async def completion_stream(
-        self, chunks: AsyncGenerator[Chunk, None], *, echo: str = ""
+        self, streams: list[AsyncGenerator[Chunk, None]], *, echo: str = ""
     ) -> AsyncGenerator[Chunk, None]:
-        offset = len(echo)  # of the next token in the whole text, for text_offset
-        async with contextlib.aclosing(chunks):
-            async for native in chunks:
+        echoed = [False] * len(streams)  # each choice's first text starts with the echo
+        offset = [len(echo)] * len(streams)  # of a choice's next token, for text_offset
+        finals = []
+        async with contextlib.aclosing(_interleaved(streams)) as chunks:
+            async for index, native in chunks:
                 finish = _finish_reason(native, False) if native.get("done") else None
-                logprobs = _completion_logprobs(native, offset)
+                logprobs = _completion_logprobs(native, offset[index])
                 choice = {
-                    "text": echo + native.get("response", ""),
-                    "index": 0,
+                    "text": ("" if echoed[index] else echo) + native.get("response", ""),
+                    "index": index,
                     "logprobs": logprobs,
                     "finish_reason": finish,
                 }
-                echo = ""
-                offset += sum(len(t) for t in logprobs["tokens"]) if logprobs else 0
+                echoed[index] = True
+                offset[index] += sum(len(t) for t in logprobs["tokens"]) if logprobs else 0
                 yield self._object("text_completion", [choice])
-                if native.get("done") and self.include_usage:
-                    yield {**self._object("text_completion", []), "usage": usage(native)}
+                if native.get("done"):
+                    finals.append(native)
+        if self.include_usage and finals:
+            yield {**self._object("text_completion", []), "usage": usage(*finals)}
 
 
 def _message(native: dict[str, Any]) -> dict[str, Any]:
@@ -271,7 +328,6 @@ def _completion_logprobs(native: Chunk, offset: int = 0) -> dict[str, Any] | Non
 @router.post("/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request) -> Response:
     req = await body_of(request, CompletionRequest)
-    _check_choices(req)
     native = GenerateRequest.model_construct(
         model=req.model,
         prompt=req.prompt,
@@ -292,9 +348,9 @@ async def completions(request: Request) -> Response:
 
         merged = [generation.merge_generate(c) for c in await _each_choice(request, req.n, one)]
         return JSONResponse(reply.completion(merged, echo=echo))
-    chunks = generation.generate(state, native)
-    first = await first_chunk(request, chunks)
-    return sse_response(reply.completion_stream(prepend(first, chunks), echo=echo), _stream_error)
+    streams = [generation.generate(state, _with_seed(native, i)) for i in range(req.n)]
+    started = await _started(request, streams)
+    return sse_response(reply.completion_stream(started, echo=echo), _stream_error)
 
 
 # --- /v1/embeddings ---

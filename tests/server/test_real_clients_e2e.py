@@ -184,18 +184,39 @@ def test_pydantic_schema_as_response_format_on_v1_with_n_choices(oai):
     assert len({text for _, text in outputs}) > 1  # the choices of a request differ (seed + i)
 
 
-def test_n_choices_on_completions_and_stream_with_n_is_400(oai):
+def test_n_choices_on_completions_and_streamed(oai):
     reply = oai.completions.create(
         model="smollm2:135m", prompt="The sky is", max_tokens=5, n=3, seed=7
     )
     assert [c.index for c in reply.choices] == [0, 1, 2]
-    with pytest.raises(openai.BadRequestError):
-        oai.chat.completions.create(
-            model="smollm2:135m",
-            messages=[{"role": "user", "content": "hi"}],
-            n=2,
-            stream=True,
-        )
+    streamed = oai.completions.create(
+        model="smollm2:135m", prompt="The sky is", max_tokens=5, n=3, seed=7, stream=True
+    )
+    texts = ["", "", ""]
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == [c.text for c in reply.choices]  # choice i: seed + i, in a batch or not
+    chat = {
+        "model": "smollm2:135m",
+        "messages": [{"role": "user", "content": "Name a fruit."}],
+        "max_tokens": 12,
+        "seed": 3,
+        "n": 2,
+    }
+    whole = oai.chat.completions.create(**chat)
+    stream = oai.chat.completions.create(
+        **chat, stream=True, stream_options={"include_usage": True}
+    )
+    contents, finished, usages = ["", ""], [None, None], []
+    for chunk in stream:
+        usages += [chunk.usage] if chunk.usage else []
+        for choice in chunk.choices:
+            contents[choice.index] += choice.delta.content or ""
+            finished[choice.index] = choice.finish_reason or finished[choice.index]
+    assert contents == [c.message.content for c in whole.choices]
+    assert finished == [c.finish_reason for c in whole.choices]
+    assert len(usages) == 1 and usages[0].model_dump() == whole.usage.model_dump()
     with pytest.raises(openai.BadRequestError):
         oai.chat.completions.create(
             model="smollm2:135m", messages=[{"role": "user", "content": "hi"}], n=9
