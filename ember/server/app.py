@@ -7,6 +7,7 @@ Settings are read here, from envconfig, once; the rest of the server gets them a
 import contextlib
 import importlib
 import logging
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from typing import Any
@@ -166,18 +167,36 @@ def serve() -> int:
     tls = envconfig.tls_files()  # before anything starts: one of the two alone is an error
     if tls is not None:
         check_tls(tls)
+    address = envconfig.host()
+    sock = listen(address.host or "0.0.0.0", address.port)
     setup_logging()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # every runner call is not news
-    address = envconfig.host()
     app = build()
     where = address.hostport + (" (https)" if tls else "")
     log_startup(log, address=where, version=__version__)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
-        host=address.host or "0.0.0.0",
-        port=address.port,
         log_config=None,
         ssl_certfile=str(tls.cert) if tls else None,
         ssl_keyfile=str(tls.key) if tls else None,
     )
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything starts: a port in use is a one-line error, as
+    Ollama's `listen tcp ...: bind: address already in use`, not a log of "Listening on" and
+    then uvicorn's failure (exit 3)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own bind
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        reason = (err.strerror or str(err)).lower()
+        raise OptionsError(f"listen tcp {where}: bind: {reason}") from None
+    return sock
