@@ -79,6 +79,7 @@ def _native_chat(req: ChatCompletionRequest, fetched: Fetched) -> ChatRequest:
         logprobs=req.logprobs or req.top_logprobs > 0,
         top_logprobs=req.top_logprobs,
         logit_bias=req.logit_bias,
+        keep_alive=req.keep_alive,
     )
 
 
@@ -337,6 +338,7 @@ async def completions(request: Request) -> Response:
         logprobs=req.logprobs is not None,
         top_logprobs=req.logprobs or 0,
         logit_bias=req.logit_bias,
+        keep_alive=req.keep_alive,
     )
     state = state_of(request)
     reply = _Reply("cmpl", req.model, include_usage=_usage_wanted(req))

@@ -11,8 +11,10 @@ from pydantic import BeforeValidator, Field, model_validator
 from ember.server.api import (
     Body,
     Int,
+    KeepAlive,
     LogitBias,
     RequestError,
+    RequestOptions,
     Strings,
     Tool,
     image_bytes,
@@ -137,12 +139,20 @@ class Sampling(Body):
     presence_penalty: float | None = None
     n: Int = Field(1, ge=1, le=MAX_CHOICES)  # choices: sequences that share the batch
     logit_bias: LogitBias = Field(default_factory=dict)  # token id -> bias in [-100, 100]
+    # Ember's extensions, as the native API's (OpenAI's client: extra_body): Ollama's options,
+    # under the OpenAI fields (num_ctx had no way through /v1: Ollama's issue #2722), and how
+    # long the model stays loaded after the request
+    options: RequestOptions | None = None
+    keep_alive: KeepAlive | None = None
 
     def ollama_options(self) -> dict[str, Any]:
-        """Ollama's options for these fields; OpenAI's defaults where absent (temperature and
-        top_p 1.0), as Ollama's middleware sets them."""
-        options: dict[str, Any] = sampling_defaults(self.temperature, self.top_p)
+        """Ollama's options for these fields, over `options`; OpenAI's defaults where neither
+        gives them (temperature and top_p 1.0), as Ollama's middleware sets them."""
+        extra = self.options.model_dump(exclude_unset=True) if self.options else {}
+        options: dict[str, Any] = sampling_defaults(None, None) | extra
         given = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
             "num_predict": self.max_tokens,
             "seed": self.seed,
             "stop": self.stop,

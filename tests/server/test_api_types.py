@@ -282,6 +282,29 @@ def test_openai_chat_fields() -> None:
     assert r.stream_options is not None and r.stream_options.include_usage is True
 
 
+def test_openai_options_extension_lies_under_the_openai_fields() -> None:
+    body = {
+        "model": "m",
+        "messages": [],
+        "options": {"num_ctx": 8192, "temperature": 0.2, "top_k": 5, "num_predict": 9},
+        "keep_alive": "10m",
+    }
+    r = parse(ChatCompletionRequest, body)
+    assert r.ollama_options() == {
+        "temperature": 0.2,  # over OpenAI's default of 1.0
+        "top_p": 1.0,
+        "num_ctx": 8192,
+        "top_k": 5,
+        "num_predict": 9,
+    }
+    assert r.keep_alive == 600.0
+    given = parse(ChatCompletionRequest, {**body, "temperature": 0.7, "max_tokens": 3})
+    options = given.ollama_options()
+    assert options["temperature"] == 0.7 and options["num_predict"] == 3
+    with pytest.raises(RequestError, match=r'"options\.num_ctx"'):
+        parse(ChatCompletionRequest, {**body, "options": {"num_ctx": "big"}})
+
+
 def test_openai_reasoning_and_json_object() -> None:
     r = parse(
         ChatCompletionRequest,

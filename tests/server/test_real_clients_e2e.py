@@ -5,6 +5,7 @@ server's answers that health checks and feature gates read."""
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -220,6 +221,31 @@ def test_n_choices_on_completions_and_streamed(oai):
     with pytest.raises(openai.BadRequestError):
         oai.chat.completions.create(
             model="smollm2:135m", messages=[{"role": "user", "content": "hi"}], n=9
+        )
+
+
+def test_ollama_options_and_keep_alive_through_the_openai_client(oai, client):
+    """Ember's extension: num_ctx (any of Ollama's options) and keep_alive on /v1, which had
+    no way to them (Ollama's issue #2722)."""
+    messages = [{"role": "user", "content": "hi"}]
+    oai.chat.completions.create(
+        model="smollm2:135m",
+        messages=messages,
+        max_tokens=2,
+        extra_body={"options": {"num_ctx": 3072}},
+    )
+    loaded = {m.model: m for m in client.ps().models}
+    assert loaded["smollm2:135m"].context_length == 3072
+    oai.completions.create(
+        model="smollm2:135m", prompt="hi", max_tokens=2, extra_body={"keep_alive": 0}
+    )
+    deadline = time.monotonic() + 10  # the unload follows the answer, as Ollama's
+    while "smollm2:135m" in {m.model for m in client.ps().models}:
+        assert time.monotonic() < deadline, "keep_alive 0 did not unload the model"
+        time.sleep(0.05)
+    with pytest.raises(openai.BadRequestError, match=r"options\.num_ctx"):
+        oai.chat.completions.create(
+            model="smollm2:135m", messages=messages, extra_body={"options": {"num_ctx": "big"}}
         )
 
 
