@@ -13,6 +13,7 @@ from ember.server.api import (
     ChatMessage,
     ChatRequest,
     Int,
+    KeepAlive,
     RequestError,
     RequestOptions,
     Strings,
@@ -133,6 +134,8 @@ class ResponsesRequest(Body):
     truncation: Literal["auto", "disabled"] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     user: str = ""
+    options: RequestOptions | None = None  # Ember's extensions, as on /v1/chat/completions
+    keep_alive: KeepAlive | None = None
 
     def check_supported(self) -> None:
         """RequestError naming what Ember would otherwise silently not do."""
@@ -171,6 +174,7 @@ class ResponsesRequest(Body):
             truncate=None if self.truncation is None else self.truncation == "auto",
             logprobs=wants_logprobs,
             top_logprobs=self.top_logprobs,
+            keep_alive=self.keep_alive,
         )
 
     def echo(self) -> dict[str, Any]:
@@ -198,8 +202,15 @@ class ResponsesRequest(Body):
         }
 
     def _options(self) -> dict[str, Any]:
-        options: dict[str, Any] = sampling_defaults(self.temperature, self.top_p)
-        given = {"num_predict": self.max_output_tokens, "seed": self.seed, "stop": self.stop}
+        extra = self.options.model_dump(exclude_unset=True) if self.options else {}
+        options: dict[str, Any] = sampling_defaults(None, None) | extra
+        given = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "num_predict": self.max_output_tokens,
+            "seed": self.seed,
+            "stop": self.stop,
+        }
         return options | {k: v for k, v in given.items() if v is not None}
 
     def _native_tool_choice(self) -> str | dict[str, Any] | None:

@@ -4,6 +4,8 @@ DELETE, its bounds) and the fields Ember refuses by name."""
 
 import base64
 import json
+import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -59,6 +61,21 @@ def test_a_text_response(client, starter):
     assert (options["temperature"], options["top_p"], options["seed"]) == (1.0, 1.0, 3)
     assert options["stop"] == ["x"]
     assert starter.runners[0].prompts[0] == "<user>hi</user>\n<assistant>"
+
+
+def test_ollama_options_lie_under_the_responses_fields(client, starter):
+    """Ember's extension, as on /v1/chat/completions: the native API's options and keep_alive."""
+    options = {"num_ctx": 4096, "top_k": 7, "temperature": 0.3, "num_predict": 9}
+    create(client, options=options, keep_alive="2m", max_output_tokens=2)
+    given = starter.runners[0].fields[0]["options"]
+    assert (given["temperature"], given["top_k"], given["num_predict"]) == (0.3, 7, 2)
+    settings = starter.runners[0].settings
+    assert settings.kv_size == 4096 * settings.parallel  # num_ctx a sequence
+    [loaded] = client.get("/api/ps").json()["models"]
+    expires = datetime.fromisoformat(loaded["expires_at"]).timestamp()
+    assert 100 < expires - time.time() <= 120
+    r = create(client, options={"num_ctx": "big"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "options.num_ctx"
 
 
 def test_max_output_tokens_cuts_it_incomplete(client, starter):
