@@ -51,6 +51,24 @@ def test_stream_without_include_usage_has_no_usage_chunk(client):
     assert all(c["choices"] for c in chunks) and "usage" not in chunks[-1]
 
 
+def test_n_choices_streamed_each_with_its_index_and_one_usage(client):
+    chunks = events(completion(client, stream=True, n=3, stream_options={"include_usage": True}))
+    texts, finished = ["", "", ""], [None, None, None]
+    for chunk in chunks[:-1]:
+        [choice] = chunk["choices"]
+        texts[choice["index"]] += choice["delta"]["content"]
+        finished[choice["index"]] = choice["finish_reason"] or finished[choice["index"]]
+    assert texts == ["Hello there friend"] * 3 and finished == ["stop"] * 3
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 9
+
+
+def test_an_error_in_one_of_n_streamed_choices_ends_the_stream_with_it(client, starter):
+    completion(client)  # loads the runner
+    starter.runners[0].error = "boom"
+    data = [line[6:] for line in completion(client, stream=True, n=2).text.split("\n\n") if line]
+    assert json.loads(data[-1])["error"]["message"] == "boom"  # the last event, as Ollama's
+
+
 def test_tool_calls_and_tool_choice(client, starter):
     starter.runner_args["reply"] = '<tool_call> {"name": "f", "arguments": {"x": 1}} </tool_call>'
     tools = [
