@@ -397,37 +397,44 @@ async def _last(seq: Sequence, wake: asyncio.Event) -> Done:
 
 
 async def _stream(seq: Sequence, wake: asyncio.Event) -> AsyncIterator[bytes]:
-    async for event in _events(seq, wake):
-        if isinstance(event, Piece):
-            record: dict[str, Any] = {"content": event.text}
-            if event.logprobs:
-                record["logprobs"] = [
-                    {
-                        "token": lp.token,
-                        "logprob": lp.logprob,
-                        "top_logprobs": [{"token": t, "logprob": v} for t, v in lp.top],
-                    }
-                    for lp in event.logprobs
-                ]
-        elif event.error is not None:
-            record = {"error": event.error}
-        else:
-            record = {
-                "done": True,
-                "done_reason": event.done_reason,
-                "prompt_eval_count": event.prompt_eval_count,
-                "prompt_eval_duration": event.prompt_eval_duration,
-                "eval_count": event.eval_count,
-                "eval_duration": event.eval_duration,
-                "prompt_count": event.prompt_count,
-                "prompt_cached_count": event.prompt_cached_count,
-            }
-            if event.draft_proposed is not None:  # speculative decoding was on
-                record["draft_proposed"] = event.draft_proposed
-                record["draft_accepted"] = event.draft_accepted
-            if event.stop_sequence:
-                record["stop_sequence"] = event.stop_sequence
-        yield (json.dumps(record) + "\n").encode()
+    # closing this stream (its client went away) closes the events, which frees the slot
+    async with contextlib.aclosing(_events(seq, wake)) as events:
+        async for event in events:
+            yield (json.dumps(_record(event)) + "\n").encode()
+
+
+def _record(event: Event) -> dict[str, Any]:
+    """An event as the completion stream's NDJSON record."""
+    if isinstance(event, Piece):
+        record: dict[str, Any] = {"content": event.text}
+        if event.logprobs:
+            record["logprobs"] = [
+                {
+                    "token": lp.token,
+                    "logprob": lp.logprob,
+                    "top_logprobs": [{"token": t, "logprob": v} for t, v in lp.top],
+                }
+                for lp in event.logprobs
+            ]
+        return record
+    if event.error is not None:
+        return {"error": event.error}
+    record = {
+        "done": True,
+        "done_reason": event.done_reason,
+        "prompt_eval_count": event.prompt_eval_count,
+        "prompt_eval_duration": event.prompt_eval_duration,
+        "eval_count": event.eval_count,
+        "eval_duration": event.eval_duration,
+        "prompt_count": event.prompt_count,
+        "prompt_cached_count": event.prompt_cached_count,
+    }
+    if event.draft_proposed is not None:  # speculative decoding was on
+        record["draft_proposed"] = event.draft_proposed
+        record["draft_accepted"] = event.draft_accepted
+    if event.stop_sequence:
+        record["stop_sequence"] = event.stop_sequence
+    return record
 
 
 def _exit_with_parent(parent: int) -> None:

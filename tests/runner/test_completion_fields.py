@@ -9,7 +9,7 @@ import pytest
 
 from ember.errors import EmberError
 from ember.runner.sequence import Done, Event, Piece
-from ember.runner.server import CompletionRequest, _grammar, _last, _logit_bias
+from ember.runner.server import CompletionRequest, _grammar, _last, _logit_bias, _stream
 
 
 def test_logit_bias_ids_must_be_in_the_vocabulary() -> None:
@@ -53,4 +53,21 @@ def test_a_final_record_closes_its_sequence_stream_at_once() -> None:
         return answer, seq.cancelled
 
     assert asyncio.run(last()) == (Done("stop", 1, 0, 0, 0), True)
+    assert finalized == []
+
+
+def test_a_stream_closed_early_lets_its_sequence_go_at_once() -> None:
+    """The completion stream closed after one piece (its client went away) closes its events,
+    which cancel the sequence: its slot is not left to the collector."""
+    finalized: list[str] = []
+
+    async def cut() -> tuple[bytes, bool]:
+        sys.set_asyncgen_hooks(finalizer=lambda agen: finalized.append(agen.__qualname__))
+        seq = QueuedSequence(Piece("a"), Piece("b"), Done("stop", 1, 0, 0, 0))
+        stream = _stream(seq, asyncio.Event())  # type: ignore[arg-type]
+        first = await anext(stream)
+        await stream.aclose()
+        return first, seq.cancelled
+
+    assert asyncio.run(cut()) == (b'{"content": "a"}\n', True)
     assert finalized == []
