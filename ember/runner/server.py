@@ -10,14 +10,10 @@ for bad input, 409 before a load, 507 when the load does not fit in memory, 500 
 """
 
 import asyncio
-import contextlib
-import json
 import logging
 import os
-import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import asdict
 from typing import Any, TypeVar
 
@@ -37,8 +33,9 @@ from ember.runner.engine import KV_TYPES, Engine
 from ember.runner.memory import InsufficientMemoryError, release_free_heap
 from ember.runner.multimodal import ImageModel, PromptInputs, image_bytes, prompt_inputs
 from ember.runner.rerank import rerank_request
-from ember.runner.sequence import Done, Event, Piece, Sequence
+from ember.runner.sequence import Done, Sequence
 from ember.runner.sequence import Request as SeqRequest
+from ember.runner.sequence_stream import final_record, ndjson_stream, subscribe
 from ember.sample.grammar import Grammar
 from ember.sample.sampler import MAX_TOP_LOGPROBS
 from ember.tokenizer import Tokenizer
@@ -235,10 +232,10 @@ async def completion(request: Request) -> StreamingResponse:
             top_logprobs=req.top_logprobs,
             logit_bias=_logit_bias(req.logit_bias, tokenizer.vocab_size),
         )
-        seq, wake = _subscribe(engine, seq_request)
+        seq, wake = subscribe(engine, seq_request)
     except EmberError as err:
         raise HTTPError(400, str(err)) from None
-    return StreamingResponse(_stream(seq, wake), media_type="application/x-ndjson")
+    return StreamingResponse(ndjson_stream(seq, wake), media_type="application/x-ndjson")
 
 
 def _logit_bias(bias: dict[int, float], vocab_size: int) -> tuple[tuple[int, float], ...]:
@@ -305,13 +302,13 @@ async def _run_all(engine: Engine, requests: list[SeqRequest]) -> list[Done]:
     subs: list[tuple[Sequence, asyncio.Event]] = []
     try:
         for sub in requests:
-            subs.append(_subscribe(engine, sub))
+            subs.append(subscribe(engine, sub))
     except EmberError as err:
         for seq, _ in subs:
             seq.cancel()
         raise HTTPError(400, str(err)) from None
     try:
-        return [await _last(seq, wake) for seq, wake in subs]
+        return [await final_record(seq, wake) for seq, wake in subs]
     finally:  # those not waited on yet when one failed or the handler was cancelled
         for seq, _ in subs:
             seq.cancel()
@@ -359,82 +356,6 @@ def _ready(runner: Runner) -> tuple[Engine, Tokenizer]:
         status = 500 if runner.status == "error" else 409
         raise HTTPError(status, f"model not ready: {runner.status}")
     return runner.engine, runner.tokenizer
-
-
-def _subscribe(engine: Engine, request: SeqRequest) -> tuple[Sequence, asyncio.Event]:
-    """Submits request; the asyncio event is set whenever the loop thread queues an event."""
-    loop = asyncio.get_running_loop()
-    wake = asyncio.Event()
-
-    def notify() -> None:
-        loop.call_soon_threadsafe(wake.set)
-
-    return engine.submit(request, on_event=notify), wake
-
-
-async def _events(seq: Sequence, wake: asyncio.Event) -> AsyncGenerator[Event, None]:
-    try:
-        while True:
-            wake.clear()
-            try:
-                event = seq.events.get_nowait()
-            except queue.Empty:
-                await wake.wait()
-                continue
-            yield event
-            if isinstance(event, Done):
-                return
-    finally:  # the client went away (or we are done): the loop frees the slot next step
-        seq.cancel()
-
-
-async def _last(seq: Sequence, wake: asyncio.Event) -> Done:
-    async with contextlib.aclosing(_events(seq, wake)) as events:  # not left to the collector
-        async for event in events:
-            if isinstance(event, Done):
-                return event
-    raise RuntimeError("the sequence ended without a final record")
-
-
-async def _stream(seq: Sequence, wake: asyncio.Event) -> AsyncIterator[bytes]:
-    # closing this stream (its client went away) closes the events, which frees the slot
-    async with contextlib.aclosing(_events(seq, wake)) as events:
-        async for event in events:
-            yield (json.dumps(_record(event)) + "\n").encode()
-
-
-def _record(event: Event) -> dict[str, Any]:
-    """An event as the completion stream's NDJSON record."""
-    if isinstance(event, Piece):
-        record: dict[str, Any] = {"content": event.text}
-        if event.logprobs:
-            record["logprobs"] = [
-                {
-                    "token": lp.token,
-                    "logprob": lp.logprob,
-                    "top_logprobs": [{"token": t, "logprob": v} for t, v in lp.top],
-                }
-                for lp in event.logprobs
-            ]
-        return record
-    if event.error is not None:
-        return {"error": event.error}
-    record = {
-        "done": True,
-        "done_reason": event.done_reason,
-        "prompt_eval_count": event.prompt_eval_count,
-        "prompt_eval_duration": event.prompt_eval_duration,
-        "eval_count": event.eval_count,
-        "eval_duration": event.eval_duration,
-        "prompt_count": event.prompt_count,
-        "prompt_cached_count": event.prompt_cached_count,
-    }
-    if event.draft_proposed is not None:  # speculative decoding was on
-        record["draft_proposed"] = event.draft_proposed
-        record["draft_accepted"] = event.draft_accepted
-    if event.stop_sequence:
-        record["stop_sequence"] = event.stop_sequence
-    return record
 
 
 def _exit_with_parent(parent: int) -> None:
