@@ -124,6 +124,15 @@ def sampling_defaults(temperature: float | None, top_p: float | None) -> dict[st
     }
 
 
+def openai_options(given: dict[str, Any], extra: RequestOptions | None) -> dict[str, Any]:
+    """Ollama's options of an OpenAI request: the fields it gives (None: not given), over the
+    native `options` it may carry (Ember's extension), over OpenAI's defaults (temperature and
+    top_p 1.0), as Ollama's middleware sets them."""
+    native = extra.model_dump(exclude_unset=True) if extra else {}
+    chosen = {k: v for k, v in given.items() if v is not None}
+    return sampling_defaults(None, None) | native | chosen
+
+
 class Sampling(Body):
     """Sampling fields /v1/chat/completions and /v1/completions share."""
 
@@ -146,10 +155,6 @@ class Sampling(Body):
     keep_alive: KeepAlive | None = None
 
     def ollama_options(self) -> dict[str, Any]:
-        """Ollama's options for these fields, over `options`; OpenAI's defaults where neither
-        gives them (temperature and top_p 1.0), as Ollama's middleware sets them."""
-        extra = self.options.model_dump(exclude_unset=True) if self.options else {}
-        options: dict[str, Any] = sampling_defaults(None, None) | extra
         given = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -159,7 +164,7 @@ class Sampling(Body):
             "frequency_penalty": self.frequency_penalty,
             "presence_penalty": self.presence_penalty,
         }
-        return options | {k: v for k, v in given.items() if v is not None}
+        return openai_options(given, self.options)
 
 
 class ChatCompletionRequest(Sampling):

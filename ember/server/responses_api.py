@@ -22,7 +22,7 @@ from ember.server.api import (
     parse_arguments,
 )
 from ember.server.image_urls import NOTHING_FETCHED, Fetched, ImageRef, is_url
-from ember.server.openai_api import data_uri_image, sampling_defaults
+from ember.server.openai_api import data_uri_image, openai_options, sampling_defaults
 from ember.server.prompt import Message
 
 # Fields that do not change what the model writes: accepted and left aside.
@@ -202,8 +202,6 @@ class ResponsesRequest(Body):
         }
 
     def _options(self) -> dict[str, Any]:
-        extra = self.options.model_dump(exclude_unset=True) if self.options else {}
-        options: dict[str, Any] = sampling_defaults(None, None) | extra
         given = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -211,7 +209,7 @@ class ResponsesRequest(Body):
             "seed": self.seed,
             "stop": self.stop,
         }
-        return options | {k: v for k, v in given.items() if v is not None}
+        return openai_options(given, self.options)
 
     def _native_tool_choice(self) -> str | dict[str, Any] | None:
         choice = self.tool_choice
