@@ -120,7 +120,7 @@ async def _interleaved(
 ) -> AsyncGenerator[tuple[int, Chunk], None]:
     """(index, chunk) of each stream's chunks as they come (n choices generated at once); the
     streams are closed when this is."""
-    if len(streams) == 1:
+    if len(streams) == 1:  # nearly every request: read in place, without a task and a queue
         async with contextlib.aclosing(streams[0]):
             async for only in streams[0]:
                 yield 0, only
