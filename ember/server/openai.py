@@ -29,7 +29,7 @@ from ember.server.errors import APIError
 from ember.server.image_urls import Fetched, fetch_images
 from ember.server.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
 from ember.server.routes import body_of, state_of
-from ember.server.streaming import collect, prepend, sse_response, until_disconnected
+from ember.server.streaming import collect, interleaved, sse_response, started
 
 router = APIRouter(prefix="/v1")
 Chunk = dict[str, Any]
@@ -62,7 +62,7 @@ async def chat_completions(request: Request) -> Response:
         merged = [generation.merge_chat(c) for c in await _each_choice(request, req.n, one)]
         return JSONResponse(reply.chat(merged))
     streams = [generation.chat(state, _with_seed(native, i)) for i in range(req.n)]
-    return sse_response(reply.chat_stream(await _started(request, streams)), _stream_error)
+    return sse_response(reply.chat_stream(await started(request, streams)), _stream_error)
 
 
 def _native_chat(req: ChatCompletionRequest, fetched: Fetched) -> ChatRequest:
@@ -97,61 +97,6 @@ async def _each_choice(
 ) -> list[list[Chunk]]:
     """The chunks of n generations run at once (they share the runner's batch)."""
     return list(await asyncio.gather(*(collect(request, start(i)) for i in range(n))))
-
-
-async def _started(
-    request: Request, streams: list[AsyncGenerator[Chunk, None]]
-) -> list[AsyncGenerator[Chunk, None]]:
-    """The streams, the first one's first chunk awaited so that an error before any (a bad
-    request, a model that fails to load) gets its own status. The others start as they get a
-    slot: n may be more than the runner's parallel sequences, whose slots the first choices
-    free only once read to their end. On an error all are closed."""
-    try:
-        first = await until_disconnected(request, anext(streams[0]))
-    except BaseException:
-        for stream in streams:
-            await stream.aclose()
-        raise
-    return [prepend(first, streams[0]), *streams[1:]]
-
-
-async def _interleaved(
-    streams: list[AsyncGenerator[Chunk, None]],
-) -> AsyncGenerator[tuple[int, Chunk], None]:
-    """(index, chunk) of each stream's chunks as they come (n choices generated at once); the
-    streams are closed when this is."""
-    if len(streams) == 1:  # nearly every request: read in place, without a task and a queue
-        async with contextlib.aclosing(streams[0]):
-            async for only in streams[0]:
-                yield 0, only
-        return
-    queue: asyncio.Queue[tuple[int, Chunk | None, Exception | None]] = asyncio.Queue(16)
-
-    async def pump(index: int, stream: AsyncGenerator[Chunk, None]) -> None:
-        try:
-            async with contextlib.aclosing(stream):
-                async for chunk in stream:
-                    await queue.put((index, chunk, None))
-        except Exception as err:  # the consumer raises it: the stream's error event
-            await queue.put((index, None, err))
-        else:
-            await queue.put((index, None, None))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        running = len(tasks)
-        while running:
-            index, chunk, err = await queue.get()
-            if err is not None:
-                raise err
-            if chunk is None:
-                running -= 1
-            else:
-                yield index, chunk
-    finally:  # the client went away, or one choice failed: the others stop too
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _usage_wanted(req: ChatCompletionRequest | CompletionRequest) -> bool:
@@ -196,7 +141,7 @@ class _Reply:
     ) -> AsyncGenerator[Chunk, None]:
         has_calls = [False] * len(streams)
         finals = []
-        async with contextlib.aclosing(_interleaved(streams)) as chunks:
+        async with contextlib.aclosing(interleaved(streams)) as chunks:
             async for index, native in chunks:
                 delta = _message(native["message"])
                 has_calls[index] = has_calls[index] or bool(delta.get("tool_calls"))
@@ -228,7 +173,7 @@ class _Reply:
         echoed = [False] * len(streams)  # each choice's first text starts with the echo
         offset = [len(echo)] * len(streams)  # of a choice's next token, for text_offset
         finals = []
-        async with contextlib.aclosing(_interleaved(streams)) as chunks:
+        async with contextlib.aclosing(interleaved(streams)) as chunks:
             async for index, native in chunks:
                 finish = _finish_reason(native, False) if native.get("done") else None
                 logprobs = _completion_logprobs(native, offset[index])
@@ -351,8 +296,8 @@ async def completions(request: Request) -> Response:
         merged = [generation.merge_generate(c) for c in await _each_choice(request, req.n, one)]
         return JSONResponse(reply.completion(merged, echo=echo))
     streams = [generation.generate(state, _with_seed(native, i)) for i in range(req.n)]
-    started = await _started(request, streams)
-    return sse_response(reply.completion_stream(started, echo=echo), _stream_error)
+    choices = await started(request, streams)
+    return sse_response(reply.completion_stream(choices, echo=echo), _stream_error)
 
 
 # --- /v1/embeddings ---

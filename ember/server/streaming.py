@@ -4,6 +4,7 @@ data-only events, Anthropic's named ones).
 The first chunk is awaited before the response starts, so an error raised before it (a bad
 request, a full queue, a model that fails to load) gets its own status; a later one ends the
 stream with an error line. A client that goes away cancels the work, which frees its runner slot.
+Several streams of one answer (OpenAI's n choices) start and interleave here too.
 """
 
 import asyncio
@@ -139,3 +140,58 @@ def event_stream_response(
 
     lines = _lines(events, event, lambda err: "".join(event(e) for e in on_error(err)))
     return StreamingResponse(lines, media_type="text/event-stream")
+
+
+async def started(
+    request: Request, streams: list[AsyncGenerator[T, None]]
+) -> list[AsyncGenerator[T, None]]:
+    """The streams, the first one's first chunk awaited so that an error before any (a bad
+    request, a model that fails to load) gets its own status. The others start as they get a
+    slot: n may be more than the runner's parallel sequences, whose slots the first choices
+    free only once read to their end. On an error all are closed."""
+    try:
+        first = await until_disconnected(request, anext(streams[0]))
+    except BaseException:
+        for stream in streams:
+            await stream.aclose()
+        raise
+    return [prepend(first, streams[0]), *streams[1:]]
+
+
+async def interleaved(
+    streams: list[AsyncGenerator[T, None]],
+) -> AsyncGenerator[tuple[int, T], None]:
+    """(index, chunk) of each stream's chunks as they come (n choices generated at once); the
+    streams are closed when this is."""
+    if len(streams) == 1:  # nearly every request: read in place, without a task and a queue
+        async with contextlib.aclosing(streams[0]):
+            async for only in streams[0]:
+                yield 0, only
+        return
+    queue: asyncio.Queue[tuple[int, T | None, Exception | None]] = asyncio.Queue(16)
+
+    async def pump(index: int, stream: AsyncGenerator[T, None]) -> None:
+        try:
+            async with contextlib.aclosing(stream):
+                async for chunk in stream:
+                    await queue.put((index, chunk, None))
+        except Exception as err:  # the consumer raises it: the stream's error event
+            await queue.put((index, None, err))
+        else:
+            await queue.put((index, None, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            index, chunk, err = await queue.get()
+            if err is not None:
+                raise err
+            if chunk is None:
+                running -= 1
+            else:
+                yield index, chunk
+    finally:  # the client went away, or one choice failed: the others stop too
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
