@@ -26,7 +26,7 @@ from ember.convert.mistral3 import Mistral3Decoder
 from ember.convert.mllama import MllamaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
 from ember.convert.nomic_bert import NomicBertEncoder
-from ember.convert.olmo2 import Olmo2Decoder
+from ember.convert.olmo2 import Olmo2Decoder, Olmo3Decoder
 from ember.convert.phi3 import Phi3Decoder
 from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.qwen3 import Qwen3Decoder
@@ -45,6 +45,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "MistralForCausalLM": LlamaDecoder,
     "NomicBertModel": NomicBertEncoder,
     "Olmo2ForCausalLM": Olmo2Decoder,
+    "Olmo3ForCausalLM": Olmo3Decoder,
     "Phi3ForCausalLM": Phi3Decoder,
     "Qwen2ForCausalLM": Qwen2Decoder,
     "Qwen3ForCausalLM": Qwen3Decoder,

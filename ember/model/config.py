@@ -1,5 +1,6 @@
 """Typed, validated access to a GGUF's hyperparameters, read once when a model is built."""
 
+import builtins
 from typing import Any
 
 from ember.errors import EmberError
@@ -64,3 +65,14 @@ class Config:
         if not isinstance(value, bool):
             raise ModelLoadError(f"model key {key!r} must be true or false, got {value!r}")
         return value
+
+    def bools(self, key: str, count: int) -> tuple[builtins.bool, ...] | None:
+        """An array of `count` booleans (a per-layer pattern); None where the file lacks it."""
+        value = self._lookup(key, False)
+        if value is None:
+            return None
+        if not isinstance(value, list) or len(value) != count:
+            raise ModelLoadError(f"model key {key!r} must be an array of {count} booleans")
+        if not all(isinstance(v, bool) for v in value):
+            raise ModelLoadError(f"model key {key!r} must hold true or false only")
+        return tuple(value)

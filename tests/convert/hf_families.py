@@ -1,7 +1,7 @@
 """Tiny random-weight HF models of the text families beyond llama/qwen2/gemma3 (qwen3,
-mistral, gemma2, olmo2, phi3, granite; qwen3moe, gpt-oss, llama4 with 8 experts, top-2), saved
-as `save_pretrained` saves them with a byte-level BPE tokenizer (tinymodels' Qwen2-like
-vocabulary), for the converter tests."""
+mistral, gemma2, olmo2, olmo3, phi3, granite; qwen3moe, gpt-oss, llama4 with 8 experts,
+top-2), saved as `save_pretrained` saves them with a byte-level BPE tokenizer (tinymodels'
+Qwen2-like vocabulary), for the converter tests."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import transformers
 from hf_dirs import _save_bpe
 from tinymodels import tiny_vocab
 from transformers import PreTrainedModel
+
+from ember.convert import convert_directory
 
 # family -> (HF model class, config class, config fields beyond the common ones)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -29,6 +31,15 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "attention_multiplier": 0.1, "logits_scaling": 2.5,
     }),
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", {"tie_word_embeddings": False}),
+    # layers 0-2 slide over 6 tokens with plain RoPE, layer 3 is full with YaRN x4 past 32
+    "olmo3": ("Olmo3ForCausalLM", "Olmo3Config", {
+        "tie_word_embeddings": False, "num_hidden_layers": 4, "sliding_window": 6,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 32},
+        },
+    }),
     "phi3": ("Phi3ForCausalLM", "Phi3Config", {"tie_word_embeddings": False}),
     # LongRoPE (short factors within the original 64 positions; attention factor from 128/64),
     # half the head rotated, a sliding window of 8 on every layer.
@@ -99,3 +110,10 @@ def save_family(family: str, directory: Path, **kwargs: Any) -> PreTrainedModel:
     model.save_pretrained(directory)
     _save_bpe("qwen2", tiny_vocab("qwen2"), directory)
     return model
+
+
+def convert_family(family: str, root: Path) -> tuple[Path, PreTrainedModel]:
+    """The family's tiny HF model saved under root/hf and converted to root/model.gguf."""
+    hf = save_family(family, root / "hf")
+    convert_directory(root / "hf", root / "model.gguf")
+    return root / "model.gguf", hf

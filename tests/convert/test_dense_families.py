@@ -23,6 +23,7 @@ FAMILIES = {
     "mistral": "llama",
     "gemma2": "gemma2",
     "olmo2": "olmo2",
+    "olmo3": "olmo3",
     "phi3": "phi3",
     "phi3-longrope": "phi3",
     "granite": "granite",

@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from gguf_copy import read_gguf, write_gguf
 from hf_dirs import _save_bpe
 from hf_families import build_family
 from test_dense_families import OTHER, PROMPT, run, run_both
@@ -82,36 +83,6 @@ def test_two_sequences_in_one_batch_equal_each_alone(converted, model):
     both = run_both(model)
     alone = torch.cat([run(model, [PROMPT]), run(model, [OTHER])])
     assert (both - alone).abs().max() < 1e-4
-
-
-def read_gguf(path) -> tuple[gguf.GGUFReader, dict[str, np.ndarray]]:
-    reader = gguf.GGUFReader(path)
-    tensors = {}
-    for t in reader.tensors:  # float ones in their shape; blocks as gguf-py gives their bytes
-        data = np.array(t.data)
-        if t.tensor_type == gguf.GGMLQuantizationType.F32:
-            data = data.reshape(tuple(int(n) for n in reversed(t.shape)))
-        tensors[t.name] = data
-    return reader, tensors
-
-
-def write_gguf(reader, out, arch: str, tensors: dict, *, drop=(), prefix="gpt-oss.") -> None:
-    """A GGUF of `reader`'s keys (those in `drop` left out, `gpt-oss.` renamed `arch.`) and
-    `tensors`: name -> float array, or (bytes, their GGML type)."""
-    writer = gguf.GGUFWriter(out, arch)
-    for field in reader.fields.values():
-        name = field.name
-        if name.startswith("GGUF.") or name == "general.architecture" or name in drop:
-            continue
-        key = arch + "." + name.removeprefix(prefix) if name.startswith(prefix) else name
-        writer.add_key_value(key, field.contents(), field.types[0], field.types[-1])
-    for name, value in tensors.items():
-        data, raw = value if isinstance(value, tuple) else (value, None)
-        writer.add_tensor(name, data, raw_dtype=raw)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def test_mxfp4_expert_stacks_equal_transformers_on_the_dequantized_weights(converted, tmp_path):

@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_families import save_family
+from hf_families import convert_family, save_family
 from safetensors.torch import load_file, save_file
 from test_dense_families import OTHER, PROMPT, run, run_both
 from test_qwen3moe import check_routing, spy_on_experts  # top-2, as qwen3moe
@@ -33,9 +33,7 @@ LONG = PROMPT + OTHER  # 31 tokens: four chunks of 8
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("llama4")
-    hf = save_family("llama4", root / "hf")
-    convert_directory(root / "hf", root / "model.gguf")
-    return root / "model.gguf", hf, root / "hf"
+    return *convert_family("llama4", root), root / "hf"
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_families import save_family
+from hf_families import convert_family, save_family
 from test_dense_families import OTHER, PROMPT, run, run_both
 from tinymodels import hf_logits
 
@@ -27,10 +27,7 @@ EXPERTS, USED, EXPERT_FFN, HIDDEN = 8, 2, 32, 64
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3moe")
-    hf = save_family("qwen3moe", root / "hf")
-    convert_directory(root / "hf", root / "model.gguf")
-    return root / "model.gguf", hf
+    return convert_family("qwen3moe", tmp_path_factory.mktemp("qwen3moe"))
 
 
 @pytest.fixture(scope="module")
