@@ -7,6 +7,7 @@ from ember.gguf import GGUFFile
 from ember.model.activations import Activations
 from ember.model.base import Model
 from ember.model.config import Config, ModelLoadError
+from ember.pooling import POOLING_CLS, POOLING_LAST, POOLING_MEAN
 
 Builder = Callable[[GGUFFile, Config], Model]
 ProjectorBuilder = Callable[[GGUFFile, Config, GGUFFile], Model]
@@ -45,6 +46,11 @@ def load_model(gguf: GGUFFile, projector: GGUFFile | None = None) -> Model:
 
     config = Config(gguf.metadata)
     model = _build(gguf, config, projector)
+    pooling = config.metadata.get(f"{config.arch}.pooling_type")
+    if pooling in (POOLING_MEAN, POOLING_CLS, POOLING_LAST) and not hasattr(model, "pooling_type"):
+        # a decoder's file made an embedding model (Qwen3-Embedding: qwen3, the last token, as
+        # Ollama's qwen3_embed and llama.cpp pool it): the runner pools as the file says
+        model.pooling_type = pooling  # type: ignore[attr-defined]
     heap.keep_freed_memory()  # after the load's own temporaries: see backend/heap.py
     # what a batch's activations take, at most: the load-time reservation checks it
     model.activations = Activations.of(  # type: ignore[attr-defined]

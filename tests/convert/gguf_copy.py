@@ -17,10 +17,11 @@ def read_gguf(path) -> tuple[gguf.GGUFReader, dict[str, np.ndarray]]:
 
 
 def write_gguf(
-    reader, out, arch: str, tensors: dict, *, drop=(), prefix="gpt-oss.", arrays=None
+    reader, out, arch: str, tensors: dict, *, drop=(), prefix="gpt-oss.", extra=None
 ) -> None:
     """A GGUF of `reader`'s keys (those in `drop` left out, `gpt-oss.` renamed `arch.`) and
-    `tensors`: name -> float array, or (bytes, their GGML type); `arrays`: keys added as arrays."""
+    `tensors`: name -> float array, or (bytes, their GGML type); `extra`: keys added (an
+    int as uint32, a list as an array)."""
     writer = gguf.GGUFWriter(out, arch)
     for field in reader.fields.values():
         name = field.name
@@ -28,8 +29,11 @@ def write_gguf(
             continue
         key = arch + "." + name.removeprefix(prefix) if name.startswith(prefix) else name
         writer.add_key_value(key, field.contents(), field.types[0], field.types[-1])
-    for key, values in (arrays or {}).items():
-        writer.add_array(key, values)
+    for key, value in (extra or {}).items():
+        if isinstance(value, int):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_array(key, value)
     for name, value in tensors.items():
         data, raw = value if isinstance(value, tuple) else (value, None)
         writer.add_tensor(name, data, raw_dtype=raw)

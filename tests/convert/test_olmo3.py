@@ -61,6 +61,6 @@ def test_without_a_pattern_three_layers_of_four_slide(converted, tmp_path):
 def test_a_pattern_of_the_wrong_length_is_a_load_error(converted, tmp_path):
     reader, tensors = read_gguf(converted[0])
     write_gguf(reader, tmp_path / "m.gguf", "olmo3", tensors, drop=(PATTERN,), prefix="olmo3.",
-               arrays={PATTERN: [True, False]})  # fmt: skip
+               extra={PATTERN: [True, False]})  # fmt: skip
     with pytest.raises(ModelLoadError, match="array of 4 booleans"):
         load_model(GGUFFile.open(tmp_path / "m.gguf"))
