@@ -13,6 +13,7 @@ from typing import Any
 from ember.convert.decoder import TextDecoder
 from ember.convert.source import ConvertError, HFConfig, read_json
 from ember.convert.spm_model import CONTROL, NORMAL, UNUSED
+from ember.pooling import POOLING_LAST
 
 POOLING_NONE, POOLING_MEAN, POOLING_CLS, POOLING_RANK = 0, 1, 2, 4  # enum llama_pooling_type
 _SKIPPED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
@@ -159,8 +160,8 @@ class BertCrossEncoder(BertEncoder):
 
 
 def pooling_type(directory: Path) -> int:
-    """Mean or CLS pooling, from the Pooling module that modules.json names (mean without one,
-    as sentence-transformers' default for a plain BERT checkpoint)."""
+    """Mean, CLS or last-token pooling, from the Pooling module that modules.json names (mean
+    without one, as sentence-transformers' default for a plain BERT checkpoint)."""
     modules = sentence_modules(directory)
     is_pooling = [
         isinstance(m, dict) and str(m.get("type", "")).endswith(".Pooling") for m in modules
@@ -178,7 +179,9 @@ def pooling_type(directory: Path) -> int:
         return POOLING_MEAN
     if modes == ["pooling_mode_cls_token"]:
         return POOLING_CLS
-    raise ConvertError(f"pooling {modes} is not supported (only mean or CLS)")
+    if modes == ["pooling_mode_lasttoken"]:
+        return POOLING_LAST
+    raise ConvertError(f"pooling {modes} is not supported (only mean, CLS or the last token)")
 
 
 def sentence_modules(directory: Path) -> list[Any]:

@@ -32,6 +32,7 @@ _LAYER = {
     "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
+_BASE_MODEL = ("layers.", "embed_tokens.", "norm.")
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 # Prefixes of the text model inside multimodal checkpoints (transformers 5 and 4).
 _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
@@ -78,6 +79,8 @@ class TextDecoder:
         for old, new in _TEXT_PREFIXES:
             if hf_name.startswith(old):
                 hf_name = new + hf_name.removeprefix(old)
+        if hf_name.startswith(_BASE_MODEL):  # a base model's own save (sentence-transformers')
+            hf_name = "model." + hf_name
         if hf_name.endswith("rotary_emb.inv_freq"):
             return None
         if hf_name == "lm_head.weight" and self.is_tied:

@@ -5,8 +5,11 @@ pooling type rank, the labels "yes" and "no", and its prompt as `tokenizer.chat_
 from pathlib import Path
 from typing import Any
 
+from ember.convert.bert import pooling_type, sentence_modules
 from ember.convert.llama import LlamaDecoder
 from ember.convert.qwen2 import Qwen2Decoder
+from ember.convert.source import ConvertError
+from ember.convert.vocab import appended_token
 
 
 class Qwen3Decoder(Qwen2Decoder):
@@ -30,6 +33,22 @@ class Qwen3Decoder(Qwen2Decoder):
                 f"{self.arch}.pooling_type": POOLING_RANK,
                 f"{self.arch}.classifier.output_labels": ["yes", "no"],
                 "tokenizer.chat_template.rerank": RERANK_TEMPLATE,
+            }
+        elif sentence_modules(directory):  # sentence-transformers' folder: Qwen3-Embedding
+            meta |= self.embedding_metadata(directory, meta["tokenizer.ggml.tokens"])
+        return meta
+
+    def embedding_metadata(self, directory: Path, tokens: list[str]) -> dict[str, Any]:
+        """Its Pooling module's pooling, and the end token its tokenizer appends, which the
+        GGUF's tokenizer then appends as its eos (as llama.cpp converts it)."""
+        meta: dict[str, Any] = {f"{self.arch}.pooling_type": pooling_type(directory)}
+        appended = appended_token(directory)
+        if appended is not None:
+            if appended not in tokens:
+                raise ConvertError(f"the tokenizer appends {appended!r}, which it does not hold")
+            meta |= {
+                "tokenizer.ggml.add_eos_token": True,
+                "tokenizer.ggml.eos_token_id": tokens.index(appended),
             }
         return meta
 

@@ -124,15 +124,32 @@ def _byte_level_bpe(spec: dict[str, Any], tok_config: dict[str, Any]) -> dict[st
     }
 
 
+def appended_token(directory: Path) -> str | None:
+    """The special token that tokenizer.json's post-processor puts after the text (Qwen3-
+    Embedding's end of text), or None."""
+    path = directory / "tokenizer.json"
+    spec = read_json(path) if path.is_file() else None
+    single = _single_template(spec) if isinstance(spec, dict) else []
+    last = single[-1].get("SpecialToken") if single[1:] and isinstance(single[-1], dict) else None
+    token = last.get("id") if isinstance(last, dict) else None
+    return token if isinstance(token, str) else None
+
+
 def _adds_bos(spec: dict[str, Any]) -> bool:
     """Whether tokenizer.json's post-processor puts a special token before the text (llama 3)."""
+    single = _single_template(spec)
+    return bool(single) and isinstance(single[0], dict) and "SpecialToken" in single[0]
+
+
+def _single_template(spec: dict[str, Any]) -> list[Any]:
+    """The `single` sequence of tokenizer.json's TemplateProcessing post-processor, or []."""
     post = spec.get("post_processor")
     steps = post.get("processors", [post]) if isinstance(post, dict) else []
     for step in steps:
-        single = step.get("single") if isinstance(step, dict) else None
-        if step.get("type") == "TemplateProcessing" and isinstance(single, list) and single:
-            return isinstance(single[0], dict) and "SpecialToken" in single[0]
-    return False
+        if isinstance(step, dict) and step.get("type") == "TemplateProcessing":
+            single = step.get("single")
+            return single if isinstance(single, list) else []
+    return []
 
 
 def _token_id(value: Any) -> int:

@@ -96,6 +96,7 @@ def save_pooling(out: Path, pooling: str, *, dim: int = 32, extra: tuple[str, ..
     modes = {
         "pooling_mode_cls_token": pooling == "cls",
         "pooling_mode_mean_tokens": pooling == "mean",
+        "pooling_mode_lasttoken": pooling == "last",
     }
     (out / "1_Pooling" / "config.json").write_text(
         json.dumps({"word_embedding_dimension": dim} | modes)
