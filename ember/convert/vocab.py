@@ -190,13 +190,21 @@ def _pre_tokenizer_name(spec: dict[str, Any]) -> str:
         return "gpt2"
     if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits"):
         return "smollm"
-    if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
-        pattern = steps[0].get("pattern") or {}
-        regex = pattern.get("Regex") if isinstance(pattern, dict) else None
+    splits = len(kinds) - 1
+    if splits and kinds == ["Split"] * splits + ["ByteLevel"] and not steps[-1].get(
+            "use_regex", True):  # fmt: skip
+        patterns = [s.get("pattern") or {} for s in steps[:-1]]
+        regexes = [_escaped(p.get("Regex") if isinstance(p, dict) else None) for p in patterns]
         for name, split in PRE_TOKENIZERS.items():
-            if split.regex == regex and split.ignore_merges == ignore_merges:
+            ours = [_escaped(r) for r in (*split.first, split.regex)]
+            if ours == regexes and split.ignore_merges == ignore_merges:
                 return name
     raise ConvertError(f"tokenizer.json: unsupported pre-tokenizer {kinds}")
+
+
+def _escaped(regex: str | None) -> str | None:
+    """A regex with its line breaks written as escapes: tokenizer.json files hold either."""
+    return None if regex is None else regex.replace("\r", "\\r").replace("\n", "\\n")
 
 
 # ---------------------------------------------------------------- special tokens

@@ -20,6 +20,7 @@ class PreTokenizer:
     """How text is cut into words before the merges run."""
 
     regex: str | None  # None: GPT-2's own regex (the ByteLevel pre-tokenizer's)
+    first: tuple[str, ...] = ()  # regexes that split the text before `regex` does, in order
     split_digits: bool = False  # every digit alone first, as llama.cpp does for starcoder/smollm
     ignore_merges: bool = False  # a word that is itself a token stays whole (llama3)
 
@@ -50,6 +51,13 @@ _GPT4O = (
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# DeepSeek V3's three splits, one after another (its tokenizer.json's Sequence; llama.cpp's and
+# Ollama's deepseek-v3): runs of up to three digits, runs of CJK ideographs and kana, the rest
+_DEEPSEEK3 = (
+    r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 _GPT2_SPLIT = PreTokenizer(None)
 _DIGITS_THEN_GPT2 = PreTokenizer(None, split_digits=True)
 _LLAMA3_SPLIT = PreTokenizer(_LLAMA3, ignore_merges=True)
@@ -68,6 +76,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "kormo"), PreTokenizer(_QWEN2)),
     "qwen35": PreTokenizer(_QWEN35),
     "tekken": PreTokenizer(_TEKKEN),
+    "deepseek-v3": PreTokenizer(_DEEPSEEK3, first=(r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+")),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2", "kanana2"), PreTokenizer(_GPT4O)),
 }
 
@@ -141,9 +150,10 @@ def _merge_pairs(merges: tuple[str, ...]) -> list[tuple[str, str]]:
 def _pre_tokenizer(split: PreTokenizer) -> pre_tokenizers.PreTokenizer:
     if split.regex is not None:
         steps: list[pre_tokenizers.PreTokenizer] = [
-            pre_tokenizers.Split(Regex(split.regex), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            pre_tokenizers.Split(Regex(regex), behavior="isolated")
+            for regex in (*split.first, split.regex)
         ]
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     else:
         steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
         if split.split_digits:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -160,3 +161,47 @@ def test_empty_text() -> None:
     assert tok.encode("", add_special=False) == []
     assert tok.encode("") == [256]
     assert tok.decode([]) == ""
+
+
+
+# DeepSeek V3's split regexes as its tokenizer.json holds them (llama.cpp's and Ollama's
+# deepseek-v3), decoded: the JSON's "\r\n" are the line-break characters themselves
+DEEPSEEK3_REGEXES = [
+    "\\p{N}{1,3}",
+    "[一-龥぀-ゟ゠-ヿ]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+    "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+]
+DEEPSEEK3_PRE = {"type": "Sequence", "pretokenizers": [
+    *({"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False}
+      for r in DEEPSEEK3_REGEXES),
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+]}  # fmt: skip
+TEXTS = ["Hello, world! 1234567 apples", "日本語のテキストと中文混合abc", "x.y_z\n\n  tail\r\n",
+         "naïve café — 'quoted' #tag @user 3.14159", "カタカナ and ひらがな 12"]  # fmt: skip
+
+
+def test_deepseek_v3_splits_as_its_tokenizer_json() -> None:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from ember.tokenizer.bpe import _pre_tokenizer
+
+    spec = {"version": "1.0", "pre_tokenizer": DEEPSEEK3_PRE,
+            "model": {"type": "BPE", "vocab": {}, "merges": []}}  # fmt: skip
+    theirs = HFTokenizer.from_str(json.dumps(spec)).pre_tokenizer
+    ours = _pre_tokenizer(PRE_TOKENIZERS["deepseek-v3"])
+    for text in TEXTS:
+        assert ours.pre_tokenize_str(text) == theirs.pre_tokenize_str(text), text
+    assert [w for w, _ in ours.pre_tokenize_str("1234567")] == ["123", "456", "7"]
+
+
+@pytest.mark.parametrize("escaped", [False, True])
+def test_the_converter_names_deepseek_v3s_split(escaped: bool) -> None:
+    from ember.convert.vocab import _pre_tokenizer_name
+
+    spec = json.loads(json.dumps({"pre_tokenizer": DEEPSEEK3_PRE, "model": {}}))
+    if escaped:  # a file whose regex writes its line breaks as escapes
+        for step in spec["pre_tokenizer"]["pretokenizers"][:-1]:
+            regex = step["pattern"]["Regex"]
+            step["pattern"]["Regex"] = regex.replace("\r", "\\r").replace("\n", "\\n")
+    assert _pre_tokenizer_name(spec) == "deepseek-v3"
