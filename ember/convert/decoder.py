@@ -95,16 +95,9 @@ class TextDecoder:
 
     def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
         """(shape of every tensor the file may hold, the names it must hold)."""
-        c, v = self.hidden, self.vocab_size
+        c = self.hidden
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        shapes: dict[str, tuple[int, ...]] = {
-            "token_embd.weight": (v, c),
-            "output.weight": (v, c),
-            "output_norm.weight": (c,),
-        }
-        required = {"token_embd.weight", "output_norm.weight"}
-        if not self.is_tied:
-            required.add("output.weight")
+        shapes, required = self.top_shapes()
         per_layer = {
             "attn_norm.weight": (c,), "attn_q.weight": (q, c), "attn_k.weight": (kv, c),
             "attn_v.weight": (kv, c), "attn_output.weight": (c, q), "ffn_norm.weight": (c,),
@@ -115,6 +108,15 @@ class TextDecoder:
                 shapes[f"blk.{i}.{name}"] = shape
             required |= {f"blk.{i}.{n}" for n in per_layer}
             required |= {f"blk.{i}.{n}" for n in extra if not n.endswith(".bias")}
+        return shapes, required
+
+    def top_shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+        """The tensors outside the layers: embeddings, final norm and head (a tied head none)."""
+        c, v = self.hidden, self.vocab_size
+        shapes = {"token_embd.weight": (v, c), "output.weight": (v, c), "output_norm.weight": (c,)}
+        required = {"token_embd.weight", "output_norm.weight"}
+        if not self.is_tied:
+            required.add("output.weight")
         return shapes, required
 
     def ffn_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -32,14 +32,9 @@ class Phi3Decoder(TextDecoder):
             raise ConvertError("phi3: biases are not supported")
 
     def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
-        c, f, v = self.hidden, self.ffn, self.vocab_size
+        c, f = self.hidden, self.ffn
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        shapes: dict[str, tuple[int, ...]] = {
-            "token_embd.weight": (v, c), "output.weight": (v, c), "output_norm.weight": (c,),
-        }  # fmt: skip
-        required = {"token_embd.weight", "output_norm.weight"}
-        if not self.is_tied:
-            required.add("output.weight")
+        shapes, required = self.top_shapes()
         per_layer = {
             "attn_norm.weight": (c,), "attn_qkv.weight": (q + 2 * kv, c),
             "attn_output.weight": (c, q), "ffn_norm.weight": (c,), "ffn_up.weight": (2 * f, c),

@@ -13,6 +13,7 @@ import torch
 
 from ember.convert.bert import BertCrossEncoder, BertEncoder
 from ember.convert.decoder import Combined, TextDecoder
+from ember.convert.deepseek2 import DeepSeek2Decoder
 from ember.convert.gemma2 import Gemma2Decoder
 from ember.convert.gemma3 import Gemma3Decoder
 from ember.convert.gemma3_embed import Gemma3EmbeddingDecoder
@@ -37,6 +38,8 @@ from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
 CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "BertModel": BertEncoder,
     "BertForSequenceClassification": BertCrossEncoder,
+    "DeepseekV2ForCausalLM": DeepSeek2Decoder,
+    "DeepseekV3ForCausalLM": DeepSeek2Decoder,
     "GptOssForCausalLM": GptOssDecoder,
     "GraniteForCausalLM": GraniteDecoder,
     "LlamaForCausalLM": LlamaDecoder,

@@ -41,6 +41,36 @@ def sigmoid_top_k(logits: torch.Tensor, k: int) -> Routing:
     return Routing(experts, torch.sigmoid(top))
 
 
+def deepseek_top_k(
+    logits: torch.Tensor,
+    k: int,
+    *,
+    sigmoid: bool,
+    bias: torch.Tensor | None = None,
+    groups: int = 1,
+    groups_used: int = 1,
+    is_normalized: bool = False,
+    scale: float = 1.0,
+) -> Routing:
+    """DeepSeek's router: sigmoid (V3) or softmax (V2) scores; the k experts of the highest
+    scores plus `bias` (V3's e_score_correction_bias, for the choice only), among the
+    `groups_used` best of `groups` equal groups (V3 ranks a group by its two best, V2 by its
+    best); each weighted by its score, rescaled to sum to one if `is_normalized`, times scale."""
+    scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)  # (T, E)
+    choice = scores if bias is None else scores + bias
+    if groups > 1:
+        grouped = choice.unflatten(-1, (groups, -1))  # (T, G, E / G)
+        best = grouped.topk(2, dim=-1).values.sum(-1) if sigmoid else grouped.amax(-1)
+        kept = torch.zeros_like(best, dtype=torch.bool)
+        kept.scatter_(1, best.topk(groups_used, dim=-1).indices, True)
+        choice = choice.masked_fill(~kept.repeat_interleave(grouped.shape[-1], dim=1), -torch.inf)
+    experts = choice.topk(k, dim=-1).indices  # (T, K)
+    weights = scores.gather(1, experts)
+    if is_normalized:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return Routing(experts, weights * scale)
+
+
 class Experts(Protocol):
     def __call__(self, expert: int, x: torch.Tensor) -> torch.Tensor:
         """The output (n, C) of one expert over the rows x (n, C) routed to it."""

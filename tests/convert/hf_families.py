@@ -16,6 +16,12 @@ from transformers import PreTrainedModel
 
 from ember.convert import convert_directory
 
+_DEEPSEEK = {
+    "tie_word_embeddings": False, "num_hidden_layers": 3, "num_key_value_heads": 4,
+    "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "head_dim": 8,
+    "v_head_dim": 16, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+    "moe_intermediate_size": 32, "first_k_dense_replace": 1,
+}  # fmt: skip
 # family -> (HF model class, config class, config fields beyond the common ones)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"tie_word_embeddings": False, "head_dim": 24}),
@@ -63,6 +69,21 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "beta_slow": 1.0, "original_max_position_embeddings": 32, "truncate": True,
         },
     }),
+    # latent attention (lora 32, 16 + 8 key dims, 16 value dims), layer 0 dense, 1-2 MoE with
+    # 8 experts, top-2, a shared one. V2: no query lora, a softmax router, YaRN x4 past 32
+    # positions (its mscale squared on the scores). V3: query lora 48, sigmoid router with a
+    # bias, two groups of four of which one is used, weights normalized then scaled by 2.5.
+    "deepseek-v2": ("DeepseekV2ForCausalLM", "DeepseekV2Config", _DEEPSEEK | {
+        "q_lora_rank": None, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707,
+            "original_max_position_embeddings": 32,
+        },
+    }),
+    "deepseek-v3": ("DeepseekV3ForCausalLM", "DeepseekV3Config", _DEEPSEEK | {
+        "q_lora_rank": 48, "n_group": 2, "topk_group": 1, "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+    }),
     # layers 1 and 3 MoE (8 experts, top-2, a shared one), 0 and 2 dense; layer 3 NoPE with
     # temperature tuning from position 3 on, the others chunked by 8 with llama 3 RoPE scaling
     "llama4": ("Llama4ForCausalLM", "Llama4TextConfig", {
@@ -102,6 +123,9 @@ def build_family(family: str, *, seed: int = 0, **overrides: Any) -> PreTrainedM
                 param.copy_(0.5 * noise)
             else:
                 param.copy_(noise / param.shape[-1] ** 0.5)
+        for name, buffer in model.named_buffers():  # DeepSeek V3's router bias: zero at init
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.1 * torch.randn(buffer.shape, generator=gen))
     return model
 
 

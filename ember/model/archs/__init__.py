@@ -2,6 +2,7 @@
 
 from ember.model.archs import (
     bert,
+    deepseek2,
     gemma2,
     gemma3,
     gemma3_embed,
@@ -24,6 +25,7 @@ from ember.model.archs import (
 
 __all__ = [
     "bert",
+    "deepseek2",
     "gemma2",
     "gemma3",
     "gemma3_embed",

@@ -99,6 +99,18 @@ class SwiGLU:
         return self.down(F.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn :])
 
 
+def routed_experts(w: Weights, prefix: str, num_experts: int, hidden: int) -> SwiGLUExperts:
+    """The SwiGLU experts of llama.cpp's stacks `ffn_{gate,up,down}_exps`, their size from the
+    tensors."""
+    p, e, c = prefix, num_experts, hidden
+    f = w.shape(p + "ffn_gate_exps.weight")[1]
+    return SwiGLUExperts(
+        w.experts(p + "ffn_gate_exps.weight", e, f, c),
+        w.experts(p + "ffn_up_exps.weight", e, f, c),
+        w.experts(p + "ffn_down_exps.weight", e, c, f),
+    )
+
+
 class Mixture:
     """A shared expert plus the router's top-k experts, their inputs scaled by its sigmoids."""
 
@@ -107,12 +119,7 @@ class Mixture:
         self.num_experts_used = o.num_experts_used
         self.ffn_gate_inp = w.linear(p + "ffn_gate_inp.weight", e, c)
         self.shared = SwiGLU(w, p, "_shexp", c)
-        f = w.shape(p + "ffn_gate_exps.weight")[1]
-        self.experts = SwiGLUExperts(
-            w.experts(p + "ffn_gate_exps.weight", e, f, c),
-            w.experts(p + "ffn_up_exps.weight", e, f, c),
-            w.experts(p + "ffn_down_exps.weight", e, c, f),
-        )
+        self.experts = routed_experts(w, p, e, c)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         routing = sigmoid_top_k(self.ffn_gate_inp(x), self.num_experts_used)
