@@ -3,10 +3,15 @@ converter writes them: architecture `deepseek2`, the latent attention's `attn_kv
 (each head's key and value expanded from the latent), per-expert HF tensors stacked into
 llama.cpp's `ffn_*_exps`, the shared experts as `ffn_*_shexp`, V3's e_score_correction_bias as
 `exp_probs_b.bias`, V3's multi-token-prediction layers left out. V2 routes by a softmax, V3 by
-sigmoids (`expert_gating_func` 1 or 2, llama.cpp's key, which Ollama's converter writes too)."""
+sigmoids (`expert_gating_func` 1 or 2, llama.cpp's key, which Ollama's converter writes too).
+GLM-4.7-Flash (Glm4MoeLiteForCausalLM) is V3's model; Ollama writes it as `glm4moelite`, its
+`attn_kv_b` split into each head's `attn_k_b` (transposed) and `attn_v_b`, and so does Ember."""
 
 import re
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from ember.convert.decoder import TextDecoder
 from ember.convert.source import ConvertError, HFConfig
@@ -34,6 +39,7 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\..+")
 _BIAS = re.compile(r"model\.layers\.(\d+)\.mlp\.gate\.e_score_correction_bias")
 _EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2
+Part = Callable[[torch.Tensor], torch.Tensor]
 
 
 class DeepSeek2Decoder(TextDecoder):
@@ -43,7 +49,7 @@ class DeepSeek2Decoder(TextDecoder):
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
         c = self.text
-        self.is_v3 = config.get("architectures") == ["DeepseekV3ForCausalLM"]
+        self.is_v3 = config.get("architectures") != ["DeepseekV2ForCausalLM"]  # sigmoids
         self.q_lora_rank = _optional(c, "q_lora_rank", 0)  # 0: queries from q_proj
         self.kv_lora_rank = c.int("kv_lora_rank")
         self.nope, self.rope_dim = c.int("qk_nope_head_dim"), c.int("qk_rope_head_dim")
@@ -52,11 +58,22 @@ class DeepSeek2Decoder(TextDecoder):
         self.num_experts_used = c.int("num_experts_per_tok", maximum=self.num_experts)
         self.expert_ffn = c.int("moe_intermediate_size")
         self.shared = c.int("n_shared_experts", 1, maximum=64)
-        self.leading_dense = _optional(c, "first_k_dense_replace", 0)
+        self.leading_dense = self._leading_dense()
         self.groups = _optional(c, "n_group", 1)
         self.groups_used = _optional(c, "topk_group", 1)
         self.rope = c.rope()
         self._check()
+
+    def _leading_dense(self) -> int:
+        """The dense layers before the MoE ones: GLM's `mlp_layer_types`, or DeepSeek's count."""
+        types = self.text.get("mlp_layer_types")
+        if types is None:
+            return _optional(self.text, "first_k_dense_replace", 0)
+        dense = next((i for i, t in enumerate(types) if t != "dense"), len(types))
+        if types != ["dense"] * dense + ["sparse"] * (len(types) - dense) or len(types) != (
+                self.num_layers):  # fmt: skip
+            raise ConvertError("deepseek2: mlp_layer_types must be dense layers, then sparse")
+        return dense
 
     def _check(self) -> None:
         c = self.text
@@ -110,9 +127,8 @@ class DeepSeek2Decoder(TextDecoder):
         attention = query | {
             "attn_norm.weight": (c,), "ffn_norm.weight": (c,),
             "attn_kv_a_mqa.weight": (r + self.rope_dim, c), "attn_kv_a_norm.weight": (r,),
-            "attn_kv_b.weight": (h * (self.nope + self.value_dim), r),
             "attn_output.weight": (c, h * self.value_dim),
-        }  # fmt: skip
+        } | self.latent_shapes()  # fmt: skip
         for i in range(self.num_layers):
             ffn = self.dense_shapes() if i < self.leading_dense else self.moe_shapes()
             layer = attention | ffn
@@ -120,6 +136,11 @@ class DeepSeek2Decoder(TextDecoder):
             shapes |= named
             required |= {n for n in named if not n.endswith("exp_probs_b.bias") or self.is_v3}
         return shapes, required
+
+    def latent_shapes(self) -> dict[str, tuple[int, ...]]:
+        """What expands the latent: each head's key and value at once (Ollama's deepseek2)."""
+        h, r = self.num_heads, self.kv_lora_rank
+        return {"attn_kv_b.weight": (h * (self.nope + self.value_dim), r)}
 
     def dense_shapes(self) -> dict[str, tuple[int, ...]]:
         c, f = self.hidden, self.ffn
@@ -167,6 +188,37 @@ class DeepSeek2Decoder(TextDecoder):
                 f"{a}.rope.scaling.yarn_log_multiplier": 0.1 * rope.float("mscale_all_dim", 0.0),
             }
         return meta
+
+
+
+class Glm4MoeLiteDecoder(DeepSeek2Decoder):
+    """GLM-4.7-Flash as Ollama's `glm4moelite`: the absorbed layout, whose per-head dims the
+    runtime reads from the tensors (`key_length_mla` and `value_length_mla` as Ollama writes
+    them: the cached latent's key and value)."""
+
+    arch = "glm4moelite"
+
+    def split(self, hf_name: str) -> dict[str, Part]:
+        parts = super().split(hf_name)
+        names = list(parts)
+        if len(names) != 1 or not names[0].endswith("attn_kv_b.weight"):
+            return parts
+        p, h, n = names[0].removesuffix("attn_kv_b.weight"), self.num_heads, self.nope
+        return {  # (heads * (nope + value), lora) -> (heads, lora, nope) and (heads, value, lora)
+            p + "attn_k_b.weight": lambda t: t.unflatten(0, (h, -1))[:, :n].transpose(1, 2),
+            p + "attn_v_b.weight": lambda t: t.unflatten(0, (h, -1))[:, n:],
+        }
+
+    def latent_shapes(self) -> dict[str, tuple[int, ...]]:
+        h, r = self.num_heads, self.kv_lora_rank
+        return {"attn_k_b.weight": (h, r, self.nope), "attn_v_b.weight": (h, self.value_dim, r)}
+
+    def metadata(self) -> dict[str, Any]:
+        a = self.arch
+        return super().metadata() | {
+            f"{a}.attention.key_length_mla": self.kv_lora_rank + self.rope_dim,
+            f"{a}.attention.value_length_mla": self.kv_lora_rank,
+        }
 
 
 def _optional(c: HFConfig, key: str, default: int) -> int:

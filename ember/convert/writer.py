@@ -13,7 +13,7 @@ import torch
 
 from ember.convert.bert import BertCrossEncoder, BertEncoder
 from ember.convert.decoder import Combined, TextDecoder
-from ember.convert.deepseek2 import DeepSeek2Decoder
+from ember.convert.deepseek2 import DeepSeek2Decoder, Glm4MoeLiteDecoder
 from ember.convert.gemma2 import Gemma2Decoder
 from ember.convert.gemma3 import Gemma3Decoder
 from ember.convert.gemma3_embed import Gemma3EmbeddingDecoder
@@ -40,6 +40,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "BertForSequenceClassification": BertCrossEncoder,
     "DeepseekV2ForCausalLM": DeepSeek2Decoder,
     "DeepseekV3ForCausalLM": DeepSeek2Decoder,
+    "Glm4MoeLiteForCausalLM": Glm4MoeLiteDecoder,
     "GptOssForCausalLM": GptOssDecoder,
     "GraniteForCausalLM": GraniteDecoder,
     "LlamaForCausalLM": LlamaDecoder,

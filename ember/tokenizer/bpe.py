@@ -72,7 +72,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
         ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
         _LLAMA3_SPLIT,
     ),
-    **dict.fromkeys(("dbrx", "smaug-bpe"), PreTokenizer(_LLAMA3)),
+    **dict.fromkeys(("dbrx", "smaug-bpe", "glm4"), PreTokenizer(_LLAMA3)),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "kormo"), PreTokenizer(_QWEN2)),
     "qwen35": PreTokenizer(_QWEN35),
     "tekken": PreTokenizer(_TEKKEN),

@@ -84,6 +84,10 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "q_lora_rank": 48, "n_group": 2, "topk_group": 1, "norm_topk_prob": True,
         "routed_scaling_factor": 2.5,
     }),
+    # GLM-4.7-Flash: V3's model, its dense first layer told by mlp_layer_types
+    "glm4-moe-lite": ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", {
+        k: v for k, v in _DEEPSEEK.items() if k != "first_k_dense_replace"
+    } | {"q_lora_rank": 48, "norm_topk_prob": True, "routed_scaling_factor": 1.8}),
     # layers 1 and 3 MoE (8 experts, top-2, a shared one), 0 and 2 dense; layer 3 NoPE with
     # temperature tuning from position 3 on, the others chunked by 8 with llama 3 RoPE scaling
     "llama4": ("Llama4ForCausalLM", "Llama4TextConfig", {

@@ -1,8 +1,8 @@
-"""DeepSeek V2 and V3 (`deepseek2`) converted from tiny random-weight HF models (transformers'
-own classes): logits equal HF's over a prompt past YaRN's original positions, incremental
-decode equals a prefill, two sequences in one batch equal each alone, a context shift equals a
-fresh run, and llama.cpp's absorbed layout (`attn_k_b` / `attn_v_b`, the latent cached) gives
-the same logits as Ollama's (`attn_kv_b`)."""
+"""DeepSeek V2 and V3 (`deepseek2`) and GLM-4.7-Flash (`glm4moelite`) converted from tiny
+random-weight HF models (transformers' own classes): logits equal HF's over a prompt past YaRN's
+original positions, incremental decode equals a prefill, two sequences in one batch equal each
+alone, a context shift equals a fresh run, and the absorbed layout (`attn_k_b` / `attn_v_b`, the
+latent cached: llama.cpp's, and Ollama's for GLM) gives the same logits as the expanded one."""
 
 import numpy as np
 import pytest
@@ -19,7 +19,9 @@ from ember.convert import convert_directory
 from ember.gguf import GGUFFile
 from ember.model import load_model
 
-FAMILIES = ("deepseek-v2", "deepseek-v3")
+FAMILIES = ("deepseek-v2", "deepseek-v3", "glm4-moe-lite")
+ARCH = {"deepseek-v2": "deepseek2", "deepseek-v3": "deepseek2", "glm4-moe-lite": "glm4moelite"}
+SIGMOIDS = {"deepseek-v2": 1, "deepseek-v3": 2, "glm4-moe-lite": 2}
 LONG = PROMPT + OTHER + PROMPT  # 51 tokens: past YaRN's original 32 positions
 HEADS, NOPE, VALUE, LORA = 4, 16, 16, 32
 
@@ -32,9 +34,10 @@ def converted(tmp_path_factory):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_equal_transformers(converted, family):
     path, hf = converted[family]
+    arch = ARCH[family]
     with GGUFFile.open(path) as f:
-        assert f.metadata["general.architecture"] == "deepseek2"
-        assert f.metadata["deepseek2.expert_gating_func"] == (2 if family.endswith("v3") else 1)
+        assert f.metadata["general.architecture"] == arch
+        assert f.metadata[f"{arch}.expert_gating_func"] == SIGMOIDS[family]
     logits = run(load_model(GGUFFile.open(path)), [LONG[:20], LONG[20:]])
     assert (logits - hf_logits(hf, LONG)).abs().max() < 1e-4
 
@@ -75,7 +78,16 @@ def absorbed_layout(path, out) -> None:
     write_gguf(reader, out, "deepseek2", tensors, prefix="deepseek2.", extra=extra)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+def test_glm_converts_to_ollamas_absorbed_layout(converted):
+    with GGUFFile.open(converted["glm4-moe-lite"][0]) as f:
+        names, md = set(f.tensors), f.metadata
+    assert {"blk.1.attn_k_b.weight", "blk.1.attn_v_b.weight"} <= names
+    assert not any(n.endswith("attn_kv_b.weight") for n in names)
+    assert md["glm4moelite.attention.key_length_mla"] == LORA + 8  # Ollama's: the cached key
+    assert load_model(GGUFFile.open(converted["glm4-moe-lite"][0])).options.is_mla
+
+
+@pytest.mark.parametrize("family", FAMILIES[:2])
 def test_llama_cpps_absorbed_layout_gives_the_same_logits(converted, family, tmp_path):
     path, hf = converted[family]
     absorbed_layout(path, tmp_path / "mla.gguf")

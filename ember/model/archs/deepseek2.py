@@ -1,5 +1,6 @@
-"""DeepSeek V2 and V3 (`deepseek2`, the name llama.cpp and Ollama give both): multi-head latent
-attention, then a mixture of experts in every layer after the first `leading_dense_block_count`.
+"""DeepSeek V2 and V3 (`deepseek2`, the name llama.cpp and Ollama give both) and GLM-4.7-Flash
+(Ollama's `glm4moelite`; llama.cpp writes it as `deepseek2`): multi-head latent attention, then
+a mixture of experts in every layer after the first `leading_dense_block_count`.
 
 Attention. Queries come from `attn_q`, or low-rank from `attn_q_a`, its norm and `attn_q_b`;
 each head's are `key_length - rope` dims without position and `rope` dims that RoPE rotates
@@ -7,16 +8,17 @@ each head's are `key_length - rope` dims without position and `rope` dims that R
 gives `kv_lora_rank` values, RMS-normalized, and `rope` key dims shared by every head.
 - Files as Ollama's converter writes them (`attn_kv_b`) expand the latent into each head's key
   and value, and the cache holds those per head.
-- Files with llama.cpp's split `attn_k_b` / `attn_v_b` (`attention.key_length_mla`) cache the
+- Files with the split `attn_k_b` / `attn_v_b` (llama.cpp's, Ollama's glm4moelite) cache the
   latent itself as one key and value head: `attn_k_b` folds into the queries and `attn_v_b`
   applies after attention (the absorbed form, Ollama's v3.1 path). Same scores, less cache.
+  A head's dims come from those tensors: the two writers swap `key_length` and its `_mla` twin.
 Keys are laid out [rotated part, the rest], so that a context shift turns their first `rope`
 dims. YaRN where the file says; its magnitude (1 + yarn_log_multiplier * ln factor) squared
 scales the scores, as Ollama and HF's DeepSeek do.
 
-Experts. The router's scores are sigmoids (`expert_gating_func` 2: V3) or a softmax (1, and
-files without the key: V2, as llama.cpp reads them); ember/nn/moe.py's deepseek_top_k picks
-and weighs them. A shared SwiGLU expert (`*_shexp`) is added to the routed ones."""
+Experts. The router's scores are sigmoids (`expert_gating_func` 2: V3, GLM) or a softmax (1, and
+deepseek2 files without the key: V2, as llama.cpp reads them); ember/nn/moe.py's deepseek_top_k
+picks and weighs them. A shared SwiGLU expert (`*_shexp`) is added to the routed ones."""
 
 import math
 from dataclasses import dataclass
@@ -63,12 +65,15 @@ class DeepSeek2Options:
     groups_used: int
 
     @classmethod
-    def from_config(cls, c: Config) -> "DeepSeek2Options":
-        hidden = c.uint("embedding_length")
+    def from_config(cls, c: Config, w: Weights) -> "DeepSeek2Options":
+        hidden, num_heads = c.uint("embedding_length"), c.uint("attention.head_count", maximum=4096)
         rope_dim = c.uint("rope.dimension_count")
-        is_mla = f"{c.arch}.attention.key_length_mla" in c.metadata
-        key = c.uint("attention.key_length_mla" if is_mla else "attention.key_length")
-        value = c.uint("attention.value_length_mla" if is_mla else "attention.value_length")
+        is_mla = w.has("blk.0.attn_k_b.weight")
+        if is_mla:  # (heads, lora, nope) and (heads, value, lora)
+            key = w.shape("blk.0.attn_k_b.weight")[2] + rope_dim
+            value = w.shape("blk.0.attn_v_b.weight")[1]
+        else:
+            key, value = c.uint("attention.key_length"), c.uint("attention.value_length")
         if key <= rope_dim:
             raise ModelLoadError("deepseek2: attention.key_length must exceed the RoPE dims")
         base = c.float("rope.freq_base", 10000.0)
@@ -82,14 +87,16 @@ class DeepSeek2Options:
         elif scaling not in ("none", ""):
             raise ModelLoadError(f"deepseek2: RoPE scaling {scaling!r} is not supported")
         num_experts = c.uint("expert_count", maximum=4096)
-        gating = c.uint("expert_gating_func", GATING_SOFTMAX, maximum=2)
+        is_glm = c.arch == "glm4moelite"  # Ollama's defaults for it: sigmoids, normalized
+        default_gating = GATING_SIGMOID if is_glm else GATING_SOFTMAX
+        gating = c.uint("expert_gating_func", default_gating, maximum=2)
         groups = c.uint("expert_group_count", 1, maximum=num_experts)
         if num_experts % groups:
             raise ModelLoadError("deepseek2: expert_count must be a multiple of its groups")
         return cls(
             num_layers=c.uint("block_count", maximum=1024),
             hidden=hidden,
-            num_heads=c.uint("attention.head_count", maximum=4096),
+            num_heads=num_heads,
             eps=c.float("attention.layer_norm_rms_epsilon", 1e-6),
             context_length=c.uint("context_length", 4096, maximum=1 << 28),
             q_lora_rank=int(c.metadata.get(f"{c.arch}.attention.q_lora_rank") or 0),  # 0: none
@@ -104,7 +111,7 @@ class DeepSeek2Options:
             num_experts=num_experts,
             num_experts_used=c.uint("expert_used_count", maximum=num_experts),
             sigmoid=gating == GATING_SIGMOID,
-            is_normalized=c.bool("expert_weights_norm", False),
+            is_normalized=c.bool("expert_weights_norm", is_glm),
             expert_scale=c.float("expert_weights_scale", 1.0),
             groups=groups,
             groups_used=c.uint("expert_group_used_count", 1, maximum=groups),
@@ -202,11 +209,11 @@ class Block:
         return x + self.ffn(rms_norm(x, self.ffn_norm, o.eps))
 
 
-@register("deepseek2")
+@register("deepseek2", "glm4moelite")
 class DeepSeek2:
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         w = Weights(gguf)
-        o = self.options = DeepSeek2Options.from_config(config)
+        o = self.options = DeepSeek2Options.from_config(config, w)
         self.vocab_size = w.vocab_size()
         self.context_length = o.context_length
         self.token_embd = w.embedding("token_embd.weight", self.vocab_size, o.hidden)
