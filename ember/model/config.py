@@ -76,3 +76,14 @@ class Config:
         if not all(isinstance(v, bool) for v in value):
             raise ModelLoadError(f"model key {key!r} must hold true or false only")
         return tuple(value)
+
+    def per_layer(self, key: str, count: int) -> tuple[int, ...]:
+        """A count for each of `count` layers: an array (0 allowed: LFM2's head_count_kv is 0 on
+        its convolution layers), or one integer for all."""
+        value = self._lookup(key, False)
+        if not isinstance(value, list):
+            return (self.uint(key),) * count
+        ok = all(isinstance(v, int) and not isinstance(v, builtins.bool) for v in value)
+        if len(value) != count or not ok or not all(0 <= v <= 1 << 16 for v in value):
+            raise ModelLoadError(f"model key {key!r} must be {count} integers, one a layer")
+        return tuple(value)

@@ -84,6 +84,11 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "q_lora_rank": 48, "n_group": 2, "topk_group": 1, "norm_topk_prob": True,
         "routed_scaling_factor": 2.5,
     }),
+    # two short-convolution layers (3 taps) and two attention layers, interleaved
+    "lfm2": ("Lfm2ForCausalLM", "Lfm2Config", {
+        "num_hidden_layers": 4, "tie_word_embeddings": True,
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+    }),
     # GLM-4.7-Flash: V3's model, its dense first layer told by mlp_layer_types
     "glm4-moe-lite": ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", {
         k: v for k, v in _DEEPSEEK.items() if k != "first_k_dense_replace"

@@ -1,0 +1,106 @@
+"""LFM2 checkpoints (Lfm2ForCausalLM) as llama.cpp writes them: `lfm2`, the convolution layers'
+`conv.in_proj` / `conv.conv` / `conv.out_proj` as `shortconv.*` (the depthwise kernel (C, 1, L)
+kept as (C, L)), `attention.head_count_kv` an array with 0 on those layers, the final
+`embedding_norm` as `token_embd_norm`; the MLP's size as HF adjusts it
+(block_auto_adjust_ff_dim)."""
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember.convert.decoder import TextDecoder
+from ember.convert.source import ConvertError, HFConfig
+
+_NAMES = {
+    "operator_norm": "attn_norm",
+    "ffn_norm": "ffn_norm",
+    "feed_forward.w1": "ffn_gate",
+    "feed_forward.w3": "ffn_up",
+    "feed_forward.w2": "ffn_down",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.out_proj": "attn_output",
+    "self_attn.q_layernorm": "attn_q_norm",
+    "self_attn.k_layernorm": "attn_k_norm",
+    "conv.in_proj": "shortconv.in_proj",
+    "conv.out_proj": "shortconv.out_proj",
+    "conv.conv": "shortconv.conv",
+}
+_KERNEL = re.compile(r"blk\.\d+\.shortconv\.conv\.weight")
+
+
+class Lfm2Decoder(TextDecoder):
+    arch = "lfm2"
+    layer_names = _NAMES
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        c = self.text
+        types = c.get("layer_types")
+        if not isinstance(types, list) or len(types) != self.num_layers or not set(types) <= {
+                "conv", "full_attention"}:  # fmt: skip
+            raise ConvertError("lfm2: layer_types must say conv or full_attention for each layer")
+        self.is_conv = [t == "conv" for t in types]
+        self.kernel = c.int("conv_L_cache", 3, maximum=64)
+        if c.get("conv_bias", False):
+            raise ConvertError("lfm2: convolution biases are not supported")
+        if c.bool("block_auto_adjust_ff_dim", False):  # as HF's Lfm2MLP sizes it
+            f = int(2 * self.ffn / 3)
+            if c.get("block_ffn_dim_multiplier") is not None:
+                multiple = c.int("block_multiple_of", 256)
+                f = int(c.float("block_ffn_dim_multiplier") * f)
+                f = multiple * ((f + multiple - 1) // multiple)
+            self.ffn = f
+        self.rope = c.rope()
+        if self.rope.get("rope_type", self.rope.get("type", "default")) != "default":
+            raise ConvertError("lfm2: RoPE scaling is not supported")
+
+    def rename(self, hf_name: str) -> str | None:
+        if hf_name == "model.embedding_norm.weight":
+            return "token_embd_norm.weight"
+        return super().rename(hf_name)
+
+    def split(self, hf_name: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        parts = super().split(hf_name)
+        return {n: _squeeze if _KERNEL.fullmatch(n) else f for n, f in parts.items()}
+
+    def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+        c, f, d = self.hidden, self.ffn, self.head_dim
+        q, kv = self.num_heads * d, self.num_kv_heads * d
+        shapes, required = self.top_shapes()
+        shapes = {("token_embd_norm.weight" if n == "output_norm.weight" else n): s
+                  for n, s in shapes.items()}  # fmt: skip
+        required = {("token_embd_norm.weight" if n == "output_norm.weight" else n)
+                    for n in required}  # fmt: skip
+        for i in range(self.num_layers):
+            layer = {"attn_norm.weight": (c,), "ffn_norm.weight": (c,), "ffn_gate.weight": (f, c),
+                     "ffn_up.weight": (f, c), "ffn_down.weight": (c, f)}  # fmt: skip
+            if self.is_conv[i]:
+                layer |= {"shortconv.in_proj.weight": (3 * c, c),
+                          "shortconv.conv.weight": (c, self.kernel),
+                          "shortconv.out_proj.weight": (c, c)}  # fmt: skip
+            else:
+                layer |= {"attn_q.weight": (q, c), "attn_k.weight": (kv, c),
+                          "attn_v.weight": (kv, c), "attn_output.weight": (c, q),
+                          "attn_q_norm.weight": (d,), "attn_k_norm.weight": (d,)}  # fmt: skip
+            named = {f"blk.{i}.{n}": s for n, s in layer.items()}
+            shapes |= named
+            required |= set(named)
+        return shapes, required
+
+    def metadata(self) -> dict[str, Any]:
+        a, c, rope = self.arch, self.text, HFConfig(self.rope, "rope")
+        return super().metadata() | {
+            f"{a}.context_length": c.int("max_position_embeddings", 128000, maximum=1 << 28),
+            f"{a}.attention.head_count_kv": [0 if v else self.num_kv_heads for v in self.is_conv],
+            f"{a}.attention.layer_norm_rms_epsilon": c.float("norm_eps", 1e-5),
+            f"{a}.shortconv.l_cache": self.kernel,
+            f"{a}.rope.freq_base": rope.float("rope_theta", 1e6),
+        }
+
+
+def _squeeze(kernel: torch.Tensor) -> torch.Tensor:
+    return kernel.flatten(1)  # (C, 1, L) -> (C, L)
