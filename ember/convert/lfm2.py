@@ -2,7 +2,8 @@
 `conv.in_proj` / `conv.conv` / `conv.out_proj` as `shortconv.*` (the depthwise kernel (C, 1, L)
 kept as (C, L)), `attention.head_count_kv` an array with 0 on those layers, the final
 `embedding_norm` as `token_embd_norm`; the MLP's size as HF adjusts it
-(block_auto_adjust_ff_dim)."""
+(block_auto_adjust_ff_dim). LFM2-MoE (Lfm2MoeForCausalLM) as `lfm2moe`: its per-expert w1/w3/w2
+stacked into `ffn_{gate,up,down}_exps`, the router `ffn_gate_inp`, its bias `exp_probs_b.bias`."""
 
 import re
 from collections.abc import Callable
@@ -30,6 +31,9 @@ _NAMES = {
     "conv.conv": "shortconv.conv",
 }
 _KERNEL = re.compile(r"blk\.\d+\.shortconv\.conv\.weight")
+_BIAS = re.compile(r"model\.layers\.(\d+)\.feed_forward\.expert_bias")
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.feed_forward\.experts\.(\d+)\.(w1|w2|w3)\.weight")
+_KINDS = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
 class Lfm2Decoder(TextDecoder):
@@ -47,7 +51,7 @@ class Lfm2Decoder(TextDecoder):
         self.kernel = c.int("conv_L_cache", 3, maximum=64)
         if c.get("conv_bias", False):
             raise ConvertError("lfm2: convolution biases are not supported")
-        if c.bool("block_auto_adjust_ff_dim", False):  # as HF's Lfm2MLP sizes it
+        if c.get("block_auto_adjust_ff_dim") is True:  # as HF's Lfm2MLP sizes it
             f = int(2 * self.ffn / 3)
             if c.get("block_ffn_dim_multiplier") is not None:
                 multiple = c.int("block_multiple_of", 256)
@@ -68,7 +72,7 @@ class Lfm2Decoder(TextDecoder):
         return {n: _squeeze if _KERNEL.fullmatch(n) else f for n, f in parts.items()}
 
     def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
-        c, f, d = self.hidden, self.ffn, self.head_dim
+        c, d = self.hidden, self.head_dim
         q, kv = self.num_heads * d, self.num_kv_heads * d
         shapes, required = self.top_shapes()
         shapes = {("token_embd_norm.weight" if n == "output_norm.weight" else n): s
@@ -76,8 +80,7 @@ class Lfm2Decoder(TextDecoder):
         required = {("token_embd_norm.weight" if n == "output_norm.weight" else n)
                     for n in required}  # fmt: skip
         for i in range(self.num_layers):
-            layer = {"attn_norm.weight": (c,), "ffn_norm.weight": (c,), "ffn_gate.weight": (f, c),
-                     "ffn_up.weight": (f, c), "ffn_down.weight": (c, f)}  # fmt: skip
+            layer = {"attn_norm.weight": (c,), "ffn_norm.weight": (c,)} | self.mlp_shapes(i)
             if self.is_conv[i]:
                 layer |= {"shortconv.in_proj.weight": (3 * c, c),
                           "shortconv.conv.weight": (c, self.kernel),
@@ -88,8 +91,12 @@ class Lfm2Decoder(TextDecoder):
                           "attn_q_norm.weight": (d,), "attn_k_norm.weight": (d,)}  # fmt: skip
             named = {f"blk.{i}.{n}": s for n, s in layer.items()}
             shapes |= named
-            required |= set(named)
+            required |= {n for n in named if not n.endswith("exp_probs_b.bias")}  # use_expert_bias
         return shapes, required
+
+    def mlp_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        c, f = self.hidden, self.ffn
+        return {"ffn_gate.weight": (f, c), "ffn_up.weight": (f, c), "ffn_down.weight": (c, f)}
 
     def metadata(self) -> dict[str, Any]:
         a, c, rope = self.arch, self.text, HFConfig(self.rope, "rope")
@@ -99,6 +106,53 @@ class Lfm2Decoder(TextDecoder):
             f"{a}.attention.layer_norm_rms_epsilon": c.float("norm_eps", 1e-5),
             f"{a}.shortconv.l_cache": self.kernel,
             f"{a}.rope.freq_base": rope.float("rope_theta", 1e6),
+        }
+
+
+
+class Lfm2MoeDecoder(Lfm2Decoder):
+    arch = "lfm2moe"
+    layer_names = _NAMES | {"feed_forward.gate": "ffn_gate_inp"}
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        c = self.text
+        self.num_experts = c.int("num_experts", maximum=4096)
+        self.num_experts_used = c.int("num_experts_per_tok", maximum=self.num_experts)
+        self.expert_ffn = c.int("moe_intermediate_size")
+        self.leading_dense = c.int("num_dense_layers", maximum=self.num_layers) if c.get(
+            "num_dense_layers") else 0  # fmt: skip
+
+    def rename(self, hf_name: str) -> str | None:
+        if m := _BIAS.fullmatch(hf_name):
+            return f"blk.{m.group(1)}.exp_probs_b.bias"
+        return super().rename(hf_name)
+
+    def stacked(self, hf_name: str) -> tuple[str, int] | None:
+        match = _EXPERT.fullmatch(hf_name)
+        if match is None:
+            return None
+        layer, expert, kind = match.groups()
+        return f"blk.{layer}.ffn_{_KINDS[kind]}_exps.weight", int(expert)
+
+    def mlp_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        if layer < self.leading_dense:
+            return super().mlp_shapes(layer)
+        c, f, e = self.hidden, self.expert_ffn, self.num_experts
+        return {"ffn_gate_inp.weight": (e, c), "exp_probs_b.bias": (e,),
+                "ffn_gate_exps.weight": (e, f, c), "ffn_up_exps.weight": (e, f, c),
+                "ffn_down_exps.weight": (e, c, f)}  # fmt: skip
+
+    def metadata(self) -> dict[str, Any]:
+        a, c = self.arch, self.text
+        return super().metadata() | {
+            f"{a}.expert_count": self.num_experts,
+            f"{a}.expert_used_count": self.num_experts_used,
+            f"{a}.expert_feed_forward_length": self.expert_ffn,
+            f"{a}.leading_dense_block_count": self.leading_dense,
+            f"{a}.expert_gating_func": 2,  # sigmoids
+            f"{a}.expert_weights_norm": c.get("norm_topk_prob", True) is True,
+            f"{a}.expert_weights_scale": c.float("routed_scaling_factor", 1.0),
         }
 
 

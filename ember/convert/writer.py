@@ -20,7 +20,7 @@ from ember.convert.gemma3_embed import Gemma3EmbeddingDecoder
 from ember.convert.gemma3_vision import Gemma3VisionDecoder
 from ember.convert.gptoss import GptOssDecoder
 from ember.convert.granite import GraniteDecoder
-from ember.convert.lfm2 import Lfm2Decoder
+from ember.convert.lfm2 import Lfm2Decoder, Lfm2MoeDecoder
 from ember.convert.llama import LlamaDecoder
 from ember.convert.llama4 import Llama4Decoder
 from ember.convert.llava import LlavaDecoder, llava_decoder
@@ -45,6 +45,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "GptOssForCausalLM": GptOssDecoder,
     "GraniteForCausalLM": GraniteDecoder,
     "Lfm2ForCausalLM": Lfm2Decoder,
+    "Lfm2MoeForCausalLM": Lfm2MoeDecoder,
     "LlamaForCausalLM": LlamaDecoder,
     "Llama4ForCausalLM": Llama4Decoder,
     "Llama4ForConditionalGeneration": Llama4Decoder,

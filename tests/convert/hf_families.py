@@ -89,6 +89,13 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "num_hidden_layers": 4, "tie_word_embeddings": True,
         "layer_types": ["conv", "full_attention", "conv", "full_attention"],
     }),
+    # LFM2-MoE: the first layer's MLP dense, then 8 experts, top-2, with a routing bias
+    "lfm2-moe": ("Lfm2MoeForCausalLM", "Lfm2MoeConfig", {
+        "num_hidden_layers": 4, "tie_word_embeddings": True, "num_dense_layers": 1,
+        "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "routed_scaling_factor": 1.5,
+    }),
     # GLM-4.7-Flash: V3's model, its dense first layer told by mlp_layer_types
     "glm4-moe-lite": ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", {
         k: v for k, v in _DEEPSEEK.items() if k != "first_k_dense_replace"
@@ -132,8 +139,8 @@ def build_family(family: str, *, seed: int = 0, **overrides: Any) -> PreTrainedM
                 param.copy_(0.5 * noise)
             else:
                 param.copy_(noise / param.shape[-1] ** 0.5)
-        for name, buffer in model.named_buffers():  # DeepSeek V3's router bias: zero at init
-            if name.endswith("e_score_correction_bias"):
+        for name, buffer in model.named_buffers():  # routers' biases (DeepSeek V3, LFM2-MoE): 0
+            if name.endswith(("e_score_correction_bias", "expert_bias")):
                 buffer.copy_(0.1 * torch.randn(buffer.shape, generator=gen))
     return model
 

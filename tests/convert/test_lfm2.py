@@ -48,6 +48,23 @@ def test_logits_equal_transformers(converted, pieces):
     assert (logits - hf_logits(hf, PROMPT)).abs().max() < 1e-4
 
 
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    return convert_family("lfm2-moe", tmp_path_factory.mktemp("lfm2-moe"))
+
+
+def test_lfm2_moe_logits_equal_transformers(moe):
+    path, hf = moe
+    with GGUFFile.open(path) as f:
+        assert f.metadata["general.architecture"] == "lfm2moe"
+        assert "blk.1.exp_probs_b.bias" in f.tensors and "blk.0.ffn_gate.weight" in f.tensors
+    model = load_model(GGUFFile.open(path))
+    for chunks in ([PROMPT], [PROMPT[:7], *[[t] for t in PROMPT[7:]]]):
+        assert (run(model, chunks) - hf_logits(hf, PROMPT)).abs().max() < 1e-4
+    alone = torch.cat([run(model, [PROMPT]), run(model, [OTHER])])
+    assert (run_both(model) - alone).abs().max() < 1e-4
+
+
 def test_two_sequences_in_one_batch_equal_each_alone(converted):
     model = load_model(GGUFFile.open(converted[0]))
     alone = torch.cat([run(model, [PROMPT]), run(model, [OTHER])])

@@ -7,7 +7,11 @@ The short convolution (`shortconv`): `in_proj` gives B, C and x; B * x goes thro
 causal convolution of `shortconv.l_cache` taps over the sequence; C gates its output, then
 `out_proj`. Its state, the last inputs of each sequence, is kept by ember/kvcache/conv_state.py,
 beside the attention layers' KV cache. The final norm is `token_embd_norm` (llama.cpp's name;
-`output_norm` too), the head tied to the embeddings unless the file has `output`."""
+`output_norm` too), the head tied to the embeddings unless the file has `output`.
+
+LFM2-MoE (`lfm2moe`): after `leading_dense_block_count` dense layers the MLP is a mixture of
+experts without a shared one: sigmoid scores, the top k chosen with `exp_probs_b` added,
+normalized (`expert_weights_norm`) and scaled (ember/nn/moe.py's deepseek_top_k)."""
 
 from dataclasses import dataclass
 
@@ -17,11 +21,12 @@ from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache, ConvStateCache, WrapperCache
 from ember.model.archs.llama import _rows
-from ember.model.archs.llama4 import SwiGLU
+from ember.model.archs.llama4 import SwiGLU, routed_experts
 from ember.model.config import Config, ModelLoadError
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import RoPE, attention, rms_norm
+from ember.nn.moe import deepseek_top_k, mixture
 
 ATTENTION, CONVOLUTION = 0, 1  # the caches of WrapperCache
 
@@ -37,6 +42,12 @@ class Lfm2Options:
     context_length: int
     kernel: int
     rope: RoPE
+    num_experts: int  # 0: dense MLPs only
+    num_experts_used: int
+    leading_dense: int
+    sigmoid: bool
+    is_normalized: bool
+    expert_scale: float
 
     @classmethod
     def from_config(cls, c: Config) -> "Lfm2Options":
@@ -49,6 +60,8 @@ class Lfm2Options:
         heads = max(num_heads)
         head_dim = c.uint("attention.key_length", hidden // heads if heads else 1)
         base = c.float("rope.freq_base", 1e6)
+        num_experts = c.uint("expert_count", maximum=4096) if c.metadata.get(
+            f"{c.arch}.expert_count") else 0  # fmt: skip
         return cls(
             num_layers=num_layers,
             hidden=hidden,
@@ -59,6 +72,12 @@ class Lfm2Options:
             context_length=c.uint("context_length", 128000, maximum=1 << 28),
             kernel=c.uint("shortconv.l_cache", 3, maximum=64),
             rope=RoPE(c.uint("rope.dimension_count", head_dim), base, True),
+            num_experts=num_experts,
+            num_experts_used=c.uint("expert_used_count", maximum=num_experts) if num_experts else 0,
+            leading_dense=int(c.metadata.get(f"{c.arch}.leading_dense_block_count") or 0),
+            sigmoid=c.uint("expert_gating_func", 2, maximum=2) == 2,  # LFM2-MoE's own router
+            is_normalized=c.bool("expert_weights_norm", True),
+            expert_scale=c.float("expert_weights_scale", 1.0),
         )
 
     def is_attention(self, layer: int) -> bool:
@@ -105,13 +124,33 @@ class ShortConv:
         return self.out_proj(gate * state.convolve(b * u, self.conv))
 
 
+class Experts:
+    """LFM2-MoE's mixture: routed experts only."""
+
+    def __init__(self, w: Weights, p: str, o: Lfm2Options) -> None:
+        e, c = o.num_experts, o.hidden
+        self.o = o
+        self.ffn_gate_inp = w.linear(p + "ffn_gate_inp.weight", e, c)
+        self.bias = w.optional(p + "exp_probs_b.bias", (e,))
+        self.experts = routed_experts(w, p, e, c)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        o = self.o
+        routing = deepseek_top_k(
+            self.ffn_gate_inp(x), o.num_experts_used, sigmoid=o.sigmoid, bias=self.bias,
+            is_normalized=o.is_normalized, scale=o.expert_scale,
+        )  # fmt: skip
+        return mixture(x, routing, self.experts)
+
+
 class Block:
     def __init__(self, w: Weights, i: int, o: Lfm2Options) -> None:
         p, c = f"blk.{i}.", o.hidden
         self.attn_norm = w.tensor(p + "attn_norm.weight", (c,))
         self.operator = Attention(w, p, i, o) if o.is_attention(i) else ShortConv(w, p, o)
         self.ffn_norm = w.tensor(p + "ffn_norm.weight", (c,))
-        self.ffn = SwiGLU(w, p, "", c)
+        is_dense = not o.num_experts or i < o.leading_dense
+        self.ffn = SwiGLU(w, p, "", c) if is_dense else Experts(w, p, o)
 
     def __call__(
         self,
@@ -128,7 +167,7 @@ class Block:
         return x + self.ffn(rms_norm(x, self.ffn_norm, o.eps))
 
 
-@register("lfm2")
+@register("lfm2", "lfm2moe")
 class Lfm2:
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         w = Weights(gguf)
