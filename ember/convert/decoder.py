@@ -119,6 +119,12 @@ class TextDecoder:
             required.add("output.weight")
         return shapes, required
 
+    def expert_metadata(self, count: int, used: int, ffn: int) -> dict[str, Any]:
+        """llama.cpp's keys of a mixture of experts: how many, how many a token uses, their size."""
+        a = self.arch
+        return {f"{a}.expert_count": count, f"{a}.expert_used_count": used,
+                f"{a}.expert_feed_forward_length": ffn}  # fmt: skip
+
     def ffn_shapes(self) -> dict[str, tuple[int, ...]]:
         """The feed-forward tensors of a layer: a SwiGLU MLP (an MoE converter has experts)."""
         c, f = self.hidden, self.ffn

@@ -160,7 +160,9 @@ class DeepSeek2Decoder(TextDecoder):
 
     def metadata(self) -> dict[str, Any]:
         a, c, rope = self.arch, self.text, HFConfig(self.rope, "rope")
-        meta = super().metadata() | {
+        meta = super().metadata() | self.expert_metadata(
+            self.num_experts, self.num_experts_used, self.expert_ffn
+        ) | {
             f"{a}.attention.key_length": self.nope + self.rope_dim,
             f"{a}.attention.value_length": self.value_dim,
             f"{a}.attention.kv_lora_rank": self.kv_lora_rank,
@@ -168,10 +170,7 @@ class DeepSeek2Decoder(TextDecoder):
             f"{a}.rope.dimension_count": self.rope_dim,
             f"{a}.rope.freq_base": rope.float("rope_theta", 10000.0),
             f"{a}.leading_dense_block_count": self.leading_dense,
-            f"{a}.expert_count": self.num_experts,
-            f"{a}.expert_used_count": self.num_experts_used,
             f"{a}.expert_shared_count": self.shared,
-            f"{a}.expert_feed_forward_length": self.expert_ffn,
             f"{a}.expert_gating_func": GATING_SIGMOID if self.is_v3 else GATING_SOFTMAX,
             f"{a}.expert_weights_norm": bool(c.get("norm_topk_prob", False)),
             f"{a}.expert_weights_scale": c.float("routed_scaling_factor", 1.0),

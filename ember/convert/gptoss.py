@@ -125,14 +125,13 @@ class GptOssDecoder(TextDecoder):
 
     def metadata(self) -> dict[str, Any]:
         a, rope = self.arch, HFConfig(self.rope, "rope")
-        meta = super().metadata() | {
+        meta = super().metadata() | self.expert_metadata(
+            self.num_experts, self.num_experts_used, self.ffn
+        ) | {
             f"{a}.rope.freq_base": rope.float("rope_theta", 150000.0),
             f"{a}.attention.key_length": self.head_dim,
             f"{a}.attention.value_length": self.head_dim,
             f"{a}.attention.sliding_window": self.window,
-            f"{a}.expert_count": self.num_experts,
-            f"{a}.expert_used_count": self.num_experts_used,
-            f"{a}.expert_feed_forward_length": self.ffn,
         }
         if self.rope_type == "yarn":
             meta |= {

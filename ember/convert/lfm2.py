@@ -109,7 +109,6 @@ class Lfm2Decoder(TextDecoder):
         }
 
 
-
 class Lfm2MoeDecoder(Lfm2Decoder):
     arch = "lfm2moe"
     layer_names = _NAMES | {"feed_forward.gate": "ffn_gate_inp"}
@@ -145,10 +144,9 @@ class Lfm2MoeDecoder(Lfm2Decoder):
 
     def metadata(self) -> dict[str, Any]:
         a, c = self.arch, self.text
-        return super().metadata() | {
-            f"{a}.expert_count": self.num_experts,
-            f"{a}.expert_used_count": self.num_experts_used,
-            f"{a}.expert_feed_forward_length": self.expert_ffn,
+        return super().metadata() | self.expert_metadata(
+            self.num_experts, self.num_experts_used, self.expert_ffn
+        ) | {
             f"{a}.leading_dense_block_count": self.leading_dense,
             f"{a}.expert_gating_func": 2,  # sigmoids
             f"{a}.expert_weights_norm": c.get("norm_topk_prob", True) is True,

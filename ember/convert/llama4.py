@@ -133,10 +133,9 @@ class Llama4Decoder(LlamaDecoder):
 
     def metadata(self) -> dict[str, Any]:
         a, c = self.arch, self.text
-        return super().metadata() | {
-            f"{a}.expert_count": self.num_experts,
-            f"{a}.expert_used_count": self.num_experts_used,
-            f"{a}.expert_feed_forward_length": self.expert_ffn,
+        return super().metadata() | self.expert_metadata(
+            self.num_experts, self.num_experts_used, self.expert_ffn
+        ) | {
             f"{a}.interleave_moe_layer_step": self.moe_interval,
             f"{a}.no_rope_interval": self.no_rope_interval,  # Ollama's keys from here on
             f"{a}.use_qk_norm": c.bool("use_qk_norm", True),

@@ -44,9 +44,8 @@ class Qwen3MoeDecoder(Qwen3Decoder):
 
     def metadata(self) -> dict[str, Any]:
         a = self.arch
-        return super().metadata() | {
-            f"{a}.expert_count": self.num_experts,
-            f"{a}.expert_used_count": self.num_experts_used,
-            f"{a}.expert_feed_forward_length": self.expert_ffn,
+        return super().metadata() | self.expert_metadata(
+            self.num_experts, self.num_experts_used, self.expert_ffn
+        ) | {
             f"{a}.expert_weights_norm": self.is_normalized,
         }
