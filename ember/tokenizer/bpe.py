@@ -58,6 +58,24 @@ _DEEPSEEK3 = (
     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# DeepSeek LLM's and DeepSeek Coder's splits (V2 files' `deepseek-llm`), one after another, as
+# llama.cpp's llama-vocab.cpp writes them
+_DEEPSEEK_LLM = (
+    '[\r\n]',
+    '\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+',
+    '\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+',
+    '\\s+$',
+    '[一-龥ࠀ-一가-\ud7ff]+',
+    '\\p{N}+',
+)
+_DEEPSEEK_CODER = (
+    '[\r\n]',
+    '\\s?\\p{L}+',
+    '\\s?\\p{P}+',
+    '[一-龥ࠀ-一가-\ud7ff]+',
+    '\\p{N}',
+)
+
 _GPT2_SPLIT = PreTokenizer(None)
 _DIGITS_THEN_GPT2 = PreTokenizer(None, split_digits=True)
 _LLAMA3_SPLIT = PreTokenizer(_LLAMA3, ignore_merges=True)
@@ -77,6 +95,8 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "qwen35": PreTokenizer(_QWEN35),
     "tekken": PreTokenizer(_TEKKEN),
     "deepseek-v3": PreTokenizer(_DEEPSEEK3, first=(r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+")),
+    "deepseek-llm": PreTokenizer(_DEEPSEEK_LLM[-1], first=_DEEPSEEK_LLM[:-1]),
+    "deepseek-coder": PreTokenizer(_DEEPSEEK_CODER[-1], first=_DEEPSEEK_CODER[:-1]),
     **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2", "kanana2"), PreTokenizer(_GPT4O)),
 }
 

@@ -18,7 +18,7 @@ from tokenizer_models import REFERENCE_KEYS, Built
 from tokenizer_oracles import ByteLevelBPE, sentencepiece_for
 
 from ember.gguf.packed import PackedStrings
-from ember.tokenizer import TokenType
+from ember.tokenizer import Tokenizer, TokenType
 from ember.tokenizer.bpe import byte_alphabet
 
 pytestmark = pytest.mark.model
@@ -104,6 +104,21 @@ def test_byte_level_bpe_matches_llama_cpp(
     for case in hf_cases[name]:
         text = case["text"]
         assert built.tokenizer.encode(text, add_special=False) == oracle.encode(text), text
+
+
+@pytest.mark.parametrize("pre", ["deepseek-llm", "deepseek-coder", "deepseek-v3", "glm4"])
+def test_multi_split_pre_tokenizers_match_llama_cpps_algorithm(
+    qwen2: Built, hf_cases: dict[str, list[dict]], pre: str
+) -> None:
+    """DeepSeek's and GLM's splits on Qwen's vocabulary and merges (their own are not at hand):
+    Ember's HF tokenizers object against the plain-Python llama.cpp BPE."""
+    metadata = {**qwen2.metadata, "tokenizer.ggml.pre": pre}
+    ours, oracle = Tokenizer.from_metadata(metadata), ByteLevelBPE(metadata)
+    texts = [case["text"] for case in hf_cases["qwen2"]]
+    texts += ["日本語のテキストと中文混合abc 한국어", "Ωμέγα Ελληνικά ǅ K １２３ ＡＢＣ！",
+              "x.y_z\n\n  tail\r\n  "]  # fmt: skip
+    for text in texts:
+        assert ours.encode(text, add_special=False) == oracle.encode(text), text
 
 
 def test_gemma_matches_sentencepiece(gemma3: Built) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import regex
 
-from ember.tokenizer.bpe import byte_alphabet
+from ember.tokenizer.bpe import PRE_TOKENIZERS, byte_alphabet
 from ember.tokenizer.vocab import TokenType
 
 GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -17,7 +17,12 @@ QWEN2 = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # llama.cpp applies these one after the other; text between matches stays a piece of its own.
-LLAMA_CPP_SPLITS = {"gpt2": [GPT2], "smollm": [r"\p{N}", GPT2], "qwen2": [QWEN2]}
+# The multi-split ones take Ember's regexes (llama.cpp's, copied from its llama-vocab.cpp) to
+# check their meaning under another regex engine, and this file's split loop.
+LLAMA_CPP_SPLITS = {"gpt2": [GPT2], "smollm": [r"\p{N}", GPT2], "qwen2": [QWEN2]} | {
+    name: [*PRE_TOKENIZERS[name].first, str(PRE_TOKENIZERS[name].regex)]
+    for name in ("deepseek-llm", "deepseek-coder", "deepseek-v3", "glm4")
+}
 
 
 def sentencepiece_for(metadata: dict[str, Any]) -> Any:
