@@ -20,6 +20,7 @@ from ember.convert.gemma3_embed import Gemma3EmbeddingDecoder
 from ember.convert.gemma3_vision import Gemma3VisionDecoder
 from ember.convert.gptoss import GptOssDecoder
 from ember.convert.granite import GraniteDecoder
+from ember.convert.laguna import LagunaDecoder
 from ember.convert.lfm2 import Lfm2Decoder, Lfm2MoeDecoder
 from ember.convert.llama import LlamaDecoder
 from ember.convert.llama4 import Llama4Decoder
@@ -44,6 +45,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Glm4MoeLiteForCausalLM": Glm4MoeLiteDecoder,
     "GptOssForCausalLM": GptOssDecoder,
     "GraniteForCausalLM": GraniteDecoder,
+    "LagunaForCausalLM": LagunaDecoder,
     "Lfm2ForCausalLM": Lfm2Decoder,
     "Lfm2MoeForCausalLM": Lfm2MoeDecoder,
     "LlamaForCausalLM": LlamaDecoder,

@@ -93,6 +93,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(("dbrx", "smaug-bpe", "glm4"), PreTokenizer(_LLAMA3)),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "kormo"), PreTokenizer(_QWEN2)),
     "qwen35": PreTokenizer(_QWEN35),
+    "laguna": PreTokenizer(_QWEN2, first=(r"(?:\r?\n)+(?!\r?\n)",)),  # Ollama's: newline runs first
     "tekken": PreTokenizer(_TEKKEN),
     "deepseek-v3": PreTokenizer(_DEEPSEEK3, first=(r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+")),
     "deepseek-llm": PreTokenizer(_DEEPSEEK_LLM[-1], first=_DEEPSEEK_LLM[:-1]),

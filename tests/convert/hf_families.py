@@ -96,6 +96,24 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
         "routed_scaling_factor": 1.5,
     }),
+    # Laguna: 4 and 8 query heads in turn, per-head gates, sliding (window 6, full RoPE) and
+    # full layers (half the head rotated, YaRN x4 past 32 with beta_fast 64), layer 0 dense,
+    # then 8 experts, top-2, a choice bias, scale 1.5 and a shared expert
+    "laguna": ("LagunaForCausalLM", "LagunaConfig", {
+        "tie_word_embeddings": False, "num_hidden_layers": 4,
+        "num_attention_heads_per_layer": [4, 8, 4, 8], "sliding_window": 6,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "num_experts": 8,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48, "moe_routed_scaling_factor": 1.5,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 32, "beta_fast": 64.0,
+                               "beta_slow": 1.0, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0,
+                                  "partial_rotary_factor": 1.0},
+        },
+    }),
     # GLM-4.7-Flash: V3's model, its dense first layer told by mlp_layer_types
     "glm4-moe-lite": ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", {
         k: v for k, v in _DEEPSEEK.items() if k != "first_k_dense_replace"

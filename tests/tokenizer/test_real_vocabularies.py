@@ -106,12 +106,12 @@ def test_byte_level_bpe_matches_llama_cpp(
         assert built.tokenizer.encode(text, add_special=False) == oracle.encode(text), text
 
 
-@pytest.mark.parametrize("pre", ["deepseek-llm", "deepseek-coder", "deepseek-v3", "glm4"])
+@pytest.mark.parametrize("pre", ["deepseek-llm", "deepseek-coder", "deepseek-v3", "glm4", "laguna"])
 def test_multi_split_pre_tokenizers_match_llama_cpps_algorithm(
     qwen2: Built, hf_cases: dict[str, list[dict]], pre: str
 ) -> None:
-    """DeepSeek's and GLM's splits on Qwen's vocabulary and merges (their own are not at hand):
-    Ember's HF tokenizers object against the plain-Python llama.cpp BPE."""
+    """DeepSeek's, GLM's and Laguna's splits on Qwen's vocabulary and merges (theirs are not at
+    hand): Ember's HF tokenizers object against the plain-Python llama.cpp BPE."""
     metadata = {**qwen2.metadata, "tokenizer.ggml.pre": pre}
     ours, oracle = Tokenizer.from_metadata(metadata), ByteLevelBPE(metadata)
     texts = [case["text"] for case in hf_cases["qwen2"]]

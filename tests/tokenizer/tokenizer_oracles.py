@@ -21,7 +21,7 @@ QWEN2 = (
 # check their meaning under another regex engine, and this file's split loop.
 LLAMA_CPP_SPLITS = {"gpt2": [GPT2], "smollm": [r"\p{N}", GPT2], "qwen2": [QWEN2]} | {
     name: [*PRE_TOKENIZERS[name].first, str(PRE_TOKENIZERS[name].regex)]
-    for name in ("deepseek-llm", "deepseek-coder", "deepseek-v3", "glm4")
+    for name in ("deepseek-llm", "deepseek-coder", "deepseek-v3", "glm4", "laguna")
 }
 
 
