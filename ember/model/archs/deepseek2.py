@@ -18,7 +18,8 @@ scales the scores, as Ollama and HF's DeepSeek do.
 
 Experts. The router's scores are sigmoids (`expert_gating_func` 2: V3, GLM) or a softmax (1, and
 deepseek2 files without the key: V2, as llama.cpp reads them); ember/nn/moe.py's deepseek_top_k
-picks and weighs them. A shared SwiGLU expert (`*_shexp`) is added to the routed ones."""
+picks and weighs them (ember/model/mlp.py's ScoredMixture). A shared SwiGLU expert (`*_shexp`)
+is added to the routed ones."""
 
 import math
 from dataclasses import dataclass
@@ -29,12 +30,11 @@ from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache
 from ember.model.archs.llama import _rows
-from ember.model.archs.llama4 import SwiGLU, routed_experts
 from ember.model.config import Config, ModelLoadError
+from ember.model.mlp import ScoredMixture, SwiGLU
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import RoPE, attention, rms_norm
-from ember.nn.moe import deepseek_top_k, mixture
 from ember.nn.yarn import yarn_factors
 
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2  # llama.cpp's expert_gating_func
@@ -165,34 +165,20 @@ class LatentAttention:
         return self.output(out)
 
 
-class Mixture:
-    """The router's top-k experts, weighted (deepseek_top_k), plus the shared expert."""
-
-    def __init__(self, w: Weights, p: str, o: DeepSeek2Options) -> None:
-        e, c = o.num_experts, o.hidden
-        self.o = o
-        self.ffn_gate_inp = w.linear(p + "ffn_gate_inp.weight", e, c)
-        self.bias = w.optional(p + "exp_probs_b.bias", (e,))
-        self.shared = SwiGLU(w, p, "_shexp", c)
-        self.experts = routed_experts(w, p, e, c)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        o = self.o
-        routing = deepseek_top_k(
-            self.ffn_gate_inp(x), o.num_experts_used, sigmoid=o.sigmoid, bias=self.bias,
-            groups=o.groups, groups_used=o.groups_used, is_normalized=o.is_normalized,
-            scale=o.expert_scale,
-        )  # fmt: skip
-        return mixture(x, routing, self.experts) + self.shared(x)
-
-
 class Block:
     def __init__(self, w: Weights, i: int, o: DeepSeek2Options) -> None:
         p, c = f"blk.{i}.", o.hidden
         self.attn_norm = w.tensor(p + "attn_norm.weight", (c,))
         self.attention = LatentAttention(w, p, o)
         self.ffn_norm = w.tensor(p + "ffn_norm.weight", (c,))
-        self.ffn = SwiGLU(w, p, "", c) if i < o.leading_dense else Mixture(w, p, o)
+        if i < o.leading_dense:
+            self.ffn: SwiGLU | ScoredMixture = SwiGLU(w, p, "", c)
+        else:
+            self.ffn = ScoredMixture(
+                w, p, c, o.num_experts, o.num_experts_used, sigmoid=o.sigmoid,
+                is_normalized=o.is_normalized, scale=o.expert_scale, groups=o.groups,
+                groups_used=o.groups_used,
+            )  # fmt: skip
 
     def __call__(
         self,

@@ -20,12 +20,11 @@ from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache, WrapperCache
 from ember.model.archs.llama import _rows
-from ember.model.archs.llama4 import SwiGLU, routed_experts
 from ember.model.config import Config, ModelLoadError
+from ember.model.mlp import ScoredMixture, SwiGLU
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import RoPE, attention, rms_norm
-from ember.nn.moe import deepseek_top_k, mixture
 from ember.nn.yarn import yarn_factors
 
 SLIDING, FULL = 0, 1  # the caches of WrapperCache
@@ -143,33 +142,19 @@ class GatedAttention:
         return self.output((h * F.softplus(self.gate(x))[..., None]).flatten(-2))
 
 
-class Mixture:
-    """Routed experts (sigmoid scores, a choice bias) plus a shared expert."""
-
-    def __init__(self, w: Weights, p: str, o: LagunaOptions) -> None:
-        e, c = o.num_experts, o.hidden
-        self.o = o
-        self.ffn_gate_inp = w.linear(p + "ffn_gate_inp.weight", e, c)
-        self.bias = w.optional(p + "exp_probs_b.bias", (e,))
-        self.experts = routed_experts(w, p, e, c)
-        self.shared = SwiGLU(w, p, "_shexp", c)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        o = self.o
-        routing = deepseek_top_k(
-            self.ffn_gate_inp(x), o.num_experts_used, sigmoid=True, bias=self.bias,
-            is_normalized=o.is_normalized, scale=o.expert_scale,
-        )  # fmt: skip
-        return mixture(x, routing, self.experts) + self.shared(x)
-
-
 class Block:
     def __init__(self, w: Weights, i: int, o: LagunaOptions) -> None:
         p, c = f"blk.{i}.", o.hidden
         self.attn_norm = w.tensor(p + "attn_norm.weight", (c,))
         self.attention = GatedAttention(w, p, i, o)
         self.ffn_norm = w.tensor(p + "ffn_norm.weight", (c,))
-        self.ffn = Mixture(w, p, o) if o.moe[i] else SwiGLU(w, p, "", c)
+        if o.moe[i]:
+            self.ffn: SwiGLU | ScoredMixture = ScoredMixture(
+                w, p, c, o.num_experts, o.num_experts_used, sigmoid=True,
+                is_normalized=o.is_normalized, scale=o.expert_scale,
+            )  # fmt: skip
+        else:
+            self.ffn = SwiGLU(w, p, "", c)
 
     def __call__(
         self,

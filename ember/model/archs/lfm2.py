@@ -11,7 +11,7 @@ beside the attention layers' KV cache. The final norm is `token_embd_norm` (llam
 
 LFM2-MoE (`lfm2moe`): after `leading_dense_block_count` dense layers the MLP is a mixture of
 experts without a shared one: sigmoid scores, the top k chosen with `exp_probs_b` added,
-normalized (`expert_weights_norm`) and scaled (ember/nn/moe.py's deepseek_top_k)."""
+normalized (`expert_weights_norm`) and scaled (ember/model/mlp.py's ScoredMixture)."""
 
 from dataclasses import dataclass
 
@@ -21,12 +21,11 @@ from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache, ConvStateCache, WrapperCache
 from ember.model.archs.llama import _rows
-from ember.model.archs.llama4 import SwiGLU, routed_experts
 from ember.model.config import Config, ModelLoadError
+from ember.model.mlp import ScoredMixture, SwiGLU
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import RoPE, attention, rms_norm
-from ember.nn.moe import deepseek_top_k, mixture
 
 ATTENTION, CONVOLUTION = 0, 1  # the caches of WrapperCache
 
@@ -124,33 +123,19 @@ class ShortConv:
         return self.out_proj(gate * state.convolve(b * u, self.conv))
 
 
-class Experts:
-    """LFM2-MoE's mixture: routed experts only."""
-
-    def __init__(self, w: Weights, p: str, o: Lfm2Options) -> None:
-        e, c = o.num_experts, o.hidden
-        self.o = o
-        self.ffn_gate_inp = w.linear(p + "ffn_gate_inp.weight", e, c)
-        self.bias = w.optional(p + "exp_probs_b.bias", (e,))
-        self.experts = routed_experts(w, p, e, c)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        o = self.o
-        routing = deepseek_top_k(
-            self.ffn_gate_inp(x), o.num_experts_used, sigmoid=o.sigmoid, bias=self.bias,
-            is_normalized=o.is_normalized, scale=o.expert_scale,
-        )  # fmt: skip
-        return mixture(x, routing, self.experts)
-
-
 class Block:
     def __init__(self, w: Weights, i: int, o: Lfm2Options) -> None:
         p, c = f"blk.{i}.", o.hidden
         self.attn_norm = w.tensor(p + "attn_norm.weight", (c,))
         self.operator = Attention(w, p, i, o) if o.is_attention(i) else ShortConv(w, p, o)
         self.ffn_norm = w.tensor(p + "ffn_norm.weight", (c,))
-        is_dense = not o.num_experts or i < o.leading_dense
-        self.ffn = SwiGLU(w, p, "", c) if is_dense else Experts(w, p, o)
+        if not o.num_experts or i < o.leading_dense:
+            self.ffn: SwiGLU | ScoredMixture = SwiGLU(w, p, "", c)
+        else:
+            self.ffn = ScoredMixture(
+                w, p, c, o.num_experts, o.num_experts_used, sigmoid=o.sigmoid,
+                is_normalized=o.is_normalized, scale=o.expert_scale,
+            )  # fmt: skip
 
     def __call__(
         self,

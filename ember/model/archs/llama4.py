@@ -12,18 +12,17 @@ experts')."""
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from ember.backend.weights import AnyLinear
 from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache, WrapperCache
 from ember.model.archs.llama import _rows, llama_rope
 from ember.model.config import Config
+from ember.model.mlp import SwiGLU, routed_experts
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import RoPE, Rotation, attention, rms_norm
-from ember.nn.moe import SwiGLUExperts, mixture, sigmoid_top_k
+from ember.nn.moe import mixture, sigmoid_top_k
 
 MAVERICK_EXPERTS = 128  # llama.cpp turns QK-norm off for this model (no `use_qk_norm` key)
 
@@ -83,32 +82,6 @@ class Llama4Options:
         """The NoPE layers' query scales (T,) at positions (T,), in float32 as HF computes."""
         steps = torch.floor((positions.float() + 1.0) / self.temperature_floor)
         return torch.log1p(steps) * self.temperature_scale + 1.0
-
-
-class SwiGLU:
-    """down(silu(gate(x)) * up(x)): the dense MLP and the shared expert."""
-
-    def __init__(self, w: Weights, prefix: str, suffix: str, hidden: int) -> None:
-        gate, up, down = (f"{prefix}ffn_{n}{suffix}.weight" for n in ("gate", "up", "down"))
-        self.ffn = w.shape(gate)[0]
-        self.gate_up = w.fused([gate, up], [self.ffn, self.ffn], hidden)
-        self.down: AnyLinear = w.linear(down, hidden, self.ffn)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up(x)
-        return self.down(F.silu(gate_up[:, : self.ffn]) * gate_up[:, self.ffn :])
-
-
-def routed_experts(w: Weights, prefix: str, num_experts: int, hidden: int) -> SwiGLUExperts:
-    """The SwiGLU experts of llama.cpp's stacks `ffn_{gate,up,down}_exps`, their size from the
-    tensors."""
-    p, e, c = prefix, num_experts, hidden
-    f = w.shape(p + "ffn_gate_exps.weight")[1]
-    return SwiGLUExperts(
-        w.experts(p + "ffn_gate_exps.weight", e, f, c),
-        w.experts(p + "ffn_up_exps.weight", e, f, c),
-        w.experts(p + "ffn_down_exps.weight", e, c, f),
-    )
 
 
 class Mixture:
