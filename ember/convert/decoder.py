@@ -39,6 +39,11 @@ _TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.",
                   ("language_model.lm_head.", "lm_head."))  # fmt: skip
 
 
+def expert_pattern(module: str, kind: str = r"(gate|up|down)_proj") -> re.Pattern[str]:
+    """HF's per-expert tensors `model.layers.L.<module>.E.<kind>.weight`: (layer, expert, kind)."""
+    return re.compile(rf"model\.layers\.(\d+)\.{re.escape(module)}\.(\d+)\.{kind}\.weight")
+
+
 @dataclass(frozen=True, slots=True)
 class Combined:
     """A GGUF tensor built from several HF tensors at once (gpt-oss's MXFP4 blocks and scales)."""
@@ -54,6 +59,11 @@ class TextDecoder:
 
     arch: ClassVar[str]
     layer_names: ClassVar[dict[str, str]] = _LAYER
+    # A mixture's per-expert HF tensors, (layer, expert, kind), stacked into `ffn_{kind}_exps`
+    # (kinds renamed by expert_kinds), and its router's choice bias, (layer,): `exp_probs_b.bias`
+    expert_names: ClassVar[re.Pattern[str] | None] = None
+    expert_kinds: ClassVar[dict[str, str]] = {}
+    router_bias: ClassVar[re.Pattern[str] | None] = None
 
     def __init__(self, config: HFConfig) -> None:
         self.config = config
@@ -81,6 +91,8 @@ class TextDecoder:
                 hf_name = new + hf_name.removeprefix(old)
         if hf_name.startswith(_BASE_MODEL):  # a base model's own save (sentence-transformers')
             hf_name = "model." + hf_name
+        if self.router_bias is not None and (m := self.router_bias.fullmatch(hf_name)):
+            return f"blk.{m.group(1)}.exp_probs_b.bias"
         if hf_name.endswith("rotary_emb.inv_freq"):
             return None
         if hf_name == "lm_head.weight" and self.is_tied:
@@ -144,7 +156,11 @@ class TextDecoder:
     def stacked(self, hf_name: str) -> tuple[str, int] | None:
         """The GGUF tensor this HF tensor is one slice of, and its index there (an expert of an
         MoE layer, stacked along a first dimension); None for a tensor of its own."""
-        return None
+        match = self.expert_names.fullmatch(hf_name) if self.expert_names is not None else None
+        if match is None or int(match.group(1)) >= self.num_layers:
+            return None  # (DeepSeek V3's multi-token-prediction layer is past the decoder's)
+        layer, expert, kind = match.groups()
+        return f"blk.{layer}.ffn_{self.expert_kinds.get(kind, kind)}_exps.weight", int(expert)
 
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         """Tensors of a layer beyond the llama set (biases are optional)."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ember.convert.decoder import TextDecoder
+from ember.convert.decoder import TextDecoder, expert_pattern
 from ember.convert.source import ConvertError, HFConfig
 
 _NAMES = {
@@ -36,8 +36,6 @@ _NAMES = {
     "mlp.shared_experts.down_proj": "ffn_down_shexp",
 }
 _LAYER = re.compile(r"model\.layers\.(\d+)\..+")
-_BIAS = re.compile(r"model\.layers\.(\d+)\.mlp\.gate\.e_score_correction_bias")
-_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2
 Part = Callable[[torch.Tensor], torch.Tensor]
 
@@ -45,6 +43,8 @@ Part = Callable[[torch.Tensor], torch.Tensor]
 class DeepSeek2Decoder(TextDecoder):
     arch = "deepseek2"
     layer_names = _NAMES
+    expert_names = expert_pattern("mlp.experts")
+    router_bias = re.compile(r"model\.layers\.(\d+)\.mlp\.gate\.e_score_correction_bias")
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
@@ -103,16 +103,7 @@ class DeepSeek2Decoder(TextDecoder):
     def rename(self, hf_name: str) -> str | None:
         if (m := _LAYER.fullmatch(hf_name)) and int(m.group(1)) >= self.num_layers:
             return None  # V3's multi-token-prediction layer: not a layer of the decoder
-        if m := _BIAS.fullmatch(hf_name):
-            return f"blk.{m.group(1)}.exp_probs_b.bias"
         return super().rename(hf_name)
-
-    def stacked(self, hf_name: str) -> tuple[str, int] | None:
-        match = _EXPERT.fullmatch(hf_name)
-        if match is None or int(match.group(1)) >= self.num_layers:
-            return None
-        layer, expert, kind = match.groups()
-        return f"blk.{layer}.ffn_{kind}_exps.weight", int(expert)
 
     def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
         c, h, r = self.hidden, self.num_heads, self.kv_lora_rank

@@ -9,7 +9,7 @@ import math
 import re
 from typing import Any
 
-from ember.convert.decoder import TextDecoder
+from ember.convert.decoder import TextDecoder, expert_pattern
 from ember.convert.source import ConvertError, HFConfig
 
 _NAMES = {
@@ -30,14 +30,16 @@ _NAMES = {
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp",
 }
-_BIAS = re.compile(r"model\.layers\.(\d+)\.mlp\.(?:experts|gate)\.e_score_correction_bias")
-_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 _KINDS = ("sliding_attention", "full_attention")
 
 
 class LagunaDecoder(TextDecoder):
     arch = "laguna"
     layer_names = _NAMES
+    expert_names = expert_pattern("mlp.experts")
+    router_bias = re.compile(  # HF saves it under `experts`
+        r"model\.layers\.(\d+)\.mlp\.(?:experts|gate)\.e_score_correction_bias"
+    )
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
@@ -67,18 +69,6 @@ class LagunaDecoder(TextDecoder):
             raise ConvertError("laguna: sliding layers plain RoPE, full ones plain or YaRN only")
 
     # ------------------------------------------------------------ names and shapes
-
-    def rename(self, hf_name: str) -> str | None:
-        if m := _BIAS.fullmatch(hf_name):
-            return f"blk.{m.group(1)}.exp_probs_b.bias"
-        return super().rename(hf_name)
-
-    def stacked(self, hf_name: str) -> tuple[str, int] | None:
-        match = _EXPERT.fullmatch(hf_name)
-        if match is None:
-            return None
-        layer, expert, kind = match.groups()
-        return f"blk.{layer}.ffn_{kind}_exps.weight", int(expert)
 
     def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
         c, d, f, kv = self.hidden, self.head_dim, self.ffn, self.num_kv_heads * self.head_dim

@@ -7,11 +7,11 @@ stacked into `ffn_{gate,up,down}_exps`, the router `ffn_gate_inp`, its bias `exp
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from ember.convert.decoder import TextDecoder
+from ember.convert.decoder import TextDecoder, expert_pattern
 from ember.convert.source import ConvertError, HFConfig
 
 _NAMES = {
@@ -31,9 +31,6 @@ _NAMES = {
     "conv.conv": "shortconv.conv",
 }
 _KERNEL = re.compile(r"blk\.\d+\.shortconv\.conv\.weight")
-_BIAS = re.compile(r"model\.layers\.(\d+)\.feed_forward\.expert_bias")
-_EXPERT = re.compile(r"model\.layers\.(\d+)\.feed_forward\.experts\.(\d+)\.(w1|w2|w3)\.weight")
-_KINDS = {"w1": "gate", "w3": "up", "w2": "down"}
 
 
 class Lfm2Decoder(TextDecoder):
@@ -112,6 +109,9 @@ class Lfm2Decoder(TextDecoder):
 class Lfm2MoeDecoder(Lfm2Decoder):
     arch = "lfm2moe"
     layer_names = _NAMES | {"feed_forward.gate": "ffn_gate_inp"}
+    expert_names = expert_pattern("feed_forward.experts", "(w1|w2|w3)")
+    expert_kinds: ClassVar[dict[str, str]] = {"w1": "gate", "w3": "up", "w2": "down"}
+    router_bias = re.compile(r"model\.layers\.(\d+)\.feed_forward\.expert_bias")
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
@@ -121,18 +121,6 @@ class Lfm2MoeDecoder(Lfm2Decoder):
         self.expert_ffn = c.int("moe_intermediate_size")
         self.leading_dense = c.int("num_dense_layers", maximum=self.num_layers) if c.get(
             "num_dense_layers") else 0  # fmt: skip
-
-    def rename(self, hf_name: str) -> str | None:
-        if m := _BIAS.fullmatch(hf_name):
-            return f"blk.{m.group(1)}.exp_probs_b.bias"
-        return super().rename(hf_name)
-
-    def stacked(self, hf_name: str) -> tuple[str, int] | None:
-        match = _EXPERT.fullmatch(hf_name)
-        if match is None:
-            return None
-        layer, expert, kind = match.groups()
-        return f"blk.{layer}.ffn_{_KINDS[kind]}_exps.weight", int(expert)
 
     def mlp_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
         if layer < self.leading_dense:

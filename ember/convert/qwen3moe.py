@@ -1,19 +1,17 @@
 """Qwen3 MoE checkpoints: qwen3's attention, and in every layer a router (`mlp.gate`) over
 experts whose per-expert HF tensors are stacked into llama.cpp's 3-D `ffn_*_exps` tensors."""
 
-import re
 from typing import Any
 
-from ember.convert.decoder import _LAYER
+from ember.convert.decoder import _LAYER, expert_pattern
 from ember.convert.qwen3 import Qwen3Decoder
 from ember.convert.source import ConvertError, HFConfig
-
-_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 
 
 class Qwen3MoeDecoder(Qwen3Decoder):
     arch = "qwen3moe"
     layer_names = _LAYER | {"mlp.gate": "ffn_gate_inp"}
+    expert_names = expert_pattern("mlp.experts")
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
@@ -34,13 +32,6 @@ class Qwen3MoeDecoder(Qwen3Decoder):
             "ffn_up_exps.weight": (e, f, c),
             "ffn_down_exps.weight": (e, c, f),
         }
-
-    def stacked(self, hf_name: str) -> tuple[str, int] | None:
-        match = _EXPERT.fullmatch(hf_name)
-        if match is None:
-            return None
-        layer, expert, kind = match.groups()
-        return f"blk.{layer}.ffn_{kind}_exps.weight", int(expert)
 
     def metadata(self) -> dict[str, Any]:
         a = self.arch
