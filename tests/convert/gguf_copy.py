@@ -41,3 +41,15 @@ def write_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def absorbed_layout(path, out, *, heads: int, nope: int, value: int, lora: int) -> None:
+    """llama.cpp's layout of a `deepseek2` file that has Ollama's: each attn_kv_b (float32)
+    split into attn_k_b (per head, lora x nope: transposed) and attn_v_b (value x lora)."""
+    reader, tensors = read_gguf(path)
+    for name in [n for n in tensors if n.endswith("attn_kv_b.weight")]:
+        kv_b = tensors.pop(name).reshape(heads, nope + value, lora)
+        k_b = kv_b[:, :nope].transpose(0, 2, 1)
+        tensors[name.replace("kv_b", "k_b")] = np.ascontiguousarray(k_b)
+        tensors[name.replace("kv_b", "v_b")] = np.ascontiguousarray(kv_b[:, nope:])
+    write_gguf(reader, out, "deepseek2", tensors, prefix="deepseek2.")

@@ -4,13 +4,12 @@ original positions, incremental decode equals a prefill, two sequences in one ba
 alone, a context shift equals a fresh run, and the absorbed layout (`attn_k_b` / `attn_v_b`, the
 latent cached: llama.cpp's, and Ollama's for GLM) gives the same logits as the expanded one."""
 
-import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
-from gguf_copy import read_gguf, write_gguf
+from gguf_copy import absorbed_layout
 from hf_families import convert_family, save_family
 from test_dense_families import OTHER, PROMPT, run, run_both, shift_error
 from tinymodels import hf_logits
@@ -63,34 +62,10 @@ def test_context_shift_equals_a_fresh_run_over_kept_tokens(family, tmp_path):
     assert shift_error(load_model(GGUFFile.open(tmp_path / "model.gguf"))) < 1e-4
 
 
-def absorbed_layout(path, out) -> None:
-    """llama.cpp's layout of the same model: each attn_kv_b split into attn_k_b (per head,
-    lora x nope: transposed) and attn_v_b (per head, value x lora), and its MLA keys."""
-    reader, tensors = read_gguf(path)
-    for name in [n for n in tensors if n.endswith("attn_kv_b.weight")]:
-        kv_b = tensors.pop(name).reshape(HEADS, NOPE + VALUE, LORA)
-        tensors[name.replace("kv_b", "k_b")] = np.ascontiguousarray(
-            kv_b[:, :NOPE].transpose(0, 2, 1)
-        )
-        tensors[name.replace("kv_b", "v_b")] = np.ascontiguousarray(kv_b[:, NOPE:])
-    extra = {"deepseek2.attention.key_length_mla": NOPE + 8,
-             "deepseek2.attention.value_length_mla": VALUE}  # fmt: skip
-    write_gguf(reader, out, "deepseek2", tensors, prefix="deepseek2.", extra=extra)
-
-
-def test_glm_converts_to_ollamas_absorbed_layout(converted):
-    with GGUFFile.open(converted["glm4-moe-lite"][0]) as f:
-        names, md = set(f.tensors), f.metadata
-    assert {"blk.1.attn_k_b.weight", "blk.1.attn_v_b.weight"} <= names
-    assert not any(n.endswith("attn_kv_b.weight") for n in names)
-    assert md["glm4moelite.attention.key_length_mla"] == LORA + 8  # Ollama's: the cached key
-    assert load_model(GGUFFile.open(converted["glm4-moe-lite"][0])).options.is_mla
-
-
 @pytest.mark.parametrize("family", FAMILIES[:2])
 def test_llama_cpps_absorbed_layout_gives_the_same_logits(converted, family, tmp_path):
     path, hf = converted[family]
-    absorbed_layout(path, tmp_path / "mla.gguf")
+    absorbed_layout(path, tmp_path / "mla.gguf", heads=HEADS, nope=NOPE, value=VALUE, lora=LORA)
     model = load_model(GGUFFile.open(tmp_path / "mla.gguf"))
     assert model.options.is_mla
     steps = [LONG[:20], *[[t] for t in LONG[20:30]], LONG[30:]]  # a prompt, decode, a prompt
