@@ -33,6 +33,7 @@ from ember.model.archs.llama import _rows
 from ember.model.config import Config, ModelLoadError
 from ember.model.mlp import ScoredMixture, SwiGLU
 from ember.model.registry import register
+from ember.model.stack import DecoderStack, PreNormBlock
 from ember.model.weights import Weights
 from ember.nn import RoPE, attention, rms_norm
 from ember.nn.yarn import yarn_factors
@@ -165,7 +166,7 @@ class LatentAttention:
         return self.output(out)
 
 
-class Block:
+class Block(PreNormBlock):
     def __init__(self, w: Weights, i: int, o: DeepSeek2Options) -> None:
         p, c = f"blk.{i}.", o.hidden
         self.attn_norm = w.tensor(p + "attn_norm.weight", (c,))
@@ -189,23 +190,15 @@ class Block:
         outputs: torch.Tensor | None,
     ) -> torch.Tensor:
         h = self.attention(rms_norm(x, self.attn_norm, o.eps), rope, cache, o)
-        if outputs is not None:  # last layer: only the rows whose logits are wanted go on
-            h, x = h[outputs], x[outputs]
-        x = x + h
-        return x + self.ffn(rms_norm(x, self.ffn_norm, o.eps))
+        return self.residual(x, h, o.eps, outputs)
 
 
 @register("deepseek2", "glm4moelite")
-class DeepSeek2:
+class DeepSeek2(DecoderStack):
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         w = Weights(gguf)
         o = self.options = DeepSeek2Options.from_config(config, w)
-        self.vocab_size = w.vocab_size()
-        self.context_length = o.context_length
-        self.token_embd = w.embedding("token_embd.weight", self.vocab_size, o.hidden)
-        self.blocks = [Block(w, i, o) for i in range(o.num_layers)]
-        self.output_norm = w.tensor("output_norm.weight", (o.hidden,))
-        self.output = w.output_head(self.vocab_size, o.hidden)
+        self.load_stack(w, o.hidden, o.context_length, o.num_layers, lambda i: Block(w, i, o))
 
     def make_cache(self) -> Cache:
         return CausalCache(shift=self.shift)
@@ -213,15 +206,9 @@ class DeepSeek2:
     def shift(self, layer: int, key: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         return self.options.rope.shift(key, delta)  # the first rope dims; the rest stay
 
-    def forward(self, batch: Batch, cache: Cache) -> torch.Tensor:
-        return self.logits(self.hidden(batch, cache))
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.output(hidden)
-
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         o = self.options
-        x = self.token_embd.lookup(torch.tensor(batch.tokens))  # (T, C)
+        x = self.embed(batch)
         rope = o.rope.cos_sin(torch.tensor(batch.positions))
         outputs = _rows(batch)
         for i, block in enumerate(self.blocks):

@@ -24,6 +24,7 @@ from ember.model.archs.llama import _rows
 from ember.model.config import Config, ModelLoadError
 from ember.model.mlp import ScoredMixture, SwiGLU
 from ember.model.registry import register
+from ember.model.stack import DecoderStack, PreNormBlock
 from ember.model.weights import Weights
 from ember.nn import RoPE, attention, rms_norm
 
@@ -123,7 +124,7 @@ class ShortConv:
         return self.out_proj(gate * state.convolve(b * u, self.conv))
 
 
-class Block:
+class Block(PreNormBlock):
     def __init__(self, w: Weights, i: int, o: Lfm2Options) -> None:
         p, c = f"blk.{i}.", o.hidden
         self.attn_norm = w.tensor(p + "attn_norm.weight", (c,))
@@ -146,24 +147,18 @@ class Block:
         outputs: torch.Tensor | None,
     ) -> torch.Tensor:
         h = self.operator(rms_norm(x, self.attn_norm, o.eps), rope, cache, o)
-        if outputs is not None:  # last layer: only the rows whose logits are wanted go on
-            h, x = h[outputs], x[outputs]
-        x = x + h
-        return x + self.ffn(rms_norm(x, self.ffn_norm, o.eps))
+        return self.residual(x, h, o.eps, outputs)
 
 
 @register("lfm2", "lfm2moe")
-class Lfm2:
+class Lfm2(DecoderStack):
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         w = Weights(gguf)
         o = self.options = Lfm2Options.from_config(config)
-        self.vocab_size = w.vocab_size()
-        self.context_length = o.context_length
-        self.token_embd = w.embedding("token_embd.weight", self.vocab_size, o.hidden)
-        self.blocks = [Block(w, i, o) for i in range(o.num_layers)]
         norm = "token_embd_norm.weight" if w.has("token_embd_norm.weight") else "output_norm.weight"
-        self.output_norm = w.tensor(norm, (o.hidden,))
-        self.output = w.output_head(self.vocab_size, o.hidden)
+        self.load_stack(
+            w, o.hidden, o.context_length, o.num_layers, lambda i: Block(w, i, o), norm
+        )
 
     def make_cache(self) -> Cache:
         o = self.options
@@ -174,15 +169,9 @@ class Lfm2:
     def shift(self, layer: int, key: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         return self.options.rope.shift(key, delta)
 
-    def forward(self, batch: Batch, cache: Cache) -> torch.Tensor:
-        return self.logits(self.hidden(batch, cache))
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.output(hidden)
-
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         o = self.options
-        x = self.token_embd.lookup(torch.tensor(batch.tokens))  # (T, C)
+        x = self.embed(batch)
         rope = o.rope.cos_sin(torch.tensor(batch.positions))
         outputs = _rows(batch)
         for i, block in enumerate(self.blocks):
