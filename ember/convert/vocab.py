@@ -1,13 +1,23 @@
-"""The `tokenizer.ggml.*` metadata of an HF directory: a byte-level BPE from tokenizer.json or a
-SentencePiece model from tokenizer.model; special ids from tokenizer_config.json, config.json
-and generation_config.json (whose `eos_token_id` list becomes the stop ids); the chat template."""
+"""The `tokenizer.ggml.*` metadata of an HF directory: a byte-level BPE or a SentencePiece-style
+BPE (Gemma 4's) from tokenizer.json, or a SentencePiece model from tokenizer.model; special ids
+from tokenizer_config.json, config.json and generation_config.json (whose `eos_token_id` list
+becomes the stop ids); the chat template."""
 
 from pathlib import Path
 from typing import Any
 
 from ember.convert.source import ConvertError, HFConfig, read_json
-from ember.convert.spm_model import CONTROL, NORMAL, UNUSED, USER_DEFINED, read_sentencepiece
+from ember.convert.spm_model import (
+    BYTE,
+    CONTROL,
+    NORMAL,
+    UNUSED,
+    USER_DEFINED,
+    read_sentencepiece,
+)
 from ember.tokenizer.bpe import PRE_TOKENIZERS
+from ember.tokenizer.spm import SPACE
+from ember.tokenizer.vocab import SPM_BPE_PRE
 
 MAX_VOCAB = 1 << 22
 MAX_SPM_BYTES = 64 << 20
@@ -17,13 +27,24 @@ SPECIALS = (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_t
 _GEMMA_CONTROL = ("<start_of_turn>", "<end_of_turn>")
 
 
-def tokenizer_metadata(directory: Path, config: HFConfig, *, vocab_size: int) -> dict[str, Any]:
+def tokenizer_metadata(
+    directory: Path, config: HFConfig, *, vocab_size: int, spm_bpe: bool = False
+) -> dict[str, Any]:
     """Every tokenizer key of the GGUF; the token list is padded to `vocab_size` rows."""
     tok_config = read_json(directory / "tokenizer_config.json", required=False) or {}
-    if (directory / "tokenizer.model").is_file():
+    # tokenizer.model first, as Ollama's converter reads them: Gemma 3 and older directories ship
+    # both, their tokenizer.json a "▁" BPE too, and Ollama encodes those files as SentencePiece
+    # (merges from the scores). Only without it, or where the architecture says its tokenizer is
+    # a "▁" BPE with its own merges (`spm_bpe`: Gemma 4's), does tokenizer.json's kind decide.
+    has_json = (directory / "tokenizer.json").is_file()
+    if (directory / "tokenizer.model").is_file() and not (spm_bpe and has_json):
         meta = _sentencepiece(directory, tok_config)
-    elif (directory / "tokenizer.json").is_file():
-        meta = _byte_level_bpe(read_json(directory / "tokenizer.json") or {}, tok_config)
+    elif has_json:
+        spec = read_json(directory / "tokenizer.json") or {}
+        if _is_sentencepiece_bpe(spec):
+            meta = _sentencepiece_bpe(spec, tok_config)
+        else:
+            meta = _byte_level_bpe(spec, tok_config)
     else:
         raise ConvertError("the model directory has neither tokenizer.json nor tokenizer.model")
     tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
@@ -97,6 +118,20 @@ def _added_tokens(tok_config: dict[str, Any]) -> list[tuple[int, str, bool]]:
 
 
 def _byte_level_bpe(spec: dict[str, Any], tok_config: dict[str, Any]) -> dict[str, Any]:
+    model, tokens, types = _bpe_vocabulary(spec)
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": _pre_tokenizer_name(spec),
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": _merges(model.get("merges")),
+        "tokenizer.ggml.add_bos_token": _flag(tok_config, "add_bos_token", _adds_bos(spec)),
+    }
+
+
+def _bpe_vocabulary(spec: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[int]]:
+    """tokenizer.json's BPE model, its tokens by id (added tokens included: control if special,
+    else user-defined; gaps become unused placeholders) and their types."""
     model = spec.get("model")
     if not isinstance(model, dict) or model.get("type") != "BPE":
         raise ConvertError("tokenizer.json: only BPE tokenizers convert (or give tokenizer.model)")
@@ -114,14 +149,7 @@ def _byte_level_bpe(spec: dict[str, Any], tok_config: dict[str, Any]) -> dict[st
     size = max(by_id) + 1 if by_id else 0
     tokens = [by_id.get(i, (f"[PAD{i}]", UNUSED))[0] for i in range(size)]
     types = [by_id.get(i, ("", UNUSED))[1] for i in range(size)]
-    return {
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": _pre_tokenizer_name(spec),
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.merges": _merges(model.get("merges")),
-        "tokenizer.ggml.add_bos_token": _flag(tok_config, "add_bos_token", _adds_bos(spec)),
-    }
+    return model, tokens, types
 
 
 def appended_token(directory: Path) -> str | None:
@@ -205,6 +233,90 @@ def _pre_tokenizer_name(spec: dict[str, Any]) -> str:
 def _escaped(regex: str | None) -> str | None:
     """A regex with its line breaks written as escapes: tokenizer.json files hold either."""
     return None if regex is None else regex.replace("\r", "\\r").replace("\n", "\\n")
+
+
+# ---------------------------------------------------------------- SentencePiece-style BPE
+
+
+def _is_sentencepiece_bpe(spec: dict[str, Any]) -> bool:
+    """Whether tokenizer.json is a BPE over "▁"-spelled text (Gemma 4's): its normalizer
+    replaces each space by "▁", where a byte-level BPE maps bytes to characters instead."""
+    model = spec.get("model")
+    if not isinstance(model, dict) or model.get("type") != "BPE":
+        return False
+    return any(_replaces_spaces(step) for step in _steps(spec.get("normalizer"), "normalizers"))
+
+
+def _sentencepiece_bpe(spec: dict[str, Any], tok_config: dict[str, Any]) -> dict[str, Any]:
+    """As Ollama's converter writes Gemma 4: model "llama", pre "gemma4", tokenizer.json's
+    merges (its engine encodes with them, not with the scores), no dummy prefix."""
+    model, tokens, types = _bpe_vocabulary(spec)
+    _check_sentencepiece_bpe(spec, model)
+    for i, token in enumerate(tokens):
+        if types[i] == NORMAL and _is_byte_piece(token):
+            types[i] = BYTE
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": SPM_BPE_PRE,
+        "tokenizer.ggml.tokens": tokens,
+        # unused for this pre (Ollama's engine reads the merges); earlier ids, merged earlier in
+        # a BPE vocabulary, score higher for a reader that ranks SentencePiece pieces by score
+        "tokenizer.ggml.scores": [-float(i) for i in range(len(tokens))],
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": _merges(model.get("merges")),
+        "tokenizer.ggml.add_space_prefix": False,
+        "tokenizer.ggml.add_bos_token": _flag(tok_config, "add_bos_token", _adds_bos(spec)),
+        "tokenizer.ggml.add_eos_token": _flag(tok_config, "add_eos_token", False),
+    }
+
+
+def _check_sentencepiece_bpe(spec: dict[str, Any], model: dict[str, Any]) -> None:
+    """Refuse what Ember's reading of the file (spaces to "▁", the merges over the whole text
+    between specials, byte fallback) would not reproduce: a wrong split gives other ids."""
+    if not all(_replaces_spaces(step) for step in _steps(spec.get("normalizer"), "normalizers")):
+        raise ConvertError("tokenizer.json: this normalizer is not supported (or give "
+                           "tokenizer.model)")  # fmt: skip
+    if spec.get("pre_tokenizer") is not None:
+        kinds = [s.get("type") if isinstance(s, dict) else None
+                 for s in _steps(spec.get("pre_tokenizer"), "pretokenizers")]  # fmt: skip
+        raise ConvertError(f"tokenizer.json: unsupported pre-tokenizer {kinds} for a '▁' BPE")
+    if any(isinstance(s, dict) and s.get("type") == "ByteLevel"
+           for s in _steps(spec.get("decoder"), "decoders")):  # fmt: skip
+        raise ConvertError("tokenizer.json: a '▁' BPE with a ByteLevel decoder")
+    for option in ("continuing_subword_prefix", "end_of_word_suffix", "dropout"):
+        if model.get(option):
+            raise ConvertError(f"tokenizer.json: BPE {option} is not supported")
+
+
+def _steps(value: Any, key: str) -> list[Any]:
+    """The steps of a normalizer, pre-tokenizer or decoder: a Sequence's, or the one; none if
+    null."""
+    if value is None:
+        return []
+    if isinstance(value, dict) and value.get("type") == "Sequence":
+        steps = value.get(key)
+        return steps if isinstance(steps, list) else [None]
+    return [value]
+
+
+def _replaces_spaces(step: Any) -> bool:
+    return (
+        isinstance(step, dict)
+        and step.get("type") == "Replace"
+        and step.get("pattern") == {"String": " "}
+        and step.get("content") == SPACE
+    )
+
+
+def _is_byte_piece(token: str) -> bool:
+    """`<0xHH>`: SentencePiece's piece for one byte (byte fallback)."""
+    hexdigits = "0123456789ABCDEF"
+    return (
+        len(token) == 6
+        and token[:3] == "<0x"
+        and token[5] == ">"
+        and set(token[3:5]) <= set(hexdigits)
+    )
 
 
 # ---------------------------------------------------------------- special tokens

@@ -18,6 +18,7 @@ from ember.convert.gemma2 import Gemma2Decoder
 from ember.convert.gemma3 import Gemma3Decoder
 from ember.convert.gemma3_embed import Gemma3EmbeddingDecoder
 from ember.convert.gemma3_vision import Gemma3VisionDecoder
+from ember.convert.gemma4 import Gemma4Decoder
 from ember.convert.gptoss import GptOssDecoder
 from ember.convert.granite import GraniteDecoder
 from ember.convert.laguna import LagunaDecoder
@@ -61,6 +62,8 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeDecoder,
     "Gemma2ForCausalLM": Gemma2Decoder,
     "Gemma3ForCausalLM": Gemma3Decoder,
+    "Gemma4ForCausalLM": Gemma4Decoder,
+    "Gemma4ForConditionalGeneration": Gemma4Decoder,
     "Gemma3TextModel": Gemma3EmbeddingDecoder,
     "Gemma3ForConditionalGeneration": Gemma3VisionDecoder,
     "LlavaForConditionalGeneration": llava_decoder,

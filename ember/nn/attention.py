@@ -28,6 +28,13 @@ def attention(
     """q (T, H, D), k and v (T, H_kv, D) -> (T, H * D_v), with grouped-query heads. scale
     multiplies the scores (1.0 when the queries come scaled already, see nn.rope.Rotation)."""
     cache.put(k, v)
+    return attend(q, cache, scale=scale)
+
+
+def attend(q: torch.Tensor, cache: Cache, *, scale: float) -> torch.Tensor:
+    """q (T, H, D) over the keys and values the cache's layer holds, the batch's among them ->
+    (T, H * D_v): `attention` after its put, and alone for a layer that reads another's keys
+    (Gemma 4's shared layers)."""
     num_tokens, num_heads, head_dim = q.shape
     if num_tokens == 1:  # decode: the native kernel reads the cache as stored, in one call
         stored = cache.view()

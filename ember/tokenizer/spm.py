@@ -2,6 +2,7 @@
 
 The file has no merges, so they are derived from the vocabulary: every split of a normal piece in
 two pieces, ranked by the piece's score, highest first as in SentencePiece (equal scores: lower id).
+A file that has them (Gemma 4's, `tokenizer.ggml.pre = gemma4`) is encoded with its own merges.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def build_spm(vocab: Vocabulary) -> Tokenizer:
     try:
         model = models.BPE(
             vocab=ids,
-            merges=derive_merges(vocab),
+            merges=_file_merges(vocab.merges) if vocab.merges else derive_merges(vocab),
             byte_fallback=has_bytes,
             unk_token=unknown,
             fuse_unk=True,
@@ -56,6 +57,17 @@ def token_bytes(token: str, token_type: int) -> bytes:
     if token_type in (TokenType.CONTROL, TokenType.USER_DEFINED):
         return token.encode()
     return token.replace(SPACE, " ").encode()
+
+
+def _file_merges(merges: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The file's "left right" merges as pairs, best first."""
+    pairs = []
+    for merge in merges:
+        left, space, right = merge.partition(" ")
+        if not space or " " in right:
+            raise VocabularyError("a merge is not of the form 'left right'")
+        pairs.append((left, right))
+    return pairs
 
 
 def derive_merges(vocab: Vocabulary) -> list[tuple[str, str]]:

@@ -17,6 +17,9 @@ from ember.errors import EmberError
 from ember.gguf.packed import PackedStrings
 
 SUPPORTED_MODELS = ("gpt2", "llama", "bert")
+# A SentencePiece-style BPE (Gemma 4): "▁" for spaces and byte fallback, as `llama`, but encoded
+# with the file's merges (tokenizer.json's) and no dummy prefix, as Ollama's engine reads it.
+SPM_BPE_PRE = "gemma4"
 
 # Ollama adds Gemma's end-of-turn marker to the stop ids even where the file does not list it.
 _GEMMA_END_OF_TURN = "<end_of_turn>"
@@ -55,7 +58,7 @@ class Vocabulary:
     tokens: Sequence[str]  # a tuple, or the file's packed strings (each decoded when read)
     types: np.ndarray  # (V,) int8 TokenType
     scores: np.ndarray | None  # (V,) float32; SentencePiece merge priorities
-    merges: tuple[str, ...]  # "left right" pairs, best first (byte-level BPE only)
+    merges: tuple[str, ...]  # "left right" pairs, best first (byte-level BPE and SPM_BPE_PRE)
     bos_id: int | None
     eos_id: int | None  # the one appended when add_eos
     eos_ids: frozenset[int]  # every id that ends generation
@@ -89,14 +92,21 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
     if types is None:
         types = np.full(len(tokens), TokenType.NORMAL, np.int8)
     scores = _read_array(metadata, "scores", len(tokens), np.float32)
-    merges = _read_merges(metadata) if model == "gpt2" else ()
+    pre = str(_get(metadata, "pre", str, default="default"))
     is_spm, is_bert = model == "llama", model == "bert"
+    # other SentencePiece files have no merges: spm.py derives them from the scores
+    is_spm_bpe = is_spm and pre == SPM_BPE_PRE
+    merges = _read_merges(metadata) if model == "gpt2" or is_spm_bpe else ()
+    if is_spm_bpe:
+        types = _typed_bytes(tokens, types)
     bos_id = _read_id(metadata, "bos_token_id", len(tokens))
     eos_id = _read_id(metadata, "eos_token_id", len(tokens))
     if is_bert:  # [CLS] text [SEP], as llama.cpp's WPM vocabulary
         bos_id = _read_id(metadata, "cls_token_id", len(tokens))
         eos_id = _read_id(metadata, "seperator_token_id", len(tokens))
-    add_bos = bool(_get(metadata, "add_bos_token", bool, default=is_spm or is_bert))
+    # (Ollama's engine reads a Gemma 4 file without the key as adding none)
+    adds_bos = (is_spm and not is_spm_bpe) or is_bert
+    add_bos = bool(_get(metadata, "add_bos_token", bool, default=adds_bos))
     if add_bos and bos_id is None:
         raise VocabularyError("tokenizer.ggml.add_bos_token is set but there is no bos_token_id")
     add_eos = bool(_get(metadata, "add_eos_token", bool, default=is_bert))
@@ -105,7 +115,7 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
         raise VocabularyError("tokenizer.ggml.add_eos_token is set but there is no eos_token_id")
     return Vocabulary(
         model=model,
-        pre=str(_get(metadata, "pre", str, default="default")),
+        pre=pre,
         tokens=tokens,
         types=types,
         scores=scores,
@@ -117,8 +127,11 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
         padding_id=_read_id(metadata, "padding_token_id", len(tokens)),
         add_bos=add_bos,
         add_eos=add_eos,
-        # llama.cpp adds the SentencePiece dummy prefix unless the file says otherwise.
-        add_space_prefix=(is_spm and bool(_get(metadata, "add_space_prefix", bool, default=True)))
+        # llama.cpp adds the SentencePiece dummy prefix unless the file says otherwise; Ollama's
+        # engine never adds one for Gemma 4.
+        add_space_prefix=(
+            is_spm and bool(_get(metadata, "add_space_prefix", bool, default=not is_spm_bpe))
+        )
         or is_bert,  # WordPiece's "▁" word starts: the first one is no space
     )
 
@@ -176,11 +189,35 @@ def _read_array(
 def _read_merges(metadata: Mapping[str, Any]) -> tuple[str, ...]:
     raw = metadata.get("tokenizer.ggml.merges")
     if raw is None:
-        raise VocabularyError("a byte-level BPE vocabulary needs tokenizer.ggml.merges")
+        raise VocabularyError("a BPE vocabulary needs tokenizer.ggml.merges")
     merges = tuple(raw)
     if not all(isinstance(merge, str) for merge in merges):
         raise VocabularyError("tokenizer.ggml.merges holds a value that is not a string")
     return merges
+
+
+def _typed_bytes(tokens: Sequence[str], types: np.ndarray) -> np.ndarray:
+    """`types` with every normal `<0xHH>` piece a byte token: Ollama's engine reads any such
+    piece as its byte, and its converter writes them as normal; Ember's decoder reads only
+    byte tokens so."""
+    found = [i for i in _byte_piece_ids(tokens) if types[i] == TokenType.NORMAL]
+    if not found:
+        return types
+    types = types.copy()
+    types[found] = TokenType.BYTE
+    return types
+
+
+def _byte_piece_ids(tokens: Sequence[str]) -> list[int]:
+    """The ids of the pieces `<0x00>`..`<0xFF>`: usually one run (found without reading the
+    whole vocabulary, which may be kept packed), else looked for one by one."""
+    names = [f"<0x{byte:02X}>" for byte in range(256)]
+    with contextlib.suppress(ValueError):
+        first = tokens.index(names[0])
+        if list(tokens[first : first + 256]) == names:
+            return list(range(first, first + 256))
+    wanted = set(names)
+    return [i for i, token in enumerate(tokens) if token in wanted]
 
 
 def _read_id(metadata: Mapping[str, Any], name: str, size: int) -> int | None:

@@ -22,6 +22,14 @@ _DEEPSEEK = {
     "v_head_dim": 16, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
     "moe_intermediate_size": 32, "first_k_dense_replace": 1,
 }  # fmt: skip
+_GEMMA4 = {
+    "tie_word_embeddings": True, "sliding_window": 6, "global_head_dim": 32,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                           "rope_theta": 10000.0},
+    },
+}  # fmt: skip
 # family -> (HF model class, config class, config fields beyond the common ones)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"tie_word_embeddings": False, "head_dim": 24}),
@@ -114,6 +122,24 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                   "partial_rotary_factor": 1.0},
         },
     }),
+    # Gemma 4: sliding layers (window 6, heads of 16) and full ones (heads of 32, one KV head
+    # whose keys are its values, proportional RoPE over a quarter), the last two layers reading
+    # layers 2's and 1's keys, per-layer embeddings of 8, logits softcapped at 30
+    "gemma4": ("Gemma4ForCausalLM", "Gemma4TextConfig", _GEMMA4 | {
+        "num_hidden_layers": 5, "attention_k_eq_v": True, "num_global_key_value_heads": 1,
+        "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 8,
+        "final_logit_softcapping": 30.0, "layer_types": [
+            "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+            "full_attention"],
+    }),
+    # Gemma 4's mixtures: a dense MLP beside 8 experts, top-2; the shared last layer's MLP twice
+    # as wide
+    "gemma4-moe": ("Gemma4ForCausalLM", "Gemma4TextConfig", _GEMMA4 | {
+        "num_hidden_layers": 4, "enable_moe_block": True, "num_experts": 8, "top_k_experts": 2,
+        "moe_intermediate_size": 32, "num_kv_shared_layers": 1, "use_double_wide_mlp": True,
+        "hidden_size_per_layer_input": 0,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+    }),
     # GLM-4.7-Flash: V3's model, its dense first layer told by mlp_layer_types
     "glm4-moe-lite": ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", {
         k: v for k, v in _DEEPSEEK.items() if k != "first_k_dense_replace"
@@ -160,6 +186,8 @@ def build_family(family: str, *, seed: int = 0, **overrides: Any) -> PreTrainedM
         for name, buffer in model.named_buffers():  # routers' biases (DeepSeek V3, LFM2-MoE): 0
             if name.endswith(("e_score_correction_bias", "expert_bias")):
                 buffer.copy_(0.1 * torch.randn(buffer.shape, generator=gen))
+            if name.endswith("layer_scalar"):  # Gemma 4's
+                buffer.copy_(1.0 + 0.1 * torch.randn(buffer.shape, generator=gen))
     return model
 
 

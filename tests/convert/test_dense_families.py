@@ -88,6 +88,19 @@ def run_both(model) -> torch.Tensor:
     return forward(model, cache, batch)
 
 
+def batch_error(model) -> float:
+    """How far PROMPT and OTHER in one batch are from each run alone."""
+    alone = torch.cat([run(model, [PROMPT]), run(model, [OTHER])])
+    return float((run_both(model) - alone).abs().max())
+
+
+def stepped_error(model, expected: torch.Tensor, tokens: list[int]) -> float:
+    """The larger distance from expected (the reference's logits over tokens) of the model's,
+    over the whole prompt and over its first 20 tokens then one token a step."""
+    steps = ([tokens], [tokens[:20], *[[t] for t in tokens[20:]]])
+    return max(float((run(model, chunks) - expected).abs().max()) for chunks in steps)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_two_sequences_in_one_batch_equal_each_alone(converted, family):
     model = load(converted[family][0])

@@ -4,12 +4,11 @@ routed and shared experts): logits equal HF's over a prompt past the window and 
 positions, whole or token by token; two sequences in one batch equal each alone."""
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
 from hf_families import convert_family
-from test_dense_families import OTHER, PROMPT, run, run_both
+from test_dense_families import OTHER, PROMPT, batch_error, stepped_error
 from tinymodels import hf_logits
 
 from ember.gguf import GGUFFile
@@ -35,13 +34,8 @@ def test_the_file_holds_ollamas_keys(converted):
 
 def test_logits_equal_transformers(converted):
     path, hf = converted
-    model = load_model(GGUFFile.open(path))
-    expected = hf_logits(hf, LONG)
-    for chunks in ([LONG], [LONG[:20], *[[t] for t in LONG[20:]]]):
-        assert (run(model, chunks) - expected).abs().max() < 1e-4
+    assert stepped_error(load_model(GGUFFile.open(path)), hf_logits(hf, LONG), LONG) < 1e-4
 
 
 def test_two_sequences_in_one_batch_equal_each_alone(converted):
-    model = load_model(GGUFFile.open(converted[0]))
-    alone = torch.cat([run(model, [PROMPT]), run(model, [OTHER])])
-    assert (run_both(model) - alone).abs().max() < 1e-4
+    assert batch_error(load_model(GGUFFile.open(converted[0]))) < 1e-4
