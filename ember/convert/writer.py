@@ -36,6 +36,7 @@ from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.qwen3 import Qwen3Decoder
 from ember.convert.qwen3moe import Qwen3MoeDecoder
 from ember.convert.qwen25vl import Qwen25VLDecoder
+from ember.convert.qwen35 import Qwen35Decoder, Qwen35MoeDecoder
 from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
 
 CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
@@ -60,6 +61,10 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Qwen2ForCausalLM": Qwen2Decoder,
     "Qwen3ForCausalLM": Qwen3Decoder,
     "Qwen3MoeForCausalLM": Qwen3MoeDecoder,
+    "Qwen3_5ForCausalLM": Qwen35Decoder,
+    "Qwen3_5ForConditionalGeneration": Qwen35Decoder,
+    "Qwen3_5MoeForCausalLM": Qwen35MoeDecoder,
+    "Qwen3_5MoeForConditionalGeneration": Qwen35MoeDecoder,
     "Gemma2ForCausalLM": Gemma2Decoder,
     "Gemma3ForCausalLM": Gemma3Decoder,
     "Gemma4ForCausalLM": Gemma4Decoder,

@@ -30,6 +30,13 @@ _GEMMA4 = {
                            "rope_theta": 10000.0},
     },
 }  # fmt: skip
+_QWEN35 = {
+    "tie_word_embeddings": False, "num_hidden_layers": 8, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+    },
+}  # fmt: skip
 # family -> (HF model class, config class, config fields beyond the common ones)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"tie_word_embeddings": False, "head_dim": 24}),
@@ -139,6 +146,14 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "moe_intermediate_size": 32, "num_kv_shared_layers": 1, "use_double_wide_mlp": True,
         "hidden_size_per_layer_input": 0,
         "layer_types": ["sliding_attention", "full_attention"] * 2,
+    }),
+    # Qwen3.5: three DeltaNet layers (2 key heads of 16, 4 value heads of 16, kernel 4), then
+    # full attention (4 heads of 16, a quarter rotated, gated output), twice
+    "qwen3.5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", _QWEN35),
+    # Qwen3.5's mixtures: 8 experts, top-2, and a gated shared expert
+    "qwen3.5-moe": ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", _QWEN35 | {
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
     }),
     # GLM-4.7-Flash: V3's model, its dense first layer told by mlp_layer_types
     "glm4-moe-lite": ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", {

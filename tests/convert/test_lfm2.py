@@ -4,6 +4,8 @@ by token; sequences batched together equal each alone (each convolves over its o
 context shift equals a fresh run on one-layer models of either kind; the engine resumes a
 conversation from its cache and evaluates again a prompt it cannot resume."""
 
+from collections.abc import Callable, Iterator
+
 import pytest
 import torch
 
@@ -116,8 +118,10 @@ def generate(engine: Engine, prompt: list[int]) -> tuple[str, int]:
     return "".join(text), event.prompt_eval_count
 
 
-def test_the_engine_resumes_where_the_state_is_held_and_else_evaluates_again(converted):
-    gguf = GGUFFile.open(converted[0])
+def check_resumes(path, cases: Callable[[Engine], Iterator[tuple[list[int], int]]]) -> None:
+    """Each prompt cases(engine) yields (after the engine ran the ones before) evaluates the
+    tokens expected on a warm engine, and gives a fresh engine's text."""
+    gguf = GGUFFile.open(path)
     model, tokenizer = load_model(gguf), Tokenizer.from_metadata(gguf.metadata)
 
     def engine() -> Engine:
@@ -125,13 +129,7 @@ def test_the_engine_resumes_where_the_state_is_held_and_else_evaluates_again(con
 
     warm, got = engine(), []
     try:
-        generate(warm, PROMPT)
-        near = PROMPT[:9] + OTHER  # the inputs before position 9 are still in the history
-        got.append((near, generate(warm, near), len(OTHER)))
-        long = list(warm.inputs.slots[0].inputs) + OTHER * 5  # the conversation goes on
-        got.append((long, generate(warm, long), len(OTHER) * 5))
-        far = PROMPT[:9] + OTHER  # 87 tokens on: position 9 left the history of 64
-        got.append((far, generate(warm, far), len(far)))
+        got = [(prompt, generate(warm, prompt), expected) for prompt, expected in cases(warm)]
     finally:
         warm.close()
     for prompt, (text, evaluated), expected in got:
@@ -141,3 +139,15 @@ def test_the_engine_resumes_where_the_state_is_held_and_else_evaluates_again(con
             assert generate(fresh, prompt)[0] == text
         finally:
             fresh.close()
+
+
+def test_the_engine_resumes_where_the_state_is_held_and_else_evaluates_again(converted):
+    def cases(warm: Engine) -> Iterator[tuple[list[int], int]]:
+        generate(warm, PROMPT)
+        near = PROMPT[:9] + OTHER  # the inputs before position 9 are still in the history
+        yield near, len(OTHER)
+        yield list(warm.inputs.slots[0].inputs) + OTHER * 5, len(OTHER) * 5  # it goes on
+        far = PROMPT[:9] + OTHER  # 87 tokens on: position 9 left the history of 64
+        yield far, len(far)
+
+    check_resumes(converted[0], cases)

@@ -24,6 +24,7 @@ from ember.model.archs import (
     qwen3,
     qwen3moe,
     qwen25vl,
+    qwen35,
 )
 
 __all__ = [
@@ -50,4 +51,5 @@ __all__ = [
     "qwen3",
     "qwen3moe",
     "qwen25vl",
+    "qwen35",
 ]
