@@ -8,24 +8,15 @@ The vision and audio towers of a multimodal checkpoint are left out: Ember runs 
 only. Refused: bidirectional attention on text, RoPE other than default (sliding) and
 proportional or default (full), a proportional factor."""
 
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ember.convert.decoder import TextDecoder
+from ember.convert.gemma_text import KINDS, GemmaTextDecoder
 from ember.convert.source import ConvertError, HFConfig
 from ember.convert.vocab import tokenizer_metadata
 
-_TOP = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-    "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
-    "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
-    "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
-}
 _LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
@@ -53,27 +44,22 @@ _LAYER = {
     "post_per_layer_input_norm.weight": "post_norm.weight",
     "layer_scalar": "layer_output_scale.weight",
 }
-_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_OTHER_TOWERS = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.",
-                 "model.embed_audio.")  # fmt: skip
-_KINDS = ("sliding_attention", "full_attention")
 
 
-class Gemma4Decoder(TextDecoder):
+class Gemma4Decoder(GemmaTextDecoder):
     arch = "gemma4"
+    layer_tensors = _LAYER
+    global_every = 6
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
         c, n = self.text, self.num_layers
         if c.get("use_bidirectional_attention") == "all":
             raise ConvertError("gemma4: bidirectional attention is not supported")
-        self.types = c.get("layer_types") or [
-            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)
-        ]
-        if len(self.types) != n or not set(self.types) <= set(_KINDS):
-            raise ConvertError("gemma4: layer_types must name each layer's attention")
+        self.read_layout()
         self.types[-1] = "full_attention"  # as transformers forces it
-        self.sliding = [t == "sliding_attention" for t in self.types]
+        self.sliding[-1] = False
+        first = n - self.shared
         self.k_eq_v = c.bool("attention_k_eq_v", False)
         dims, self.kv_heads = self._layer_heads()
         full = {d for d, s in zip(dims, self.sliding, strict=True) if not s}
@@ -82,12 +68,6 @@ class Gemma4Decoder(TextDecoder):
         ):
             raise ConvertError("gemma4: each layer type must have one head size")
         self.global_dim = full.pop() if full else c.int("global_head_dim", 512, maximum=4096)
-        self.shared = c.get("num_kv_shared_layers", 0)
-        if not isinstance(self.shared, int) or not 0 <= self.shared < n:
-            raise ConvertError("gemma4: num_kv_shared_layers must be below num_hidden_layers")
-        first = n - self.shared
-        if self.shared and {*self.sliding[first:]} - {*self.sliding[:first]}:
-            raise ConvertError("gemma4: a shared layer's type has no earlier layer to read")
         wide = c.bool("use_double_wide_mlp", False)
         self.ffns = [self.ffn * (2 if wide and i >= first else 1) for i in range(n)]
         self.per_layer = c.get("hidden_size_per_layer_input") or 0
@@ -98,8 +78,8 @@ class Gemma4Decoder(TextDecoder):
             self.num_experts_used = c.int("top_k_experts", maximum=self.num_experts)
             self.expert_ffn = c.int("moe_intermediate_size")
         params = c.get("rope_parameters") or {}
-        self.ropes = {k: HFConfig(params.get(k) or {}, f"rope {k}") for k in _KINDS}
-        local, full = (self.ropes[k].get("rope_type", "default") for k in _KINDS)
+        self.ropes = {k: HFConfig(params.get(k) or {}, f"rope {k}") for k in KINDS}
+        local, full = (self.ropes[k].get("rope_type", "default") for k in KINDS)
         if local != "default" or full not in ("default", "proportional"):
             raise ConvertError("gemma4: sliding layers take default RoPE, full ones proportional")
         if self.ropes["full_attention"].float("factor", 1.0) != 1.0:
@@ -131,25 +111,7 @@ class Gemma4Decoder(TextDecoder):
         as Ollama's converter reads it."""
         return tokenizer_metadata(directory, self.text, vocab_size=self.vocab_size, spm_bpe=True)
 
-    def text_config(self, config: HFConfig) -> HFConfig:
-        return config.sub("text_config") if "text_config" in config.values else config
-
     # ------------------------------------------------------------ names and shapes
-
-    def rename(self, hf_name: str) -> str | None:
-        for old in ("model.language_model.", "language_model.model."):
-            if hf_name.startswith(old):
-                hf_name = "model." + hf_name.removeprefix(old)
-        if hf_name.startswith(_OTHER_TOWERS) or hf_name.endswith("rotary_emb.inv_freq"):
-            return None
-        if hf_name == "lm_head.weight" and self.is_tied:
-            return None
-        if hf_name in _TOP:
-            return _TOP[hf_name]
-        match = _LAYER_NAME.fullmatch(hf_name)
-        if match is None or match.group(2) not in _LAYER:
-            raise ConvertError(f"unexpected tensor {hf_name!r} for gemma4")
-        return f"blk.{match.group(1)}.{_LAYER[match.group(2)]}"
 
     def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
         c, p, n = self.hidden, self.per_layer, self.num_layers

@@ -33,6 +33,7 @@ _LAYER = {
     "linear_attn.in_proj_z.weight": "attn_gate.weight",
     "linear_attn.in_proj_b.weight": "ssm_beta.weight",
     "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
+    "linear_attn.in_proj_ba.weight": "ssm_ba.weight",
     "linear_attn.conv1d.weight": "ssm_conv1d.weight",
     "linear_attn.dt_bias": "ssm_dt",
     "linear_attn.A_log": "ssm_a",
@@ -76,7 +77,7 @@ class Qwen35Decoder(TextDecoder):
         self.rope = HFConfig(c.get("rope_parameters") or {}, "rope_parameters")
         if self.rope.get("rope_type", "default") != "default":
             raise ConvertError("qwen3.5: only default (M-)RoPE is supported")
-        self.num_experts = c.int("num_experts", maximum=4096) if self.arch == "qwen35moe" else 0
+        self.num_experts = c.int("num_experts", maximum=4096) if self.arch != "qwen35" else 0
         if self.num_experts:
             self.num_experts_used = c.int("num_experts_per_tok", maximum=self.num_experts)
             self.expert_ffn = c.int("moe_intermediate_size")
@@ -217,3 +218,45 @@ class Qwen35Decoder(TextDecoder):
 
 class Qwen35MoeDecoder(Qwen35Decoder):
     arch = "qwen35moe"
+
+
+class Qwen3NextDecoder(Qwen35MoeDecoder):
+    """Qwen3-Next (Qwen3NextForCausalLM) as Ollama's `qwen3next`: `in_proj_qkvz`, grouped by key
+    head ([q, k, v, z] each), split into `attn_qkv` and `attn_gate`; `in_proj_ba` kept as
+    `ssm_ba` (grouped: beta then alpha of each key head's value heads); value heads grouped by
+    key head, not reordered."""
+
+    arch = "qwen3next"
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        c = self.text
+        if c.get("mlp_only_layers") or c.get("decoder_sparse_step", 1) != 1:
+            raise ConvertError("qwen3next: only a mixture on every layer is supported")
+
+    def split(self, hf_name: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        match = _LAYER_NAME.fullmatch(hf_name)
+        if match is None or match.group(2) != "linear_attn.in_proj_qkvz.weight":
+            return super().split(hf_name)
+        p, hk, dk = f"blk.{match.group(1)}.", self.key_heads, self.key_dim
+        rdv = self.value_heads // hk * self.value_dim
+
+        def part(start: int, size: int) -> Callable[[torch.Tensor], torch.Tensor]:
+            return lambda t: t.unflatten(0, (hk, -1))[:, start : start + size].flatten(0, 1)
+
+        parts = [part(0, dk), part(dk, dk), part(2 * dk, rdv)]
+        return {p + "attn_qkv.weight": lambda t: torch.cat([f(t) for f in parts]),
+                p + "attn_gate.weight": part(2 * dk + rdv, rdv)}  # fmt: skip
+
+    def _reorder(self, t: torch.Tensor, dim: int, size: int, *, prefix: bool) -> torch.Tensor:
+        return t  # Qwen3-Next's value heads stay grouped by key head
+
+    def _layer_shapes(self, i: int) -> dict[str, tuple[int, ...]]:
+        layer = super()._layer_shapes(i)
+        if self.types[i] == "linear_attention":
+            del layer["ssm_beta.weight"], layer["ssm_alpha.weight"]
+            layer["ssm_ba.weight"] = (2 * self.value_heads, self.hidden)
+        return layer
+
+    def metadata(self) -> dict[str, Any]:
+        return super().metadata() | {f"{self.arch}.ssm.v_head_reordered": False}

@@ -18,6 +18,7 @@ from ember.convert.gemma2 import Gemma2Decoder
 from ember.convert.gemma3 import Gemma3Decoder
 from ember.convert.gemma3_embed import Gemma3EmbeddingDecoder
 from ember.convert.gemma3_vision import Gemma3VisionDecoder
+from ember.convert.gemma3n import Gemma3nDecoder
 from ember.convert.gemma4 import Gemma4Decoder
 from ember.convert.gptoss import GptOssDecoder
 from ember.convert.granite import GraniteDecoder
@@ -36,7 +37,7 @@ from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.qwen3 import Qwen3Decoder
 from ember.convert.qwen3moe import Qwen3MoeDecoder
 from ember.convert.qwen25vl import Qwen25VLDecoder
-from ember.convert.qwen35 import Qwen35Decoder, Qwen35MoeDecoder
+from ember.convert.qwen35 import Qwen3NextDecoder, Qwen35Decoder, Qwen35MoeDecoder
 from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
 
 CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
@@ -61,12 +62,15 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Qwen2ForCausalLM": Qwen2Decoder,
     "Qwen3ForCausalLM": Qwen3Decoder,
     "Qwen3MoeForCausalLM": Qwen3MoeDecoder,
+    "Qwen3NextForCausalLM": Qwen3NextDecoder,
     "Qwen3_5ForCausalLM": Qwen35Decoder,
     "Qwen3_5ForConditionalGeneration": Qwen35Decoder,
     "Qwen3_5MoeForCausalLM": Qwen35MoeDecoder,
     "Qwen3_5MoeForConditionalGeneration": Qwen35MoeDecoder,
     "Gemma2ForCausalLM": Gemma2Decoder,
     "Gemma3ForCausalLM": Gemma3Decoder,
+    "Gemma3nForCausalLM": Gemma3nDecoder,
+    "Gemma3nForConditionalGeneration": Gemma3nDecoder,
     "Gemma4ForCausalLM": Gemma4Decoder,
     "Gemma4ForConditionalGeneration": Gemma4Decoder,
     "Gemma3TextModel": Gemma3EmbeddingDecoder,

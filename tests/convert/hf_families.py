@@ -147,11 +147,32 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "hidden_size_per_layer_input": 0,
         "layer_types": ["sliding_attention", "full_attention"] * 2,
     }),
+    # Gemma 3n: 6 layers (sliding window 6, a full layer every third), the last two reading
+    # layers 3's and 2's keys; 4 AltUp streams, LAuReL of rank 8, per-layer embeddings of 8, the
+    # first two layers' MLP gates sparsified (95%), their widths 128 and 96 in turn; the
+    # per-layer table 200 rows of the 299 tokens
+    "gemma3n": ("Gemma3nForCausalLM", "Gemma3nTextConfig", {
+        "tie_word_embeddings": True, "num_hidden_layers": 6, "sliding_window": 6,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+        "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 8, "laurel_rank": 8,
+        "altup_num_inputs": 4, "intermediate_size": [128, 96] * 3,
+        "vocab_size_per_layer_input": 200, "pad_token_id": 0,  # tokens past 200 read row 0
+        "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0, 0.0, 0.0],
+        "final_logit_softcapping": 30.0, "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    }),
     # Qwen3.5: three DeltaNet layers (2 key heads of 16, 4 value heads of 16, kernel 4), then
     # full attention (4 heads of 16, a quarter rotated, gated output), twice
     "qwen3.5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", _QWEN35),
     # Qwen3.5's mixtures: 8 experts, top-2, and a gated shared expert
     "qwen3.5-moe": ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", _QWEN35 | {
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+    }),
+    # Qwen3-Next: Qwen3.5's mixture with its packed qkvz and ba projections
+    "qwen3-next": ("Qwen3NextForCausalLM", "Qwen3NextConfig", _QWEN35 | {
         "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
         "shared_expert_intermediate_size": 48,
     }),
@@ -201,7 +222,7 @@ def build_family(family: str, *, seed: int = 0, **overrides: Any) -> PreTrainedM
         for name, buffer in model.named_buffers():  # routers' biases (DeepSeek V3, LFM2-MoE): 0
             if name.endswith(("e_score_correction_bias", "expert_bias")):
                 buffer.copy_(0.1 * torch.randn(buffer.shape, generator=gen))
-            if name.endswith("layer_scalar"):  # Gemma 4's
+            if name.endswith(("layer_scalar", "correct_output_scale")):  # Gemma 4's, 3n's
                 buffer.copy_(1.0 + 0.1 * torch.randn(buffer.shape, generator=gen))
     return model
 

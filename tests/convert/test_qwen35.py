@@ -21,11 +21,12 @@ from ember.runner.engine import Engine
 
 LONG = PROMPT + OTHER + PROMPT  # 51 tokens
 # transformers' own logits, its cached token-by-token run against its whole prompt, differ by up
-# to 4e-4 here (logits of size ~15): the recurrent state's float32 sums in another order
-CLOSE = 1e-3
+# to 8.4e-5 of the largest logit here (2.5e-3 of 30 for Qwen3-Next): the recurrent state's
+# float32 sums in another order. Ember's stay within twice that.
+CLOSE = 2e-4  # of the largest logit
 
 
-@pytest.fixture(scope="module", params=["qwen3.5", "qwen3.5-moe"])
+@pytest.fixture(scope="module", params=["qwen3.5", "qwen3.5-moe", "qwen3-next"])
 def converted(request, tmp_path_factory):
     return convert_family(request.param, tmp_path_factory.mktemp(request.param))
 
@@ -34,9 +35,10 @@ def test_the_file_holds_ollamas_keys(converted):
     with GGUFFile.open(converted[0]) as f:
         md = f.metadata
     arch = md["general.architecture"]
-    assert arch in ("qwen35", "qwen35moe")
+    assert arch in ("qwen35", "qwen35moe", "qwen3next")
     assert md[f"{arch}.attention.head_count_kv"] == [0, 0, 0, 2] * 2
-    assert md[f"{arch}.ssm.v_head_reordered"] is True and md[f"{arch}.ssm.group_count"] == 2
+    assert md[f"{arch}.ssm.v_head_reordered"] is (arch != "qwen3next")
+    assert md[f"{arch}.ssm.group_count"] == 2
     assert md[f"{arch}.rope.dimension_count"] == 4
 
 
@@ -44,13 +46,14 @@ def test_logits_equal_transformers(converted):
     path, hf = converted
     model = load_model(GGUFFile.open(path))
     expected = hf_logits(hf, LONG)
-    assert stepped_error(model, expected, LONG) < CLOSE
+    close = CLOSE * float(expected.abs().max())
+    assert stepped_error(model, expected, LONG) < close
     pieces = [LONG[:7], LONG[7:30], LONG[30:]]
-    assert (run(model, pieces) - expected).abs().max() < CLOSE
+    assert (run(model, pieces) - expected).abs().max() < close
 
 
 def test_two_sequences_in_one_batch_equal_each_alone(converted):
-    assert batch_error(load_model(GGUFFile.open(converted[0]))) < CLOSE
+    assert batch_error(load_model(GGUFFile.open(converted[0]))) < 1e-3
 
 
 def test_a_sequence_steps_back_to_a_checkpoint(converted):

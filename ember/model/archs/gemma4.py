@@ -12,6 +12,7 @@ ends scaled by `layer_output_scale`, and the logits may be softcapped."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -72,7 +73,7 @@ class Gemma4Options:
             kv_heads=kv,
             head_dims=tuple(swa_dim if s else full_dim for s in sliding),
             sliding=sliding,
-            donors=_donors(sliding, _count(c, "attention.shared_kv_layers", n - 1)),
+            donors=shared_kv_donors(sliding, _count(c, "attention.shared_kv_layers", n - 1)),
             eps=c.float("attention.layer_norm_rms_epsilon", 1e-6),
             window=c.uint("attention.sliding_window", 512, maximum=1 << 28),
             context_length=c.uint("context_length", 131072, maximum=1 << 28),
@@ -108,26 +109,31 @@ def _full_rope(c: Config, head_dim: int, rope_freqs: torch.Tensor | None) -> RoP
     return RoPE(c.uint("rope.dimension_count", head_dim, maximum=head_dim), base, True)
 
 
-def _donors(sliding: Sequence[bool], shared: int) -> dict[int, int]:
+def shared_kv_donors(sliding: Sequence[bool], shared: int) -> dict[int, int]:
     """Each of the last `shared` layers -> the last earlier unshared layer of its type."""
     first = len(sliding) - shared
     donors = {}
     for i in range(first, len(sliding)):
         earlier = [j for j in range(first) if sliding[j] == sliding[i]]
         if not earlier:
-            raise ModelLoadError(f"gemma4: shared layer {i} has no earlier layer of its type")
+            raise ModelLoadError(f"shared KV layer {i} has no earlier layer of its type")
         donors[i] = earlier[-1]
     return donors
 
 
 class Attention:
-    def __init__(self, w: Weights, p: str, i: int, o: Gemma4Options) -> None:
-        c, d, h_kv = o.hidden, o.head_dims[i], o.kv_heads[i]
-        self.heads, self.kv_heads, self.head_dim = o.num_heads, h_kv, d
-        self.donor = o.donors.get(i)
-        self.q = w.linear(p + "attn_q.weight", o.num_heads * d, c)
+    """Gemma 3n's and 4's: RMS-normed queries and keys (weighted) and values (bare), no scale;
+    a layer with a donor computes no keys and attends over the donor layer's."""
+
+    def __init__(
+        self, w: Weights, p: str, hidden: int, heads: int, kv_heads: int, head_dim: int,
+        donor: int | None,
+    ) -> None:  # fmt: skip
+        c, d, h_kv = hidden, head_dim, kv_heads
+        self.heads, self.kv_heads, self.head_dim, self.donor = heads, h_kv, d, donor
+        self.q = w.linear(p + "attn_q.weight", heads * d, c)
         self.q_norm = w.tensor(p + "attn_q_norm.weight", (d,))
-        self.output = w.linear(p + "attn_output.weight", c, o.num_heads * d)
+        self.output = w.linear(p + "attn_output.weight", c, heads * d)
         self.kv: AnyLinear | None = None
         if self.donor is None:
             self.has_v = w.has(p + "attn_v.weight")  # without: the values are the raw keys
@@ -204,7 +210,9 @@ class Block:
     def __init__(self, w: Weights, i: int, o: Gemma4Options) -> None:
         p, c = f"blk.{i}.", o.hidden
         self.attn_norm = w.tensor(p + "attn_norm.weight", (c,))
-        self.attention = Attention(w, p, i, o)
+        self.attention = Attention(
+            w, p, c, o.num_heads, o.kv_heads[i], o.head_dims[i], o.donors.get(i)
+        )
         self.post_attention_norm = w.tensor(p + "post_attention_norm.weight", (c,))
         self.ffn_norm = w.tensor(p + "ffn_norm.weight", (c,))
         ffn = w.shape(p + "ffn_gate.weight")[0]
@@ -249,20 +257,42 @@ class Block:
         return x if self.out_scale is None else x * self.out_scale
 
 
-@register("gemma4")
-class Gemma4(DecoderStack):
-    def __init__(self, gguf: GGUFFile, config: Config) -> None:
-        w = Weights(gguf)
-        freqs = w.tensor("rope_freqs.weight", w.shape("rope_freqs.weight")) if w.has(
-            "rope_freqs.weight") else None  # fmt: skip
-        o = self.options = Gemma4Options.from_config(config, freqs)
-        self.load_stack(w, o.hidden, o.context_length, o.num_layers, lambda i: Block(w, i, o))
-        if o.per_layer_dim:
-            size = o.num_layers * o.per_layer_dim
-            name = "per_layer_token_embd.weight"
-            self.per_layer_embd = w.embedding(name, w.shape(name)[0], size)
-            self.per_layer_proj = w.linear("per_layer_model_proj.weight", size, o.hidden)
-            self.per_layer_norm = w.tensor("per_layer_proj_norm.weight", (o.per_layer_dim,))
+class PerLayerInputs:
+    """Gemma 3n's and 4's per-layer embeddings: each layer's input (T, L, P) from the token's row
+    of a second table (tokens past it read row 0, as transformers) and the embeddings projected,
+    normed, summed and scaled by 1/sqrt(2)."""
+
+    def __init__(self, w: Weights, layers: int, dim: int, hidden: int, eps: float) -> None:
+        name, size = "per_layer_token_embd.weight", layers * dim
+        self.rows = w.shape(name)[0]
+        self.table = w.embedding(name, self.rows, size)
+        self.proj = w.linear("per_layer_model_proj.weight", size, hidden)
+        self.norm = w.tensor("per_layer_proj_norm.weight", (dim,))
+        self.layers, self.dim, self.hidden, self.eps = layers, dim, hidden, eps
+
+    def __call__(self, tokens: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        shape = (x.shape[0], self.layers, self.dim)
+        ids = torch.where(tokens < self.rows, tokens, 0)
+        own = self.table.lookup(ids).view(shape) * self.dim**0.5
+        projected = (self.proj(x) * self.hidden**-0.5).view(shape)
+        return (rms_norm(projected, self.norm, self.eps) + own) * 2**-0.5
+
+
+class SlidingLayout(Protocol):
+    @property
+    def window(self) -> int: ...
+    @property
+    def sliding(self) -> tuple[bool, ...]: ...
+    @property
+    def final_softcap(self) -> float: ...
+    def layer_rope(self, i: int) -> RoPE: ...
+
+
+class SlidingGemma(DecoderStack):
+    """Gemma 3n's and 4's stack: sliding-window and full layers in two caches, each type's RoPE
+    for a shift, the logits softcapped where the file says."""
+
+    options: SlidingLayout
 
     def make_cache(self) -> Cache:
         o = self.options
@@ -277,22 +307,25 @@ class Gemma4(DecoderStack):
         cap = self.options.final_softcap
         return softcap(logits, cap) if cap else logits
 
-    def per_layer_inputs(self, tokens: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
-        """Each layer's input (T, L, P): the token's row of the second table and the projected
-        embeddings, normed, summed and scaled by 1/sqrt(2)."""
-        o = self.options
-        if not o.per_layer_dim:
-            return None
-        shape = (x.shape[0], o.num_layers, o.per_layer_dim)
-        own = self.per_layer_embd.lookup(tokens).view(shape) * o.per_layer_dim**0.5
-        projected = (self.per_layer_proj(x) * o.hidden**-0.5).view(shape)
-        return (rms_norm(projected, self.per_layer_norm, o.eps) + own) * 2**-0.5
+
+@register("gemma4")
+class Gemma4(SlidingGemma):
+    options: Gemma4Options
+
+    def __init__(self, gguf: GGUFFile, config: Config) -> None:
+        w = Weights(gguf)
+        freqs = w.tensor("rope_freqs.weight", w.shape("rope_freqs.weight")) if w.has(
+            "rope_freqs.weight") else None  # fmt: skip
+        o = self.options = Gemma4Options.from_config(config, freqs)
+        self.load_stack(w, o.hidden, o.context_length, o.num_layers, lambda i: Block(w, i, o))
+        self.per_layer = PerLayerInputs(w, o.num_layers, o.per_layer_dim, o.hidden, o.eps) if (
+            o.per_layer_dim) else None  # fmt: skip
 
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         o = self.options
         tokens = torch.tensor(batch.tokens)
         x = self.token_embd.lookup(tokens) * o.hidden**0.5
-        per_layer = self.per_layer_inputs(tokens, x)
+        per_layer = None if self.per_layer is None else self.per_layer(tokens, x)
         positions = torch.tensor(batch.positions)
         tables = {SLIDING: o.local_rope.cos_sin(positions), FULL: o.rope.cos_sin(positions)}
         outputs = _rows(batch)
