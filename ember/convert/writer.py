@@ -30,6 +30,7 @@ from ember.convert.llava import LlavaDecoder, llava_decoder
 from ember.convert.mistral3 import Mistral3Decoder
 from ember.convert.mllama import MllamaDecoder
 from ember.convert.mmproj import is_vision_tensor, mmproj_metadata, mmproj_name
+from ember.convert.nemotronh import NemotronHDecoder
 from ember.convert.nomic_bert import NomicBertEncoder
 from ember.convert.olmo2 import Olmo2Decoder, Olmo3Decoder
 from ember.convert.phi3 import Phi3Decoder
@@ -55,6 +56,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Llama4ForCausalLM": Llama4Decoder,
     "Llama4ForConditionalGeneration": Llama4Decoder,
     "MistralForCausalLM": LlamaDecoder,
+    "NemotronHForCausalLM": NemotronHDecoder,
     "NomicBertModel": NomicBertEncoder,
     "Olmo2ForCausalLM": Olmo2Decoder,
     "Olmo3ForCausalLM": Olmo3Decoder,

@@ -1,5 +1,7 @@
 """The gated delta rule (gated DeltaNet's linear attention) over one sequence's tokens, from its
 state S (H, d_k, d_v): per token and head, S = exp(g) S; S += k beta (v - S^T k)^T; out = S^T q.
+Without the delta (`delta=False`) it is Mamba 2's scan: S += k beta v^T (k its B, v its x,
+beta its dt, q its C, g its dt A).
 
 `step` takes one token; `chunked` takes a run of them in blocks of CHUNK, as matrix products: in
 a block, with G_t the decay from the block's start to t, the values each token writes,
@@ -14,20 +16,21 @@ CHUNK = 64
 
 def step(
     state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-    beta: torch.Tensor,
+    beta: torch.Tensor, delta: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """One token: q and k (H, d_k), v (H, d_v), g and beta (H,) -> (out (H, d_v), the state).
     The state is updated in place (one pass over it for the decay, one for the write)."""
     state.mul_(g.exp()[:, None, None])
-    memory = torch.bmm(k[:, None], state)[:, 0]  # (H, d_v): S^T k
-    write = (beta[:, None] * (v - memory))[:, None]  # (H, 1, d_v)
+    if delta:
+        v = v - torch.bmm(k[:, None], state)[:, 0]  # (H, d_v): less S^T k
+    write = (beta[:, None] * v)[:, None]  # (H, 1, d_v)
     state.baddbmm_(k[:, :, None], write)
     return torch.bmm(q[:, None], state)[:, 0], state
 
 
 def chunked(
     state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-    beta: torch.Tensor,
+    beta: torch.Tensor, delta: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """n tokens: q and k (n, H, d_k), v (n, H, d_v), g and beta (n, H) -> (out (n, H, d_v),
     the state after them)."""
@@ -42,11 +45,14 @@ def chunked(
     causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool).tril()
     ratio = (gc[..., :, None] - gc[..., None, :]).masked_fill(~causal, -torch.inf).exp()
     kb = k * beta[..., None]
-    system = (kb @ k.transpose(-1, -2)) * ratio
-    system = system.tril(-1) + torch.eye(CHUNK)  # I + M, M strictly lower
-    rhs = torch.cat([v * beta[..., None], kb * gc.exp()[..., None]], dim=-1)
-    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-    values, k_decayed = solved.split([v.shape[-1], k.shape[-1]], dim=-1)
+    if delta:
+        system = (kb @ k.transpose(-1, -2)) * ratio
+        system = system.tril(-1) + torch.eye(CHUNK)  # I + M, M strictly lower
+        rhs = torch.cat([v * beta[..., None], kb * gc.exp()[..., None]], dim=-1)
+        solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+        values, k_decayed = solved.split([v.shape[-1], k.shape[-1]], dim=-1)
+    else:  # what each token writes does not depend on the state
+        values, k_decayed = v * beta[..., None], torch.zeros_like(k)
     scores = (q @ k.transpose(-1, -2)) * ratio  # (H, N, C, C), lower with the diagonal
     out = torch.empty_like(v)
     for c in range(q.shape[1]):

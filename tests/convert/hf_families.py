@@ -176,6 +176,16 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
         "shared_expert_intermediate_size": 48,
     }),
+    # Nemotron-H: Mamba 2 (4 heads of 16, 2 groups, state 8), attention without positions, a
+    # squared-ReLU MLP and a mixture (8 experts, top-2, a correction bias, a shared expert), twice
+    "nemotron-h": ("NemotronHForCausalLM", "NemotronHConfig", {
+        "tie_word_embeddings": False, "num_hidden_layers": 8, "layers_block_type": [
+            "linear_attention", "full_attention", "mlp", "moe"] * 2,
+        "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 8,
+        "intermediate_size": 96, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 48,
+        "routed_scaling_factor": 1.5, "n_group": 1, "topk_group": 1,
+    }),
     # GLM-4.7-Flash: V3's model, its dense first layer told by mlp_layer_types
     "glm4-moe-lite": ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", {
         k: v for k, v in _DEEPSEEK.items() if k != "first_k_dense_replace"
@@ -220,7 +230,7 @@ def build_family(family: str, *, seed: int = 0, **overrides: Any) -> PreTrainedM
             else:
                 param.copy_(noise / param.shape[-1] ** 0.5)
         for name, buffer in model.named_buffers():  # routers' biases (DeepSeek V3, LFM2-MoE): 0
-            if name.endswith(("e_score_correction_bias", "expert_bias")):
+            if name.endswith(("e_score_correction_bias", "expert_bias")):  # (and Nemotron-H's)
                 buffer.copy_(0.1 * torch.randn(buffer.shape, generator=gen))
             if name.endswith(("layer_scalar", "correct_output_scale")):  # Gemma 4's, 3n's
                 buffer.copy_(1.0 + 0.1 * torch.randn(buffer.shape, generator=gen))

@@ -6,7 +6,7 @@ says which layer is which.
 A DeltaNet layer: q, k and v from `attn_qkv` through a short causal convolution and SiLU, q and
 k L2-normed, each value head's decay from softplus(`ssm_alpha` x + `ssm_dt`) times `ssm_a` (the
 file's -exp(A_log)) and its write strength sigmoid(`ssm_beta` x); the gated delta rule over the
-sequence's state (ember/kvcache/delta_state.py); RMS-normed per head, times SiLU(`attn_gate` x),
+sequence's state (ember/kvcache/recurrent_state.py); RMS-normed per head, times SiLU(`attn_gate` x),
 then `ssm_out`. Where there are fewer key heads than value heads, value head n reads key head
 n mod H_k where the file's value heads are reordered (`ssm.v_head_reordered`: Ollama's qwen35
 files), else n div (H_v / H_k). Qwen3-Next's older files pack beta and alpha as `ssm_ba`.
@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from ember.backend.weights import AnyLinear
 from ember.batch import Batch
 from ember.gguf import GGUFFile
-from ember.kvcache import Cache, CausalCache, DeltaStateCache, WrapperCache
+from ember.kvcache import Cache, CausalCache, RecurrentStateCache, WrapperCache
+from ember.kvcache.recurrent_state import current_state
 from ember.model.archs.llama import _rows
 from ember.model.config import Config, ModelLoadError
 from ember.model.mlp import SwiGLU, routed_experts
@@ -132,9 +133,7 @@ class DeltaNet:
         return grouped[:, :, 0].flatten(1), grouped[:, :, 1].flatten(1)
 
     def __call__(self, x: torch.Tensor, cache: Cache, o: Qwen35Options) -> torch.Tensor:
-        if not isinstance(cache, WrapperCache) or not isinstance(cache.current, DeltaStateCache):
-            raise TypeError("a DeltaNet layer needs its DeltaStateCache")
-        state = cache.current
+        state = current_state(cache)
         t, inner = x.shape[0], o.value_heads * o.value_dim
         mixed = self.qkv_z(x)
         z = mixed[:, -inner:].view(t, o.value_heads, o.value_dim)
@@ -232,7 +231,7 @@ class Qwen35(DecoderStack):
 
     def make_cache(self) -> Cache:
         o = self.options
-        caches: list[Cache] = [CausalCache(shift=self.shift), DeltaStateCache(o.kernel)]
+        caches: list[Cache] = [CausalCache(shift=self.shift), RecurrentStateCache(o.kernel)]
         return WrapperCache(caches, [DELTA if r else ATTENTION for r in o.recurrent])
 
     def shift(self, layer: int, key: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:

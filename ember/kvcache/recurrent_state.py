@@ -1,6 +1,7 @@
-"""The state of gated DeltaNet layers (Qwen3.5's and Qwen3-Next's linear attention): each sequence
-carries, per layer, the inputs its short convolution still needs (ConvStateCache's history) and
-a recurrent state, one (d_k, d_v) matrix per value head that every token decays and updates.
+"""The state of recurrent layers (gated DeltaNet: Qwen3.5's and Qwen3-Next's linear attention;
+Mamba 2: Nemotron-H's): each sequence carries, per layer, the inputs its short convolution still
+needs (ConvStateCache's history) and a recurrent state, one (d_k, d_v) matrix per head that
+every token decays and updates (ember/nn/delta_rule.py).
 
 That matrix cannot be rebuilt from a short history, so the cache keeps it at the last STATES
 positions of each sequence (checkpoints, preallocated at the first forward, the reservation's):
@@ -20,7 +21,7 @@ STATES = 4  # checkpoints kept per sequence and layer: its newest positions
 KEPT = STATES - 1  # of them, those a forward writes (the one it started from stays)
 
 
-class DeltaStateCache(ConvStateCache):
+class RecurrentStateCache(ConvStateCache):
     def __init__(self, kernel: int) -> None:
         super().__init__(kernel)
         self.states: dict[int, torch.Tensor] = {}  # layer -> (sequences, STATES, H, d_k, d_v)
@@ -75,9 +76,10 @@ class DeltaStateCache(ConvStateCache):
     # --- used by models ---
     def recur(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor,
-        beta: torch.Tensor,
+        beta: torch.Tensor, *, delta: bool = True,
     ) -> torch.Tensor:  # fmt: skip
-        """The gated delta rule over the batch's tokens, each sequence from its own state: q and
+        """The gated delta rule (or without the delta, Mamba 2's scan) over the batch's tokens,
+        each sequence from its own state: q and
         k (T, H, d_k) normalized (q scaled), v (T, H, d_v), decay (T, H) the log of each
         token's decay, beta (T, H) its write strength -> (T, H, d_v). Per token and head:
         S = S exp(decay); S += k (beta (v - S^T k))^T; out = S^T q."""
@@ -94,13 +96,13 @@ class DeltaStateCache(ConvStateCache):
             if run > KEPT:
                 at = rows[:run]
                 out[at], state = delta_rule.chunked(
-                    state, q[at], k[at], v[at], decay[at], beta[at]
+                    state, q[at], k[at], v[at], decay[at], beta[at], delta
                 )
             else:
                 run = 0
             for j, row in enumerate(rows[run:].tolist(), start=run):
                 out[row], state = delta_rule.step(
-                    state, q[row], k[row], v[row], decay[row], beta[row]
+                    state, q[row], k[row], v[row], decay[row], beta[row], delta
                 )
                 pos = first + j + 1
                 if not self.reserve and pos > first + n - KEPT:
@@ -119,3 +121,11 @@ class DeltaStateCache(ConvStateCache):
         if not found.size:
             raise ValueError(f"sequence {seq} holds no recurrent state at position {pos}")
         return int(found[0])
+
+
+def current_state(cache: object) -> RecurrentStateCache:
+    """The recurrent state of the layer a WrapperCache is set to (a recurrent layer's)."""
+    current = getattr(cache, "current", None)
+    if not isinstance(current, RecurrentStateCache):
+        raise TypeError("a recurrent layer needs its RecurrentStateCache")
+    return current
