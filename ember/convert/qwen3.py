@@ -8,7 +8,7 @@ from typing import Any
 from ember.convert.bert import pooling_type, sentence_modules
 from ember.convert.llama import LlamaDecoder
 from ember.convert.qwen2 import Qwen2Decoder
-from ember.convert.source import ConvertError
+from ember.convert.source import ConvertError, HFConfig
 from ember.convert.vocab import appended_token
 
 
@@ -62,3 +62,30 @@ RERANK_TEMPLATE = (
     "answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
     "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 )
+
+
+class Qwen3VLDecoder(Qwen3Decoder):
+    """The text model of Qwen3-VL (Qwen3VLForConditionalGeneration) as Ollama's `qwen3vl`: Qwen3's
+    layers, its interleaved M-RoPE sections kept as keys (a text position is the same in every
+    section, so text runs as Qwen3's NeoX RoPE). The vision tower is left out: Ember runs
+    Qwen3-VL's text only."""
+
+    arch = "qwen3vl"
+
+    def text_config(self, config: HFConfig) -> HFConfig:
+        return config.sub("text_config") if "text_config" in config.values else config
+
+    def rename(self, hf_name: str) -> str | None:
+        if hf_name.startswith(("model.visual.", "visual.")):
+            return None
+        return super().rename(hf_name)
+
+    def metadata(self) -> dict[str, Any]:
+        meta = super().metadata()
+        rope = self.text.rope()
+        if rope.get("rope_type", "default") != "default":
+            raise ConvertError("qwen3vl: only default (M-)RoPE is supported")
+        if sections := rope.get("mrope_section"):
+            meta[f"{self.arch}.rope.mrope_section"] = [int(s) for s in sections]
+            meta[f"{self.arch}.mrope_sections"] = [int(s) for s in sections]  # Ollama's key
+        return meta

@@ -22,6 +22,7 @@ from ember.server.harmony import uses_harmony
 from ember.server.prompt import ChatTemplate, FillInMiddle, Message, fill_in_middle
 from ember.server.thinking import ThinkingTags, infer_tags
 from ember.server.tools import ToolCallFormat, can_use_tools, tool_call_format
+from ember.server.vision import runs_vision
 from ember.store import Store, StoreError, get_model, list_models
 from ember.store.ggufinfo import FILE_TYPES, human_number
 from ember.template import BUILTIN, fills_gaps
@@ -210,7 +211,7 @@ def read_facts(path: Path) -> GGUFFacts:
         file_type=FILE_TYPES.get(ftype, "unknown") if isinstance(ftype, int) else "unknown",
         parameter_size=human_number(num_params) if num_params else str(size_label or ""),
         fim=fill_in_middle(vocab),
-        has_vision=f"{arch}.vision.block_count" in md,
+        has_vision=runs_vision(md),
         is_embedding=f"{arch}.pooling_type" in md,
         is_rerank=md.get(f"{arch}.pooling_type") == POOLING_RANK,
         control_tokens=_control_tokens(vocab, md.get("tokenizer.ggml.token_type") or []),

@@ -15,6 +15,7 @@ from ember.server.harmony import uses_harmony
 from ember.server.prompt import fill_in_middle
 from ember.server.thinking import can_think
 from ember.server.tools import can_use_tools
+from ember.server.vision import runs_vision
 from ember.store import StoredModel, format_parameters, render_modelfile
 from ember.template import fills_gaps
 
@@ -79,7 +80,7 @@ def capabilities(metadata: dict[str, Any], model: StoredModel) -> list[str]:
     if fills_gaps(source) or fill_in_middle(metadata.get("tokenizer.ggml.tokens") or ()):
         found.append("insert")  # suffix works: a Go template's .Suffix, or the vocabulary's
         # fill-in-the-middle tokens
-    if model.projector_paths or f"{arch}.vision.block_count" in metadata:
+    if model.projector_paths or runs_vision(metadata):
         found.append("vision")
     if harmony or can_think(source):
         found.append("thinking")  # Ollama's order: completion, tools, insert, vision, thinking

@@ -23,6 +23,8 @@ SPM_BPE_PRE = "gemma4"
 
 # Ollama adds Gemma's end-of-turn marker to the stop ids even where the file does not list it.
 _GEMMA_END_OF_TURN = "<end_of_turn>"
+# and Gemma 4's end of turn, by id where the file names no eot token (Ollama's default)
+_GEMMA4_END_OF_TURN = 106
 
 
 class TokenizerError(EmberError):
@@ -235,6 +237,8 @@ def _read_eos_ids(metadata: Mapping[str, Any], tokens: Sequence[str]) -> frozens
     if eos_id is not None:
         ids.add(eos_id)
     eot_id = _read_id(metadata, "eot_token_id", len(tokens))
+    if eot_id is None and metadata.get("general.architecture") == "gemma4":
+        eot_id = _GEMMA4_END_OF_TURN if len(tokens) > _GEMMA4_END_OF_TURN else None
     if eot_id is not None:
         ids.add(eot_id)
     raw = metadata.get("tokenizer.ggml.eos_token_ids")

@@ -217,12 +217,18 @@ def build_family(family: str, *, seed: int = 0, **overrides: Any) -> PreTrainedM
     } | fields | overrides))  # fmt: skip
     config._attn_implementation = "eager"
     model = getattr(transformers, model_cls)(config).float().eval()
+    return randomize(model, seed, zero_centred=family in ZERO_CENTRED_NORMS)
+
+
+def randomize(model: PreTrainedModel, seed: int, *, zero_centred: bool = False) -> PreTrainedModel:
+    """model's weights random, at scales that keep its activations in range: norms near 1 (0
+    where they are stored zero-centred), embeddings 0.5, projections 1/sqrt(fan-in)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape, generator=gen)
             if name.endswith("norm.weight"):
-                param.copy_(0.1 * noise + (0.0 if family in ZERO_CENTRED_NORMS else 1.0))
+                param.copy_(0.1 * noise + (0.0 if zero_centred else 1.0))
             elif name.endswith(".bias"):
                 param.copy_(0.1 * noise)
             elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
@@ -247,5 +253,26 @@ def save_family(family: str, directory: Path, **kwargs: Any) -> PreTrainedModel:
 def convert_family(family: str, root: Path) -> tuple[Path, PreTrainedModel]:
     """The family's tiny HF model saved under root/hf and converted to root/model.gguf."""
     hf = save_family(family, root / "hf")
+    convert_directory(root / "hf", root / "model.gguf")
+    return root / "model.gguf", hf
+
+
+def convert_multimodal(
+    root: Path, family: str, text: dict[str, Any], vision: dict[str, Any], **fields: Any
+) -> tuple[Path, PreTrainedModel]:
+    """A tiny random `{family}ForConditionalGeneration` (its `{family}Config` of text and
+    vision configs) saved under root/hf with the tiny vocabulary and converted to
+    root/model.gguf: the text models of multimodal checkpoints."""
+    vocab = tiny_vocab("qwen2")
+    text = {"vocab_size": len(vocab.tokens), "bos_token_id": vocab.bos_id,
+            "eos_token_id": vocab.eos_id, "pad_token_id": vocab.pad_id} | text  # fmt: skip
+    config = getattr(transformers, f"{family}Config")(
+        text_config=text, vision_config=vision, **fields
+    )
+    config._attn_implementation = "eager"
+    hf = getattr(transformers, f"{family}ForConditionalGeneration")(config).float().eval()
+    randomize(hf, 1)
+    hf.save_pretrained(root / "hf")
+    _save_bpe("qwen2", vocab, root / "hf")
     convert_directory(root / "hf", root / "model.gguf")
     return root / "model.gguf", hf

@@ -9,10 +9,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_dirs import _save_bpe
-from hf_families import convert_family, save_family
+from hf_families import convert_family, convert_multimodal, save_family
 from test_dense_families import OTHER, PROMPT, batch_error, run, shift_error, stepped_error
-from tinymodels import hf_logits, tiny_vocab
+from tinymodels import hf_logits
 
 from ember.convert import convert_directory
 from ember.gguf import GGUFFile
@@ -62,34 +61,19 @@ def test_context_shift_rerotates_the_proportional_keys(tmp_path):
 
 def test_the_text_model_of_a_multimodal_checkpoint_converts(tmp_path):
     """Gemma4ForConditionalGeneration: its vision tower is left out, its text answers as HF's."""
-    import transformers
-
-    vocab = tiny_vocab("qwen2")
     text = {
-        "vocab_size": len(vocab.tokens), "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "global_head_dim": 32, "sliding_window": 6,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "global_head_dim": 32, "sliding_window": 6,
         "layer_types": ["sliding_attention", "full_attention"],
-        "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": len(vocab.tokens),
-        "bos_token_id": vocab.bos_id, "eos_token_id": vocab.eos_id, "pad_token_id": vocab.pad_id,
+        "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 299,
     }  # fmt: skip
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
               "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16}  # fmt: skip
-    config = transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=None)
-    config._attn_implementation = "eager"
-    hf = transformers.Gemma4ForConditionalGeneration(config).float().eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in hf.named_parameters():
-            noise = torch.randn(param.shape, generator=gen)
-            scale = 0.5 if name.endswith("embed_tokens.weight") else param.shape[-1] ** -0.5
-            param.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else scale * noise)
-    hf.save_pretrained(tmp_path / "hf")
-    _save_bpe("qwen2", vocab, tmp_path / "hf")
-    convert_directory(tmp_path / "hf", tmp_path / "model.gguf")
-    with GGUFFile.open(tmp_path / "model.gguf") as f:
+    path, hf = convert_multimodal(tmp_path, "Gemma4", text, vision, audio_config=None)
+    with GGUFFile.open(path) as f:
         assert not [n for n in f.tensors if n.startswith(("v.", "mm."))]
-    model = load_model(GGUFFile.open(tmp_path / "model.gguf"))
+    model = load_model(GGUFFile.open(path))
     ids = torch.tensor([LONG])
     expected = hf(input_ids=ids, use_cache=False).logits[0].float()
     assert (run(model, [LONG]) - expected).abs().max() < 1e-4

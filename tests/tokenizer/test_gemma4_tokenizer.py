@@ -254,3 +254,14 @@ def test_the_dummy_prefix_default_depends_on_pre() -> None:
     assert encode_pieces(plain, "a") == [SPACE, "a"]
     forced = {**gemma4, "tokenizer.ggml.add_space_prefix": True}
     assert read_vocabulary(forced).add_space_prefix is True
+
+
+def test_a_gemma4_file_without_an_eot_ends_on_id_106_as_ollamas() -> None:
+    pieces = {**LETTERS, **{f"p{i}": -200.0 - i for i in range(110)}}
+    metadata = spm_metadata(pieces, pre="gemma4", merges=[]) | {
+        "general.architecture": "gemma4", "tokenizer.ggml.eos_token_id": 1,
+    }  # fmt: skip
+    assert read_vocabulary(metadata).eos_ids == {1, 106}
+    named = {**metadata, "tokenizer.ggml.eot_token_id": 7}
+    assert read_vocabulary(named).eos_ids == {1, 7}
+    assert read_vocabulary({**metadata, "general.architecture": "gemma3"}).eos_ids == {1}

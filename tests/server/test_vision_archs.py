@@ -1,0 +1,33 @@
+"""A file's own vision tower shows as the vision capability only where Ember runs it: Ollama's
+single files of Gemma 3n, Gemma 4, Qwen3.5, Qwen3-VL and Nemotron-H hold towers Ember lacks,
+and serve text."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from ember.server.model_show import capabilities
+from ember.server.vision import VISION_ARCHS, runs_vision
+
+
+@pytest.mark.parametrize(
+    ("arch", "shown"),
+    [("gemma3", True), ("mistral3", True), ("qwen25vl", True), ("mllama", True),
+     ("gemma4", False), ("gemma3n", False), ("qwen35", False), ("qwen3vl", False),
+     ("nemotron_h", False)],
+)  # fmt: skip
+def test_vision_shows_only_where_ember_runs_the_tower(arch: str, shown: bool) -> None:
+    metadata = {"general.architecture": arch, f"{arch}.vision.block_count": 2}
+    stored = SimpleNamespace(projector_paths=(), template=None)
+    assert runs_vision(metadata) is shown
+    assert ("vision" in capabilities(metadata, stored)) is shown  # type: ignore[arg-type]
+    assert not runs_vision({"general.architecture": arch})  # a text-only file
+
+
+def test_each_listed_architecture_builds_its_vision() -> None:
+    import ember.model.archs  # noqa: F401  (registers them)
+    from ember.model.registry import _ARCHS
+
+    vision_modules = {"gemma3_vision", "mistral3", "qwen25vl", "mllama"}
+    for arch in VISION_ARCHS:
+        assert _ARCHS[arch].__module__.rsplit(".", 1)[-1] in vision_modules, arch
