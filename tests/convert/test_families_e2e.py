@@ -4,16 +4,17 @@ than attention and an MLP: Gemma 4 (two head sizes, shared keys, per-layer embed
 attention, MLPs and experts), through `ember create` from their HF folders and a real `ember
 serve`, asked by the `ollama` client: greedy tokens equal transformers' own greedy generation,
 alone, as parallel requests and after a cached prompt; a generation past num_ctx shifts (or,
-where a recurrent state cannot shift, evaluates the kept tokens again) and finishes."""
+where a recurrent state cannot shift, evaluates the kept tokens again) and finishes; the `openai`
+client's streamed chat equals the `ollama` client's."""
 
 import concurrent.futures
 
 import pytest
 
 pytest.importorskip("transformers")
-pytest.importorskip("ollama")
+ollama = pytest.importorskip("ollama")
 
-from served_family import ask, greedy, past_num_ctx, served_family
+from served_family import ask, greedy, past_num_ctx, served_family  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PROMPT = "the quick brown fox jumps over the lazy dog and then"
@@ -52,3 +53,20 @@ def test_a_longer_prompt_after_a_cached_one_equals_transformers(served):
 
 def test_a_generation_past_num_ctx_finishes(served):
     assert past_num_ctx(served[0], served[3], PROMPT)
+
+
+def test_the_openai_client_chats_as_the_ollama_client(served):
+    openai = pytest.importorskip("openai")
+    server, name = served[0], served[3]
+    messages = [{"role": "user", "content": "the quick brown fox"}]
+    native = ollama.Client(server.url).chat(
+        model=name, messages=messages, options={"temperature": 0, "num_predict": 8}
+    )
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="ember")
+    stream = client.chat.completions.create(
+        model=name, messages=messages, temperature=0, max_tokens=8, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == native.message.content and chunks[-1].usage.completion_tokens == 8
