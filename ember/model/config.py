@@ -37,6 +37,11 @@ class Config:
             )
         return value
 
+    def count(self, key: str, *, maximum: int = 1 << 24) -> int:
+        """A count the file may leave out or give as 0 (Ollama's converters write some such
+        keys even then): 0 for those, else as uint checks it."""
+        return self.uint(key, maximum=maximum) if self._lookup(key, False) else 0
+
     def float(self, key: str, default: float | None = None, *, absolute: bool = False) -> float:
         value = self._lookup(key, absolute)
         if value is None:

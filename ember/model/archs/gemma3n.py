@@ -60,8 +60,7 @@ class Gemma3nOptions:
         num_heads = c.uint("attention.head_count")
         head_dim = c.uint("attention.key_length", hidden // num_heads)
         sliding = c.bools("attention.sliding_window_pattern", n) or (False,) * n
-        shared = c.uint("attention.shared_kv_layers", maximum=n - 1) if c.metadata.get(
-            f"{c.arch}.attention.shared_kv_layers") else 0  # fmt: skip
+        shared = c.count("attention.shared_kv_layers", maximum=n - 1)
         scale = c.metadata.get(f"{c.arch}.activation_sparsity_scale") or [0.0] * n
         if not isinstance(scale, list) or len(scale) != n:
             raise ModelLoadError("gemma3n: activation_sparsity_scale must give each layer's")

@@ -65,7 +65,7 @@ class Gemma4Options:
             c.metadata.get(f"{c.arch}.attention.head_count_kv"), list
         ):  # fmt: skip
             kv = tuple(h if s else global_kv for h, s in zip(kv, sliding, strict=True))
-        num_experts = _count(c, "expert_count", 4096)
+        num_experts = c.count("expert_count", maximum=4096)
         return cls(
             num_layers=n,
             hidden=hidden,
@@ -73,13 +73,13 @@ class Gemma4Options:
             kv_heads=kv,
             head_dims=tuple(swa_dim if s else full_dim for s in sliding),
             sliding=sliding,
-            donors=shared_kv_donors(sliding, _count(c, "attention.shared_kv_layers", n - 1)),
+            donors=shared_kv_donors(sliding, c.count("attention.shared_kv_layers", maximum=n - 1)),
             eps=c.float("attention.layer_norm_rms_epsilon", 1e-6),
             window=c.uint("attention.sliding_window", 512, maximum=1 << 28),
             context_length=c.uint("context_length", 131072, maximum=1 << 28),
             local_rope=RoPE(swa_dim, _local_base(c), True),
             rope=_full_rope(c, full_dim, rope_freqs),
-            per_layer_dim=_count(c, "embedding_length_per_layer_input", 1 << 16),
+            per_layer_dim=c.count("embedding_length_per_layer_input", maximum=1 << 16),
             num_experts=num_experts,
             num_experts_used=c.uint("expert_used_count", maximum=num_experts) if num_experts else 0,
             final_softcap=c.float("final_logit_softcapping", 0.0),
@@ -87,11 +87,6 @@ class Gemma4Options:
 
     def layer_rope(self, i: int) -> RoPE:
         return self.local_rope if self.sliding[i] else self.rope
-
-
-def _count(c: Config, key: str, maximum: int) -> int:
-    """A count the file may give as 0 (Ollama's converter writes these keys even then)."""
-    return c.uint(key, maximum=maximum) if c.metadata.get(f"{c.arch}.{key}") else 0
 
 
 def _local_base(c: Config) -> float:

@@ -67,8 +67,7 @@ class LagunaOptions:
         if any(not h or h % num_kv_heads for h in num_heads):
             raise ModelLoadError("laguna: each layer's head_count must divide by head_count_kv")
         sliding = c.bools("attention.sliding_window_pattern", num_layers) or (False,) * num_layers
-        num_experts = c.uint("expert_count", maximum=4096) if c.metadata.get(
-            f"{c.arch}.expert_count") else 0  # fmt: skip
+        num_experts = c.count("expert_count", maximum=4096)
         dense = set(c.metadata.get(f"{c.arch}.dense_layers") or ())
         dense |= set(range(int(c.metadata.get(f"{c.arch}.leading_dense_block_count") or 0)))
         step = c.uint("decoder_sparse_step", 1, maximum=1024)

@@ -72,8 +72,7 @@ class NemotronHOptions:
         heads, groups = c.uint("ssm.time_step_rank"), c.uint("ssm.group_count")
         if heads % groups:
             raise ModelLoadError(f"{c.arch}: ssm.time_step_rank must divide by ssm.group_count")
-        num_experts = c.uint("expert_count", maximum=4096) if c.metadata.get(
-            f"{c.arch}.expert_count") else 0  # fmt: skip
+        num_experts = c.count("expert_count", maximum=4096)
         groups_of = c.metadata.get(f"{c.arch}.expert_group_count") or 1
         return cls(
             num_layers=n,

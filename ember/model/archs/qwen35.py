@@ -83,8 +83,7 @@ class Qwen35Options:
         value_heads, key_heads = c.uint("ssm.time_step_rank"), c.uint("ssm.group_count")
         if value_heads % key_heads:
             raise ModelLoadError(f"{c.arch}: ssm.time_step_rank must divide by ssm.group_count")
-        num_experts = c.uint("expert_count", maximum=4096) if c.metadata.get(
-            f"{c.arch}.expert_count") else 0  # fmt: skip
+        num_experts = c.count("expert_count", maximum=4096)
         return cls(
             num_layers=n,
             hidden=hidden,
