@@ -1,10 +1,11 @@
 """Qwen3 MoE checkpoints: qwen3's attention, and in every layer a router (`mlp.gate`) over
 experts whose per-expert HF tensors are stacked into llama.cpp's 3-D `ffn_*_exps` tensors."""
 
+import re
 from typing import Any
 
 from ember.convert.decoder import _LAYER, expert_pattern
-from ember.convert.qwen3 import Qwen3Decoder
+from ember.convert.qwen3 import Qwen3Decoder, Qwen3VLDecoder
 from ember.convert.source import ConvertError, HFConfig
 
 
@@ -40,3 +41,35 @@ class Qwen3MoeDecoder(Qwen3Decoder):
         ) | {
             f"{a}.expert_weights_norm": self.is_normalized,
         }
+
+
+class Qwen3VLMoeDecoder(Qwen3VLDecoder, Qwen3MoeDecoder):
+    """Qwen3-VL-MoE (Qwen3VLMoeForConditionalGeneration) as Ollama's `qwen3vlmoe`: Qwen3 MoE's
+    layers under Qwen3-VL's tower. transformers saves each layer's experts as two 3-D tensors
+    (gate_up_proj (E, 2F, C): the gate's rows, then the up's; down_proj (E, C, F)), and its
+    router always rescales the k weights."""
+
+    arch = "qwen3vlmoe"
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        self.is_normalized = True
+
+    def rename(self, hf_name: str) -> str | None:
+        match = _FUSED.fullmatch(hf_name)
+        if match is not None and match.group(2) == "down_proj":
+            return f"blk.{match.group(1)}.ffn_down_exps.weight"
+        return super().rename(hf_name)
+
+    def split(self, hf_name: str) -> dict[str, Any]:
+        match = _FUSED.fullmatch(hf_name)
+        if match is not None and match.group(2) == "gate_up_proj":
+            p, f = f"blk.{match.group(1)}.", self.expert_ffn
+            return {p + "ffn_gate_exps.weight": lambda t: t[:, :f],
+                    p + "ffn_up_exps.weight": lambda t: t[:, f:]}  # fmt: skip
+        return super().split(hf_name)
+
+
+_FUSED = re.compile(
+    r"model\.(?:language_model\.)?layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)"
+)

@@ -36,7 +36,7 @@ from ember.convert.olmo2 import Olmo2Decoder, Olmo3Decoder
 from ember.convert.phi3 import Phi3Decoder
 from ember.convert.qwen2 import Qwen2Decoder
 from ember.convert.qwen3 import Qwen3Decoder, Qwen3VLDecoder
-from ember.convert.qwen3moe import Qwen3MoeDecoder
+from ember.convert.qwen3moe import Qwen3MoeDecoder, Qwen3VLMoeDecoder
 from ember.convert.qwen25vl import Qwen25VLDecoder
 from ember.convert.qwen35 import Qwen3NextDecoder, Qwen35Decoder, Qwen35MoeDecoder
 from ember.convert.source import ConvertError, HFConfig, Tensors, read_json
@@ -65,6 +65,7 @@ CONVERTERS: dict[str, Callable[[HFConfig], TextDecoder]] = {
     "Qwen3ForCausalLM": Qwen3Decoder,
     "Qwen3MoeForCausalLM": Qwen3MoeDecoder,
     "Qwen3VLForConditionalGeneration": Qwen3VLDecoder,
+    "Qwen3VLMoeForConditionalGeneration": Qwen3VLMoeDecoder,
     "Qwen3NextForCausalLM": Qwen3NextDecoder,
     "Qwen3_5ForCausalLM": Qwen35Decoder,
     "Qwen3_5ForConditionalGeneration": Qwen35Decoder,

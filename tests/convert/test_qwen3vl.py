@@ -1,7 +1,7 @@
 """Qwen3-VL's text: a tiny random-weight HF Qwen3VLForConditionalGeneration converted to
-Ollama's `qwen3vl` (its vision tower left out) gives HF's logits for a text prompt (its
-interleaved M-RoPE sections all at the text position); a Qwen3 MoE file read as `qwen3vlmoe`
-gives the `qwen3moe` logits."""
+Ollama's `qwen3vl` gives HF's logits for a text prompt (its interleaved M-RoPE sections all at
+the text position), with its tower and without (a text-only file serves as Qwen3); a Qwen3 MoE
+file read as `qwen3vlmoe` gives the `qwen3moe` logits. Images: test_qwen3vl_vision.py."""
 
 import pytest
 import torch
@@ -31,11 +31,14 @@ def test_the_text_of_qwen3_vl_equals_transformers(tmp_path):
     with GGUFFile.open(path) as f:
         assert f.metadata["general.architecture"] == "qwen3vl"
         assert f.metadata["qwen3vl.rope.mrope_section"] == [2, 3, 3]
-        assert not [n for n in f.tensors if n.startswith(("v.", "mm."))]
-    model = load_model(GGUFFile.open(path))
+        assert "v.deepstack_merger.0.linear_fc2.weight" in f.tensors
+    reader, tensors = read_gguf(path)
+    text = {name: t for name, t in tensors.items() if not name.startswith("v.")}
+    write_gguf(reader, tmp_path / "text.gguf", "qwen3vl", text, prefix="qwen3vl.")
     with torch.no_grad():
         expected = hf(input_ids=torch.tensor([LONG]), use_cache=False).logits[0].float()
-    assert stepped_error(model, expected, LONG) < 1e-4
+    for file in (path, tmp_path / "text.gguf"):
+        assert stepped_error(load_model(GGUFFile.open(file)), expected, LONG) < 1e-4
 
 
 def test_a_qwen3_vl_moe_file_reads_as_qwen3_moe(tmp_path):

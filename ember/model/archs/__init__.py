@@ -25,6 +25,7 @@ from ember.model.archs import (
     qwen2,
     qwen3,
     qwen3moe,
+    qwen3vl,
     qwen25vl,
     qwen35,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "qwen2",
     "qwen3",
     "qwen3moe",
+    "qwen3vl",
     "qwen25vl",
     "qwen35",
 ]

@@ -4,6 +4,7 @@ llama.cpp's converter permutes the Q and K rows of llama-family files for ggml's
 (adjacent pairs), so this file rotates pairs; qwen2.py reuses it with NeoX RoPE and biases.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -171,12 +172,15 @@ class Llama:
             self._rope_rows = RopeRows(self.options.rope)
         return self._rope_rows(batch.positions)
 
-    def layers(self, x: torch.Tensor, batch: Batch, cache: Cache) -> torch.Tensor:
+    def layers(
+        self, x: torch.Tensor, batch: Batch, cache: Cache, added: Sequence[torch.Tensor] = ()
+    ) -> torch.Tensor:
         """The blocks and final norm over embeddings x (T, C) of batch's tokens: a small batch
-        through the native layers where they run, else through the Python blocks."""
+        through the native layers where they run, else through the Python blocks. added[i]
+        (T, C), where given, is added to block i's output (Qwen3-VL's deepstack)."""
         o = self.options
         outputs = _rows(batch)
-        if len(batch) <= MAX_ROWS:
+        if len(batch) <= MAX_ROWS and not added:
             tables = self.native_rope(batch)
             done = run_native(self.native_layers(), x, cache, lambda i: tables)
             if done is not None:
@@ -187,7 +191,10 @@ class Llama:
         rot = o.rope.rotation(positions, o.head_dim, groups)
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)
-            x = block(x, rot, cache, o, outputs if i == o.num_layers - 1 else None)
+            last = i == o.num_layers - 1
+            x = block(x, rot, cache, o, outputs if last else None)
+            if i < len(added):
+                x = x + (added[i] if outputs is None or not last else added[i][outputs])
         return rms_norm(x, self.output_norm, o.eps)
 
 

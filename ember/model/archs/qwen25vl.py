@@ -40,16 +40,33 @@ class MRoPE(RoPE):
     shift's deltas) turn every section alike."""
 
     sections: tuple[int, ...] = ()
+    interleaved: bool = False  # Qwen3-VL's: frequency i turned by t, h, w, t, h, w, ... in turn
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if positions.dim() == 1:
             return RoPE.cos_sin(self, positions)
-        which = torch.repeat_interleave(
-            torch.arange(len(self.sections)), torch.tensor(self.sections)
-        )
+        which = self._section_of_frequency()
         per_freq = positions.to(torch.float64)[which]  # (dim/2, T)
         angles = per_freq.T / self.scale * self.inv_freq()[None, :]
         return angles.cos().float()[:, None, :], angles.sin().float()[:, None, :]
+
+    def _section_of_frequency(self) -> torch.Tensor:
+        """Which of the 3 positions turns each frequency (dim/2,): the sections one after
+        another, or (interleaved, as HF's apply_interleaved_mrope) h at every third frequency
+        from 1 and w from 2 for their sections' lengths, t at the rest."""
+        sections = torch.tensor(self.sections)
+        if not self.interleaved:
+            return torch.repeat_interleave(torch.arange(len(self.sections)), sections)
+        which = torch.zeros(int(sections.sum()), dtype=torch.long)
+        for axis in (1, 2):
+            which[axis : 3 * self.sections[axis] : 3] = axis
+        return which
+
+
+def mrope(c: Config, rope: RoPE, *, interleaved: bool = False) -> MRoPE:
+    """rope with the file's M-RoPE sections (by default Qwen 2.5 VL's, or Qwen3-VL's)."""
+    sections = _sections(c, rope.dim, [24, 20, 20] if interleaved else [16, 24, 24])
+    return MRoPE(rope.dim, rope.base, True, rope.scale, rope.factors, sections, interleaved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,13 +78,65 @@ class GridEmbeddings:
     width: int
 
 
-def _sections(c: Config, rope_dim: int) -> tuple[int, ...]:
-    value = c.metadata.get(f"{c.arch}.rope.mrope_section")
-    value = value or c.metadata.get(f"{c.arch}.rope.dimension_sections") or [16, 24, 24]
+def _sections(c: Config, rope_dim: int, default: list[int]) -> tuple[int, ...]:
+    value = c.metadata.get(f"{c.arch}.rope.mrope_section") or c.metadata.get(
+        f"{c.arch}.mrope_sections"
+    )  # the key Ollama's qwen3vl reads (its converter writes the first)
+    value = value or c.metadata.get(f"{c.arch}.rope.dimension_sections") or default
     sections = tuple(int(x) for x in value if int(x) > 0)[:3]
     if sum(sections) != rope_dim // 2:
         raise ModelLoadError(f"the M-RoPE sections {list(sections)} do not cover {rope_dim // 2}")
     return sections
+
+
+def grid_positions(batch: Batch) -> torch.Tensor:
+    """(3, T) M-RoPE positions: text tokens at their shifted position thrice; image rows at
+    (start, start + row, start + column)."""
+    base = torch.tensor(batch.positions)
+    if batch.position_offsets:
+        base = base + torch.tensor(batch.position_offsets)
+    positions = base.expand(3, -1).clone()
+    for index, piece in zip(batch.multimodal, batch.multimodal_data, strict=False):
+        if isinstance(piece, GridEmbeddings):
+            n, start = len(piece.rows), int(base[index])
+            r = torch.arange(n)
+            span = torch.stack([torch.zeros_like(r), r // piece.width, r % piece.width])
+            positions[:, index : index + n] = start + span
+    return positions
+
+
+def grid_shift(piece: object) -> tuple[int, int]:
+    """PositionShifter's: the tokens after an image go on from its start + its longer side."""
+    if not isinstance(piece, GridEmbeddings):
+        return 0, 0
+    rows = len(piece.rows)
+    return rows, max(piece.height, piece.width) - rows
+
+
+def place_images(x: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Embeddings x (T, C) with each image's rows in its placeholders."""
+    for index, piece in zip(batch.multimodal, batch.multimodal_data, strict=False):
+        if isinstance(piece, GridEmbeddings):
+            x[index : index + len(piece.rows)] = piece.rows
+    return x
+
+
+@dataclass(frozen=True, slots=True)
+class VisionTokens:
+    """An image's span: <|vision_start|>, one <|image_pad|> per row, <|vision_end|>."""
+
+    start: int
+    end: int
+    pad: int
+
+    @classmethod
+    def of(cls, gguf: GGUFFile) -> "VisionTokens":
+        tokens = list(gguf.metadata.get("tokenizer.ggml.tokens") or [])
+        ids = {t: tokens.index(t) if t in tokens else i for t, i in SPECIALS.items()}
+        return cls(ids["<|vision_start|>"], ids["<|vision_end|>"], ids["<|image_pad|>"])
+
+    def span(self, encoded: GridEmbeddings) -> ImageSpan:
+        return ImageSpan([self.start, *[self.pad] * len(encoded.rows), self.end], {1: encoded})
 
 
 class Qwen2VL(Qwen2):
@@ -75,26 +144,10 @@ class Qwen2VL(Qwen2):
 
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         super().__init__(gguf, config)
-        o, rope = self.options, self.options.rope
-        mrope = MRoPE(
-            rope.dim, rope.base, True, rope.scale, rope.factors, _sections(config, rope.dim)
-        )
-        self.options = replace(o, rope=mrope)
+        self.options = replace(self.options, rope=mrope(config, self.options.rope))
 
     def rope_positions(self, batch: Batch) -> torch.Tensor:
-        """(3, T): text tokens at their shifted position thrice; image rows at
-        (start, start + row, start + column)."""
-        base = torch.tensor(batch.positions)
-        if batch.position_offsets:
-            base = base + torch.tensor(batch.position_offsets)
-        positions = base.expand(3, -1).clone()
-        for index, piece in zip(batch.multimodal, batch.multimodal_data, strict=False):
-            if isinstance(piece, GridEmbeddings):
-                n, start = len(piece.rows), int(base[index])
-                r = torch.arange(n)
-                span = torch.stack([torch.zeros_like(r), r // piece.width, r % piece.width])
-                positions[:, index : index + n] = start + span
-        return positions
+        return grid_positions(batch)
 
     def native_rope(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(self.options.rope.cos_sin(self.rope_positions(batch)))
@@ -116,11 +169,7 @@ class Qwen25VL(Qwen2VL):
             self.vision_options = VisionOptions.from_config(clip)
             weights = Weights(MmprojNames(projector))  # type: ignore[arg-type]
         self.vision = VisionTower(weights, self.vision_options, self.options.hidden)
-        tokens = list(gguf.metadata.get("tokenizer.ggml.tokens") or [])
-        ids = {t: tokens.index(t) if t in tokens else i for t, i in SPECIALS.items()}
-        self.vision_start = ids["<|vision_start|>"]
-        self.vision_end = ids["<|vision_end|>"]
-        self.image_pad = ids["<|image_pad|>"]
+        self.vision_tokens = VisionTokens.of(gguf)
 
     def encode_multimodal(self, data: bytes) -> GridEmbeddings:
         """An image's embeddings, computed once per image."""
@@ -130,22 +179,14 @@ class Qwen25VL(Qwen2VL):
             return GridEmbeddings(self.vision(patches), patches.height // m, patches.width // m)
 
     def image_span(self, encoded: GridEmbeddings) -> ImageSpan:
-        """<|vision_start|> a placeholder per row... <|vision_end|>."""
-        tokens = [self.vision_start, *[self.image_pad] * len(encoded.rows), self.vision_end]
-        return ImageSpan(tokens, {1: encoded})
+        return self.vision_tokens.span(encoded)
 
     def position_shift(self, piece: object) -> tuple[int, int]:
-        if not isinstance(piece, GridEmbeddings):
-            return 0, 0
-        rows = len(piece.rows)
-        return rows, max(piece.height, piece.width) - rows
+        return grid_shift(piece)
 
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         x = self.token_embd.lookup(torch.tensor(batch.tokens))  # (T, C)
-        for index, piece in zip(batch.multimodal, batch.multimodal_data, strict=False):
-            if isinstance(piece, GridEmbeddings):
-                x[index : index + len(piece.rows)] = piece.rows
-        return self.layers(x, batch, cache)
+        return self.layers(place_images(x, batch), batch, cache)
 
 
 class MmprojNames(RenamedGGUF):

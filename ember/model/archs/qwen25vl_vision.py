@@ -6,6 +6,7 @@ merger). Weights under Ollama's names (`v.patch_embd_0`, `v.blk.N.*`, `v.merger.
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -120,6 +121,25 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
+class Sizing(Protocol):
+    """What preprocessing reads of a tower's options."""
+
+    @property
+    def patch_size(self) -> int: ...
+    @property
+    def merge_size(self) -> int: ...
+    @property
+    def temporal_patch_size(self) -> int: ...
+    @property
+    def min_pixels(self) -> int: ...
+    @property
+    def max_pixels(self) -> int: ...
+    @property
+    def mean(self) -> tuple[float, float, float]: ...
+    @property
+    def std(self) -> tuple[float, float, float]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Patches:
     """An image as the tower reads it: (N, C·T·P·P) rows in merge-window order, N = h × w."""
@@ -129,7 +149,7 @@ class Patches:
     width: int
 
 
-def preprocess(image: Image.Image, o: VisionOptions) -> Patches:
+def preprocess(image: Image.Image, o: Sizing) -> Patches:
     p, m = o.patch_size, o.merge_size
     h, w = smart_resize(image.height, image.width, p * m, o.min_pixels, o.max_pixels)
     pixels = to_pixels(image, (h, w), mean=o.mean, std=o.std, resample=Image.Resampling.BICUBIC)
@@ -196,7 +216,8 @@ class VisionTower:
         x = patches.rows @ self.patch.T  # (N, C)
         order, bounds = window_order(patches.height, patches.width, o)
         x = x.view(-1, unit, o.hidden)[order].flatten(0, 1)
-        angles = self._angles(patches.height, patches.width).view(-1, unit, o.head_dim // 2)
+        angles = _angles(patches.height, patches.width, o.merge_size, o.head_dim, o.rope_base)
+        angles = angles.view(-1, unit, o.head_dim // 2)
         angles = torch.cat([angles[order].flatten(0, 1)] * 2, -1)[:, None]  # (N, 1, D)
         rope = angles.cos(), angles.sin()
         for i, block in enumerate(self.blocks):
@@ -205,17 +226,18 @@ class VisionTower:
         x = self.mlp2(F.gelu(self.mlp0(x) + self.mlp0_bias)) + self.mlp2_bias
         return x[torch.argsort(order)]
 
-    def _angles(self, gh: int, gw: int) -> torch.Tensor:
-        """Each patch's RoPE angles (N, D/2): its row's, then its column's (merge order)."""
-        o, m = self.options, self.options.merge_size
-        dim = o.head_dim // 2
-        inv = 1.0 / (o.rope_base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-        rows, cols = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
 
-        def merged(t: torch.Tensor) -> torch.Tensor:
-            return t.reshape(gh // m, m, gw // m, m).permute(0, 2, 1, 3).flatten().float()
+def _angles(gh: int, gw: int, m: int, head_dim: int, base: float) -> torch.Tensor:
+    """Each patch's 2-D RoPE angles (N, head_dim/2): its row's, then its column's, patches in
+    merge-window order."""
+    dim = head_dim // 2
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    rows, cols = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
 
-        return torch.cat([merged(rows)[:, None] * inv, merged(cols)[:, None] * inv], 1)
+    def merged(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(gh // m, m, gw // m, m).permute(0, 2, 1, 3).flatten().float()
+
+    return torch.cat([merged(rows)[:, None] * inv, merged(cols)[:, None] * inv], 1)
 
 
 def window_order(gh: int, gw: int, o: VisionOptions) -> tuple[torch.Tensor, list[int]]:

@@ -127,12 +127,9 @@ class Qwen3Ranker(Qwen3):
         return torch.softmax(self.logits(pooled)[:, self.label_ids], dim=-1)[:, 0]
 
 
-@register("qwen3", "qwen3vl")
+@register("qwen3")
 def qwen3(gguf: GGUFFile, config: Config) -> Qwen3:
-    """A Qwen3 file's model: its reranker where its pooling type says rank. Qwen3-VL's text
-    (`qwen3vl`) is Qwen3's: a text position is the same in each of its M-RoPE sections, so its
-    interleaved M-RoPE is Qwen3's NeoX RoPE (its vision tower, and with it deepstack, Ember
-    lacks: such a file serves text)."""
+    """A Qwen3 file's model: its reranker where its pooling type says rank."""
     if config.metadata.get(f"{config.arch}.pooling_type") == POOLING_RANK:
         return Qwen3Ranker(gguf, config)
     return Qwen3(gguf, config)

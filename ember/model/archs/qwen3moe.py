@@ -64,7 +64,7 @@ class Qwen3MoeBlock(Qwen3Attention):
         return x + mixture(h, routing, self.experts)
 
 
-@register("qwen3moe", "qwen3vlmoe")  # Qwen3-VL-MoE's text too (as qwen3vl in qwen3.py)
+@register("qwen3moe")
 class Qwen3Moe(Qwen3):
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         self.moe_options = Qwen3MoeOptions.from_config(config)

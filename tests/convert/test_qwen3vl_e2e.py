@@ -1,0 +1,69 @@
+"""A tiny Qwen3-VL made by `ember create` from its HF directory answers the real `ollama` and
+`openai` clients' chats with an image through one `ember serve`, with the greedy tokens of the
+engine run directly, which are HF's own greedy tokens (deepstack in the prompt's batches, the
+position shift after the image through the native decode steps)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("transformers")
+TESTS = Path(__file__).resolve().parents[1]
+sys.path += [str(TESTS / "server"), str(TESTS / "cli")]
+
+from cli_support import EMBER, cli_env  # noqa: E402
+from grid_e2e import checked_answer, ollama_chat, openai_chat  # noqa: E402
+from hf_qwen3vl import build_qwen3vl  # noqa: E402
+from serve_process import Server  # noqa: E402
+from test_gemma3_vision import image_bytes  # noqa: E402
+from test_qwen3vl_vision import hf_pixels  # noqa: E402
+
+from ember.convert import convert_directory  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+PNG = image_bytes((150, 100), "RGB", 5)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3vl-e2e")
+    hf = build_qwen3vl(root / "tiny-qwen3vl")
+    (root / "Modelfile").write_text("FROM ./tiny-qwen3vl\n")
+    (root / "serve").mkdir()
+    server = Server(root / "serve")
+    env = cli_env(root, server.url.removeprefix("http://"))
+    result = subprocess.run(
+        [*EMBER, "create", "tiny-qwen3vl", "-f", str(root / "Modelfile")],
+        text=True, capture_output=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    yield root, server, hf
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def answer(setup):
+    root, _, hf = setup
+    convert_directory(root / "tiny-qwen3vl", root / "one.gguf")
+    return checked_answer(hf, [root / "one.gguf"], PNG, hf_pixels)
+
+
+def test_show_reports_vision(setup):
+    _, server, _ = setup
+    shown = httpx.post(f"{server.url}/api/show", json={"model": "tiny-qwen3vl"}).json()
+    assert "vision" in shown["capabilities"]
+    assert shown["model_info"]["general.architecture"] == "qwen3vl"
+
+
+def test_the_ollama_client_chat_with_an_image_equals_the_engine(setup, answer):
+    reply = ollama_chat(setup[1].url, "tiny-qwen3vl", PNG)
+    text, prompt_tokens = answer
+    assert reply.done and reply.prompt_eval_count == prompt_tokens
+    assert reply.message.content == text
+
+
+def test_the_openai_client_chat_with_an_image_equals_the_engine(setup, answer):
+    assert openai_chat(setup[1].url, "tiny-qwen3vl", PNG) == answer[0]
