@@ -8,11 +8,13 @@ vision tower and the multi-token-prediction layers are left out."""
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ember.convert.decoder import TextDecoder, expert_pattern
+from ember.convert.qwen3vl_tower import Qwen3VLTower
 from ember.convert.source import ConvertError, HFConfig
 
 _TOP = {
@@ -51,7 +53,7 @@ _LAYER = {
 }
 _GATE_UP = "mlp.experts.gate_up_proj"
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_LEFT_OUT = ("model.visual.", "mtp.")
+_LEFT_OUT = ("model.visual.", "mtp.")  # the tower where the decoder has none
 
 
 class Qwen35Decoder(TextDecoder):
@@ -82,6 +84,9 @@ class Qwen35Decoder(TextDecoder):
             self.num_experts_used = c.int("num_experts_per_tok", maximum=self.num_experts)
             self.expert_ffn = c.int("moe_intermediate_size")
             self.shared_ffn = c.int("shared_expert_intermediate_size")
+        vision = config.get("vision_config")
+        # Qwen3_5ForConditionalGeneration's tower, as Ollama's qwen35 files hold it
+        self.tower = Qwen3VLTower(config.sub("vision_config"), self.hidden) if vision else None
 
     def text_config(self, config: HFConfig) -> HFConfig:
         text = config.sub("text_config") if "text_config" in config.values else config
@@ -92,6 +97,8 @@ class Qwen35Decoder(TextDecoder):
     # ------------------------------------------------------------ names and shapes
 
     def rename(self, hf_name: str) -> str | None:
+        if self.tower is not None and (name := self.tower.rename(hf_name)):
+            return name
         if hf_name.startswith("model.language_model."):
             hf_name = "model." + hf_name.removeprefix("model.language_model.")
         if hf_name.startswith(_LEFT_OUT) or (hf_name == "lm_head.weight" and self.is_tied):
@@ -107,6 +114,8 @@ class Qwen35Decoder(TextDecoder):
         return super().stacked(hf_name.replace("model.language_model.", "model."))
 
     def split(self, hf_name: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+        if self.tower is not None and (tensors := self.tower.split(hf_name)):
+            return tensors
         short = hf_name.replace("model.language_model.", "model.")
         match = _LAYER_NAME.fullmatch(short)
         if match is not None and match.group(2) == _GATE_UP:  # (E, 2F, C): gate rows, up rows
@@ -139,6 +148,8 @@ class Qwen35Decoder(TextDecoder):
         return torch.cat([head, moved], dim=dim) if start else moved
 
     def transform(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if name.startswith("v."):
+            return tensor
         if name.endswith("_norm.weight") and not name.endswith("ssm_norm.weight"):
             return tensor.float() + 1.0
         if name.endswith(".ssm_a"):
@@ -151,7 +162,8 @@ class Qwen35Decoder(TextDecoder):
             named = {f"blk.{i}.{k}": s for k, s in self._layer_shapes(i).items()}
             shapes |= named
             required |= set(named)
-        return shapes, required
+        vision = {} if self.tower is None else self.tower.shapes()
+        return shapes | vision, required | set(vision)
 
     def _layer_shapes(self, i: int) -> dict[str, tuple[int, ...]]:
         c, d = self.hidden, self.head_dim
@@ -213,7 +225,12 @@ class Qwen35Decoder(TextDecoder):
             meta |= self.expert_metadata(self.num_experts, self.num_experts_used, self.expert_ffn)
             meta[f"{a}.expert_shared_feed_forward_length"] = self.shared_ffn
             meta[f"{a}.norm_top_k_prob"] = c.bool("norm_topk_prob", True)
-        return meta
+        return meta if self.tower is None else meta | self.tower.metadata(a)
+
+    def directory_metadata(self, directory: Path) -> dict[str, Any]:
+        if self.tower is not None:
+            self.tower.read_processor(directory)
+        return super().directory_metadata(directory)
 
 
 class Qwen35MoeDecoder(Qwen35Decoder):

@@ -19,23 +19,34 @@ MIN_PIXELS, MAX_PIXELS = 64 * 64, 192 * 192  # small: the load-time worst-case i
 MEAN, STD = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
 
 
-def build_qwen3vl(directory: Path, *, layers: int = 3, moe: bool = False, seed: int = 0):
+# Qwen3.5's hybrid text: DeltaNet layers, the fourth full attention with RoPE over half a head
+ROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+        "mrope_interleaved": True}  # fmt: skip
+QWEN35 = {"num_hidden_layers": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+          "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+          "head_dim": 32, "rope_parameters": ROPE | {"partial_rotary_factor": 0.5}}  # fmt: skip
+
+
+def build_qwen3vl(
+    directory: Path, *, layers: int = 3, moe: bool = False, family: str = "", seed: int = 0
+):
+    """family: Qwen3VL (default), Qwen3VLMoe (moe), or Qwen3_5 (no deepstack)."""
     vocab = qwen25vl_vocab()
     n = len(vocab.tokens)
-    family = "Qwen3VLMoe" if moe else "Qwen3VL"
+    family = family or ("Qwen3VLMoe" if moe else "Qwen3VL")
     experts = {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}
+    deepstack = {} if family == "Qwen3_5" else {"deepstack_visual_indexes": [0, 2]}
     vision = getattr(T, f"{family}VisionConfig")(
         depth=3, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=PATCH,
         spatial_merge_size=MERGE, temporal_patch_size=2, out_hidden_size=64,
-        num_position_embeddings=16, deepstack_visual_indexes=[0, 2],
+        num_position_embeddings=16, **deepstack,
     )  # fmt: skip
+    fields = {"num_hidden_layers": layers, "head_dim": 16, "rope_parameters": ROPE}
+    fields |= (experts if moe else {}) | (QWEN35 if family == "Qwen3_5" else {})
     text = getattr(T, f"{family}TextConfig")(
-        vocab_size=n, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-        bos_token_id=vocab.bos_id, eos_token_id=vocab.eos_id, pad_token_id=vocab.pad_id,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "mrope_section": [2, 3, 3], "mrope_interleaved": True},
-        tie_word_embeddings=False, **(experts if moe else {}),
+        vocab_size=n, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=vocab.bos_id,
+        eos_token_id=vocab.eos_id, pad_token_id=vocab.pad_id, tie_word_embeddings=False, **fields,
     )  # fmt: skip
     config = getattr(T, f"{family}Config")(
         text_config=text, vision_config=vision, vision_start_token_id=n - 3,

@@ -192,9 +192,8 @@ class Llama:
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)
             last = i == o.num_layers - 1
-            x = block(x, rot, cache, o, outputs if last else None)
-            if i < len(added):
-                x = x + (added[i] if outputs is None or not last else added[i][outputs])
+            x = with_added(block(x, rot, cache, o, outputs if last else None), added, i,
+                           outputs if last else None)  # fmt: skip
         return rms_norm(x, self.output_norm, o.eps)
 
 
@@ -206,6 +205,16 @@ def _native_of(model: Llama) -> list[NativeLayer] | None:
         return None
     layers = [bind(model.options) for bind in binders]  # type: ignore[misc]
     return None if None in layers else layers  # type: ignore[return-value]
+
+
+def with_added(
+    x: torch.Tensor, added: Sequence[torch.Tensor], i: int, rows: torch.Tensor | None
+) -> torch.Tensor:
+    """Layer i's output x plus added[i] where given (at `rows` where the layer kept only the
+    output rows)."""
+    if i >= len(added):
+        return x
+    return x + (added[i] if rows is None else added[i][rows])
 
 
 def _rows(batch: Batch) -> torch.Tensor | None:

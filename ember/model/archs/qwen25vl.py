@@ -63,9 +63,11 @@ class MRoPE(RoPE):
         return which
 
 
-def mrope(c: Config, rope: RoPE, *, interleaved: bool = False) -> MRoPE:
+def mrope(
+    c: Config, rope: RoPE, *, interleaved: bool = False, default: list[int] | None = None
+) -> MRoPE:
     """rope with the file's M-RoPE sections (by default Qwen 2.5 VL's, or Qwen3-VL's)."""
-    sections = _sections(c, rope.dim, [24, 20, 20] if interleaved else [16, 24, 24])
+    sections = _sections(c, rope.dim, default or ([24, 20, 20] if interleaved else [16, 24, 24]))
     return MRoPE(rope.dim, rope.base, True, rope.scale, rope.factors, sections, interleaved)
 
 

@@ -17,7 +17,8 @@ times sigmoid(gate). The MLP: SwiGLU, or (`expert_count`) a softmax top-k of exp
 shared expert gated by sigmoid(`ffn_gate_inp_shexp` x). Norm weights are stored with Qwen's +1
 already added, except `ssm_norm`."""
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,9 @@ from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache, RecurrentStateCache, WrapperCache
 from ember.kvcache.recurrent_state import current_state
-from ember.model.archs.llama import _rows
+from ember.model.archs.llama import _rows, with_added
+from ember.model.archs.qwen3vl import GridImages, GridVision, deepstack
+from ember.model.archs.qwen25vl import grid_positions, mrope, place_images
 from ember.model.config import Config, ModelLoadError
 from ember.model.mlp import SwiGLU, routed_experts
 from ember.model.registry import register
@@ -221,7 +224,6 @@ class Block:
         return x + self.ffn(rms_norm(x, self.ffn_norm, o.eps))
 
 
-@register("qwen35", "qwen35moe", "qwen3next")
 class Qwen35(DecoderStack):
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         w = Weights(gguf)
@@ -237,11 +239,45 @@ class Qwen35(DecoderStack):
         return self.options.rope.shift(key, delta)
 
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        return self.run(self.embed(batch), torch.tensor(batch.positions), batch, cache)
+
+    def run(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        batch: Batch,
+        cache: Cache,
+        added: Sequence[torch.Tensor] = (),
+    ) -> torch.Tensor:
+        """The layers over embeddings x at RoPE positions (T,) or (3, T); added[i] is added to
+        layer i's output (deepstack)."""
         o = self.options
-        x = self.embed(batch)
-        cos_sin = o.rope.cos_sin(torch.tensor(batch.positions))
+        cos_sin = o.rope.cos_sin(positions)
         outputs = _rows(batch)
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)
-            x = block(x, cos_sin, cache, o, outputs if i == o.num_layers - 1 else None)
+            rows = outputs if i == o.num_layers - 1 else None
+            x = with_added(block(x, cos_sin, cache, o, rows), added, i, rows)
         return rms_norm(x, self.output_norm, o.eps)
+
+
+class Qwen35VL(GridImages, Qwen35):
+    """Qwen3.5 with its vision tower (Ollama's single file): Qwen3-VL's tower and image
+    placement (qwen3vl.py), interleaved M-RoPE over the attention layers' partial RoPE."""
+
+    def __init__(self, gguf: GGUFFile, config: Config) -> None:
+        super().__init__(gguf, config)
+        rope = mrope(config, self.options.rope, interleaved=True, default=[11, 11, 10])
+        self.options = replace(self.options, rope=rope)
+        self.images = GridVision(gguf, config, self.options.hidden)
+
+    def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
+        x = place_images(self.embed(batch), batch)
+        return self.run(x, grid_positions(batch), batch, cache, deepstack(x, batch))
+
+
+@register("qwen35", "qwen35moe", "qwen3next")
+def qwen35(gguf: GGUFFile, config: Config) -> Qwen35:
+    """Qwen35VL where the file holds a vision tower, else the text model."""
+    has_tower = "v.patch_embed.weight" in gguf.tensors
+    return Qwen35VL(gguf, config) if has_tower else Qwen35(gguf, config)

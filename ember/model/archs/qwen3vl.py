@@ -41,15 +41,46 @@ class StackedGrid(GridEmbeddings):
     deepstack: tuple[torch.Tensor, ...] = ()
 
 
-class Qwen3VL(Qwen3):
+class GridVision:
+    """The vision side of a Qwen3-VL-style file: its tower, span tokens and image encoding
+    (Qwen3-VL's; Qwen3.5's, whose tower has no deepstack mergers)."""
+
+    def __init__(self, gguf: GGUFFile, config: Config, text_hidden: int) -> None:
+        self.options = VisionOptions.from_config(config)
+        self.tower = VisionTower(Weights(gguf), self.options, text_hidden)
+        self.tokens = VisionTokens.of(gguf)
+
+    def encode(self, data: bytes) -> StackedGrid:
+        patches = preprocess(decode_image(data), self.options)
+        m = self.options.merge_size
+        with torch.inference_mode():
+            rows, stacked = self.tower(patches)
+        return StackedGrid(rows, patches.height // m, patches.width // m, tuple(stacked))
+
+
+class GridImages:
+    """A model's image methods (ImageModel's, PositionShifter's) over its GridVision."""
+
+    images: GridVision
+
+    def encode_multimodal(self, data: bytes) -> StackedGrid:
+        """An image's embeddings, computed once per image."""
+        return self.images.encode(data)
+
+    def image_span(self, encoded: StackedGrid) -> ImageSpan:
+        return self.images.tokens.span(encoded)
+
+    def position_shift(self, piece: object) -> tuple[int, int]:
+        return grid_shift(piece)
+
+
+class Qwen3VL(GridImages, Qwen3):
     def __init__(self, gguf: GGUFFile, config: Config) -> None:
         super().__init__(gguf, config)
         self.options = replace(
             self.options, rope=mrope(config, self.options.rope, interleaved=True)
         )
-        self.vision_options = VisionOptions.from_config(config)
-        self.vision = VisionTower(Weights(gguf), self.vision_options, self.options.hidden)
-        self.vision_tokens = VisionTokens.of(gguf)
+        self.images = GridVision(gguf, config, self.options.hidden)
 
     def rope_positions(self, batch: Batch) -> torch.Tensor:
         return grid_positions(batch)
@@ -57,30 +88,16 @@ class Qwen3VL(Qwen3):
     def native_rope(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_tables(self.options.rope.cos_sin(self.rope_positions(batch)))
 
-    def encode_multimodal(self, data: bytes) -> StackedGrid:
-        """An image's embeddings, computed once per image."""
-        patches = preprocess(decode_image(data), self.vision_options)
-        m = self.vision_options.merge_size
-        with torch.inference_mode():
-            rows, stacked = self.vision(patches)
-        return StackedGrid(rows, patches.height // m, patches.width // m, tuple(stacked))
-
-    def image_span(self, encoded: StackedGrid) -> ImageSpan:
-        return self.vision_tokens.span(encoded)
-
-    def position_shift(self, piece: object) -> tuple[int, int]:
-        return grid_shift(piece)
-
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         x = place_images(self.token_embd.lookup(torch.tensor(batch.tokens)), batch)  # (T, C)
-        return self.layers(x, batch, cache, _deepstack(x, batch))
+        return self.layers(x, batch, cache, deepstack(x, batch))
 
 
 class Qwen3VLMoe(Qwen3VL, Qwen3Moe):
     """Qwen3-VL's MoE text layers (Qwen3 MoE's) under the same tower."""
 
 
-def _deepstack(x: torch.Tensor, batch: Batch) -> list[torch.Tensor]:
+def deepstack(x: torch.Tensor, batch: Batch) -> list[torch.Tensor]:
     """What each of the first layers adds (T, C): the batch's images' deepstack rows."""
     added: list[torch.Tensor] = []
     for index, piece in zip(batch.multimodal, batch.multimodal_data, strict=False):
