@@ -4,15 +4,17 @@ with Ollama's `gemma4` keys and names: the two layer types' head sizes (`key_len
 shared-KV layers, per-layer embeddings, the experts' fused gate/up stack, and `rope_freqs` for
 the full layers' proportional RoPE (1 for the rotated pairs, 1e30 for the rest), as Ollama's
 converter writes them. Norm weights are stored as they are (Gemma 4's RMSNorm has no +1).
-The vision and audio towers of a multimodal checkpoint are left out: Ember runs Gemma 4's text
-only. Refused: bidirectional attention on text, RoPE other than default (sliding) and
-proportional or default (full), a proportional factor."""
+The vision tower of a multimodal checkpoint goes in as Ollama's converter writes it
+(gemma4_vision.py); the audio tower is left out. Refused: bidirectional attention on text, RoPE
+other than default (sliding) and proportional or default (full), a proportional factor."""
 
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ember.convert.decoder import Combined
+from ember.convert.gemma4_vision import Gemma4Tower
 from ember.convert.gemma_text import KINDS, GemmaTextDecoder
 from ember.convert.source import ConvertError, HFConfig
 from ember.convert.vocab import tokenizer_metadata
@@ -54,8 +56,8 @@ class Gemma4Decoder(GemmaTextDecoder):
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
         c, n = self.text, self.num_layers
-        if c.get("use_bidirectional_attention") == "all":
-            raise ConvertError("gemma4: bidirectional attention is not supported")
+        if c.get("use_bidirectional_attention") not in (None, "vision"):
+            raise ConvertError("gemma4: bidirectional attention on text is not supported")
         self.read_layout()
         self.types[-1] = "full_attention"  # as transformers forces it
         self.sliding[-1] = False
@@ -84,6 +86,8 @@ class Gemma4Decoder(GemmaTextDecoder):
             raise ConvertError("gemma4: sliding layers take default RoPE, full ones proportional")
         if self.ropes["full_attention"].float("factor", 1.0) != 1.0:
             raise ConvertError("gemma4: a proportional RoPE factor is not supported")
+        vision = config.get("vision_config")
+        self.tower = Gemma4Tower(config.sub("vision_config"), self.hidden) if vision else None
 
     def _layer_heads(self) -> tuple[list[int], list[int]]:
         """Each layer's head size and KV heads: transformers' saved `per_layer_config`, else the
@@ -113,9 +117,25 @@ class Gemma4Decoder(GemmaTextDecoder):
 
     # ------------------------------------------------------------ names and shapes
 
+    def rename(self, hf_name: str) -> str | None:
+        if self.tower is not None and self.tower.owns(hf_name):
+            return self.tower.rename(hf_name)
+        return super().rename(hf_name)
+
+    def split(self, hf_name: str) -> dict[str, Any]:
+        if self.tower is not None and self.tower.owns(hf_name):
+            return self.tower.split(hf_name)
+        return super().split(hf_name)
+
+    def combined(self, hf_names: list[str]) -> dict[str, Combined]:
+        return {} if self.tower is None else self.tower.combined(hf_names)
+
     def shapes(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
         c, p, n = self.hidden, self.per_layer, self.num_layers
         shapes, required = self.top_shapes()
+        if self.tower is not None:
+            vision, needed = self.tower.shapes()
+            shapes, required = shapes | vision, required | needed
         if p:
             top = {"per_layer_token_embd.weight": (self.per_layer_vocab, n * p),
                    "per_layer_model_proj.weight": (n * p, c),
@@ -194,7 +214,10 @@ class Gemma4Decoder(GemmaTextDecoder):
             meta[f"{a}.final_logit_softcapping"] = float(cap)
         if self.moe:
             meta |= self.expert_metadata(self.num_experts, self.num_experts_used, self.expert_ffn)
-        return meta
+        if self.tower is None:
+            return meta
+        both_ways = c.get("use_bidirectional_attention") == "vision"
+        return meta | self.tower.metadata() | {f"{a}.vision.bidirectional": both_ways}
 
 
 def _one_or_each(counts: list[int]) -> int | list[int]:

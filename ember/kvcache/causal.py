@@ -157,11 +157,14 @@ class CausalCache:
         return torch.from_numpy(np.where(visible, np.float32(0), np.float32(-np.inf)))
 
     def see_both_ways(self, begin: int, end: int) -> None:
-        """Lets the batch's rows begin..end see each other's cells both ways (an image's tokens,
-        all of one sequence): the mask is then neither plain causal nor a window's band."""
+        """Lets the batch's rows begin..end (an image's tokens, all of one sequence, in order)
+        also see the later rows' cells: the mask is then neither plain causal nor a window's
+        band. Earlier rows stay as the causal mask has them (with a window: within it, as
+        transformers' sliding masks have an image's tokens)."""
         if self.mask is None:  # every row sees every cell already
             return
-        self.mask[begin:end, self.locs[begin:end] - self.lo] = 0.0
+        rows, later = torch.triu_indices(end - begin, end - begin, 1)
+        self.mask[begin + rows, torch.as_tensor(self.locs[begin:end])[later] - self.lo] = 0.0
         self.plain, self.band = False, None
 
     def _band(

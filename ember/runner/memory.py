@@ -61,8 +61,10 @@ def reserve(
     if isinstance(model, ImageModel):  # an image's inputs share one batch, even past num_batch;
         # a worst-case image (the vision encoder's buffers, as Ollama's) gives the longest span
         worst_span = model.image_span(model.encode_multimodal(worst_case_image()))
-        # (a span longer than num_ctx never runs: Qwen 2.5 VL's grows with the image)
-        num_batch = max(num_batch, min(len(worst_span.tokens), num_ctx))
+        # (a span longer than num_ctx never runs: Qwen 2.5 VL's grows with the image); a model
+        # whose longest span is not the square's says so (Gemma 4: 256 tokens square, 280 not)
+        longest = max(len(worst_span.tokens), getattr(model, "longest_image_span", 0))
+        num_batch = max(num_batch, min(longest, num_ctx))
     # Bytes per cell, measured on a small cache of the same model: no per-arch arithmetic (a
     # sliding-window layer's cache holds fewer cells: the cache says how many).
     cache.init(max_sequences=1, capacity=num_batch, max_batch=num_batch, dtype=dtype)

@@ -1,12 +1,15 @@
-"""The end-to-end checks shared by the Qwen 2.5 VL and Qwen3-VL tests: the engine's greedy
-answer to a chat of one image and a question, run in-process and checked equal to HF's
-`generate`, and the real clients' chats through `ember serve`, checked equal to it."""
+"""The end-to-end checks shared by the vision tests (Qwen 2.5 VL, Qwen3-VL, Gemma 4): the
+engine's greedy answer to a chat of one image and a question, run in-process and checked equal
+to HF's `generate`, and the real clients' chats through `ember serve`, checked equal to it."""
 
 import base64
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from cli_support import EMBER, cli_env  # (tests/cli and tests/server: on the caller's path)
+from serve_process import Server
 
 from ember.gguf import GGUFFile
 from ember.model import load_model
@@ -18,10 +21,30 @@ from ember.template import render_chat
 from ember.tokenizer import Tokenizer
 
 QUESTION, NUM_PREDICT = "What is in this picture?", 6
-Pixels = Callable[[bytes], tuple[torch.Tensor, torch.Tensor]]
+Pixels = Callable[[bytes], dict[str, torch.Tensor]]  # an image as HF's model takes it
 
 
-def engine_answer(files: list[Path], image: bytes) -> tuple[list[int], list[int], Tokenizer]:
+def serve_created(root: Path, models: dict[str, str]) -> Server:
+    """An `ember serve` under root/serve holding each model made by `ember create` from its
+    Modelfile text (name -> text; FROM paths relative to root)."""
+    (root / "serve").mkdir()
+    server = Server(root / "serve")
+    env = cli_env(root, server.url.removeprefix("http://"))
+    for name, text in models.items():
+        (root / f"{name}.Modelfile").write_text(text)
+        result = subprocess.run(
+            [*EMBER, "create", name, "-f", str(root / f"{name}.Modelfile")],
+            text=True, capture_output=True, timeout=300, env=env,
+        )  # fmt: skip
+        if result.returncode:
+            server.stop()
+            raise AssertionError(result.stderr)
+    return server
+
+
+def engine_answer(
+    files: list[Path], image: bytes, num_ctx: int = 256
+) -> tuple[list[int], list[int], Tokenizer]:
     """The prompt's ids and the engine's greedy tokens, in-process, for the chat's prompt."""
     gguf = GGUFFile.open(files[0])
     model = load_model(gguf, *(GGUFFile.open(f) for f in files[1:]))
@@ -32,7 +55,7 @@ def engine_answer(files: list[Path], image: bytes) -> tuple[list[int], list[int]
     request = Request(inputs.tokens, Options(temperature=0, num_predict=NUM_PREDICT),
                       same_batch=inputs.same_batch, multimodal=inputs.multimodal,
                       image_hashes=inputs.image_hashes)  # fmt: skip
-    engine = Engine(model, tok, num_parallel=1, num_ctx=256, num_batch=16)  # the prompt: 2 batches
+    engine = Engine(model, tok, num_parallel=1, num_ctx=num_ctx, num_batch=16)  # 2 batches or more
     try:
         seq = engine.submit(request)
         while not isinstance(seq.events.get(timeout=300), Done):
@@ -42,21 +65,36 @@ def engine_answer(files: list[Path], image: bytes) -> tuple[list[int], list[int]
     return inputs.tokens, list(seq.generated), tok
 
 
-def checked_answer(hf, files: list[Path], image: bytes, pixels: Pixels) -> tuple[str, int]:
+def checked_answer(
+    hf, files: list[Path], image: bytes, pixels: Pixels, num_ctx: int = 256
+) -> tuple[str, int]:
     """The engine's answer text and prompt length, once its tokens are checked to be HF's."""
-    ids, tokens, tok = engine_answer(files, image)
-    values, grid = pixels(image)
-    types = (torch.tensor([ids]) == hf.config.image_token_id).int()
+    ids, tokens, tok = engine_answer(files, image, num_ctx)
+    their_ids = hf_ids(hf, ids)
+    types = (torch.tensor([their_ids]) == hf.config.image_token_id).int()
     with torch.no_grad():
         out = hf.generate(
-            input_ids=torch.tensor([ids]), pixel_values=values, image_grid_thw=grid,
-            mm_token_type_ids=types, max_new_tokens=NUM_PREDICT, do_sample=False,
+            input_ids=torch.tensor([their_ids]), mm_token_type_ids=types,
+            max_new_tokens=NUM_PREDICT, do_sample=False, **pixels(image),
         )  # fmt: skip
     theirs = out[0, len(ids) :].tolist()
     eos = set(tok.eos_ids)
     theirs = theirs[: next((i for i, t in enumerate(theirs) if t in eos), len(theirs))]
     assert tokens and tokens == theirs  # the engine's greedy decoding is HF's
     return tok.decode(tokens), len(ids)
+
+
+def hf_ids(hf, ids: list[int]) -> list[int]:
+    """Ember's prompt as HF's: an image's placeholders (the token after its start token, up
+    to its end token) as HF's image token (Gemma 4's are Ember's pad tokens)."""
+    c = hf.config
+    start = getattr(c, "boi_token_id", None) or c.vision_start_token_id
+    end = getattr(c, "eoi_token_id", None) or c.vision_end_token_id
+    out, inside = [], False
+    for t in ids:
+        inside = (inside or t == start) and t != end
+        out.append(c.image_token_id if inside and t != start else t)
+    return out
 
 
 def ollama_chat(url: str, model: str, image: bytes):

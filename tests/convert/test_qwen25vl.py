@@ -102,14 +102,14 @@ def hf_run(hf, data: bytes) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     return ids, rows, logits.logits[0]
 
 
-def ember_logits(ember: Qwen25VL, data: bytes) -> tuple[list[int], torch.Tensor]:
+def ember_logits(ember, data: bytes, capacity: int = 256) -> tuple[list[int], torch.Tensor]:
     encoded = ember.encode_multimodal(data)
     span = ember.image_span(encoded)
     ids = [*PREFIX, *span.tokens, *SUFFIX]
     multimodal = {len(PREFIX) + k: v for k, v in span.pieces.items()}
     shifts = image_shifts(ember, multimodal)
     cache = ember.make_cache()
-    cache.init(max_sequences=1, capacity=256, max_batch=256)
+    cache.init(max_sequences=1, capacity=capacity, max_batch=capacity)
     n = len(ids)
     batch = Batch(tokens=tuple(ids), positions=tuple(range(n)), sequences=(0,) * n,
                   outputs=tuple(range(n)), multimodal=tuple(multimodal),

@@ -3,7 +3,6 @@ answers the real `ollama` and `openai` clients' chats with an image through one 
 with the greedy tokens of the engine run directly, which are HF's own greedy tokens (so the
 runner's position shift after the image holds through decoding too)."""
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,16 +13,19 @@ pytest.importorskip("transformers")
 TESTS = Path(__file__).resolve().parents[1]
 sys.path += [str(TESTS / "server"), str(TESTS / "cli")]
 
-from cli_support import EMBER, cli_env  # noqa: E402
-from grid_e2e import checked_answer, ollama_chat, openai_chat  # noqa: E402
+from grid_e2e import checked_answer, ollama_chat, openai_chat, serve_created  # noqa: E402
 from hf_qwen25vl import build_qwen25vl  # noqa: E402
-from serve_process import Server  # noqa: E402
 from test_gemma3_vision import image_bytes  # noqa: E402
 from test_qwen25vl import hf_pixels  # noqa: E402
 
 from ember.convert import convert_directory  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def hf_inputs(data: bytes) -> dict:
+    pixels, grid = hf_pixels(data)
+    return {"pixel_values": pixels, "image_grid_thw": grid}
 PNG = image_bytes((90, 50), "RGB", 5)
 
 
@@ -32,17 +34,8 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen25vl-e2e")
     hf = build_qwen25vl(root / "tiny-qwen25vl")
     convert_directory(root / "tiny-qwen25vl", root / "text.gguf", mmproj=root / "mmproj.gguf")
-    (root / "one.Modelfile").write_text("FROM ./tiny-qwen25vl\n")
-    (root / "pair.Modelfile").write_text("FROM ./text.gguf\nFROM ./mmproj.gguf\n")
-    (root / "serve").mkdir()
-    server = Server(root / "serve")
-    env = cli_env(root, server.url.removeprefix("http://"))
-    for name in ("one", "pair"):
-        result = subprocess.run(
-            [*EMBER, "create", f"tiny-qwen25vl-{name}", "-f", str(root / f"{name}.Modelfile")],
-            text=True, capture_output=True, timeout=300, env=env,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr
+    server = serve_created(root, {"tiny-qwen25vl-one": "FROM ./tiny-qwen25vl\n",
+                                  "tiny-qwen25vl-pair": "FROM ./text.gguf\nFROM ./mmproj.gguf\n"})
     yield root, server, hf
     server.stop()
 
@@ -50,7 +43,7 @@ def setup(tmp_path_factory):
 @pytest.fixture(scope="module")
 def answer(setup):
     root, _, hf = setup
-    return checked_answer(hf, [root / "text.gguf", root / "mmproj.gguf"], PNG, hf_pixels)
+    return checked_answer(hf, [root / "text.gguf", root / "mmproj.gguf"], PNG, hf_inputs)
 
 
 def test_show_reports_vision_for_both_conventions(setup):

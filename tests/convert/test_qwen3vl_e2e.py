@@ -3,7 +3,6 @@ answer the real `ollama` and `openai` clients' chats with an image through one `
 with the greedy tokens of the engine run directly, which are HF's own greedy tokens (deepstack in
 the prompt's batches, the position shift after the image through the decode steps)."""
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,16 +13,19 @@ pytest.importorskip("transformers")
 TESTS = Path(__file__).resolve().parents[1]
 sys.path += [str(TESTS / "server"), str(TESTS / "cli")]
 
-from cli_support import EMBER, cli_env  # noqa: E402
-from grid_e2e import checked_answer, ollama_chat, openai_chat  # noqa: E402
+from grid_e2e import checked_answer, ollama_chat, openai_chat, serve_created  # noqa: E402
 from hf_qwen3vl import build_qwen3vl  # noqa: E402
-from serve_process import Server  # noqa: E402
 from test_gemma3_vision import image_bytes  # noqa: E402
 from test_qwen3vl_vision import hf_pixels  # noqa: E402
 
 from ember.convert import convert_directory  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def hf_inputs(data: bytes) -> dict:
+    pixels, grid = hf_pixels(data)
+    return {"pixel_values": pixels, "image_grid_thw": grid}
 PNG = image_bytes((150, 100), "RGB", 5)
 
 
@@ -34,15 +36,7 @@ ARCHS = {"Qwen3VL": "qwen3vl", "Qwen3_5": "qwen35"}
 def setup(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("qwen3vl-e2e")
     hf = build_qwen3vl(root / "tiny-qwen3vl", family=request.param, layers=4)
-    (root / "Modelfile").write_text("FROM ./tiny-qwen3vl\n")
-    (root / "serve").mkdir()
-    server = Server(root / "serve")
-    env = cli_env(root, server.url.removeprefix("http://"))
-    result = subprocess.run(
-        [*EMBER, "create", "tiny-qwen3vl", "-f", str(root / "Modelfile")],
-        text=True, capture_output=True, timeout=300, env=env,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    server = serve_created(root, {"tiny-qwen3vl": "FROM ./tiny-qwen3vl\n"})
     yield root, server, hf
     server.stop()
 
@@ -51,7 +45,7 @@ def setup(tmp_path_factory, request):
 def answer(setup):
     root, _, hf = setup
     convert_directory(root / "tiny-qwen3vl", root / "one.gguf")
-    return checked_answer(hf, [root / "one.gguf"], PNG, hf_pixels)
+    return checked_answer(hf, [root / "one.gguf"], PNG, hf_inputs)
 
 
 def test_show_reports_vision(setup):

@@ -1,5 +1,5 @@
 """A file's own vision tower shows as the vision capability only where Ember runs it: Ollama's
-single files of Gemma 3n, Gemma 4 and Nemotron-H hold towers Ember lacks, and serve text."""
+single files of Gemma 3n and Nemotron-H hold towers Ember lacks, and serve text."""
 
 from types import SimpleNamespace
 
@@ -13,7 +13,7 @@ from ember.server.vision import VISION_ARCHS, runs_vision
     ("arch", "shown"),
     [("gemma3", True), ("mistral3", True), ("qwen25vl", True), ("mllama", True),
      ("qwen3vl", True), ("qwen3vlmoe", True), ("qwen35", True), ("qwen35moe", True),
-     ("gemma4", False), ("gemma3n", False), ("nemotron_h", False)],
+     ("gemma4", True), ("gemma3n", False), ("nemotron_h", False)],
 )  # fmt: skip
 def test_vision_shows_only_where_ember_runs_the_tower(arch: str, shown: bool) -> None:
     metadata = {"general.architecture": arch, f"{arch}.vision.block_count": 2}
@@ -27,6 +27,7 @@ def test_each_listed_architecture_builds_its_vision() -> None:
     import ember.model.archs  # noqa: F401  (registers them)
     from ember.model.registry import _ARCHS
 
-    vision_modules = {"gemma3_vision", "mistral3", "qwen25vl", "qwen3vl", "qwen35", "mllama"}
+    vision_modules = {"gemma3_vision", "gemma4_vision", "mistral3", "qwen25vl", "qwen3vl", "qwen35",
+                      "mllama"}  # fmt: skip
     for arch in VISION_ARCHS:
         assert _ARCHS[arch].__module__.rsplit(".", 1)[-1] in vision_modules, arch

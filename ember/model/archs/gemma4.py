@@ -24,7 +24,6 @@ from ember.gguf import GGUFFile
 from ember.kvcache import Cache, CausalCache, WrapperCache
 from ember.model.archs.llama import _rows
 from ember.model.config import Config, ModelLoadError
-from ember.model.registry import register
 from ember.model.stack import DecoderStack
 from ember.model.weights import Weights
 from ember.nn import RoPE, rms_norm
@@ -303,7 +302,6 @@ class SlidingGemma(DecoderStack):
         return softcap(logits, cap) if cap else logits
 
 
-@register("gemma4")
 class Gemma4(SlidingGemma):
     options: Gemma4Options
 
@@ -317,9 +315,15 @@ class Gemma4(SlidingGemma):
             o.per_layer_dim) else None  # fmt: skip
 
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
-        o = self.options
         tokens = torch.tensor(batch.tokens)
-        x = self.token_embd.lookup(tokens) * o.hidden**0.5
+        x = self.token_embd.lookup(tokens) * self.options.hidden**0.5
+        return self.run(tokens, x, batch, cache)
+
+    def run(
+        self, tokens: torch.Tensor, x: torch.Tensor, batch: Batch, cache: Cache
+    ) -> torch.Tensor:
+        """The layers over the batch's scaled embeddings x (T, C) of tokens (T,)."""
+        o = self.options
         per_layer = None if self.per_layer is None else self.per_layer(tokens, x)
         positions = torch.tensor(batch.positions)
         tables = {SLIDING: o.local_rope.cos_sin(positions), FULL: o.rope.cos_sin(positions)}
