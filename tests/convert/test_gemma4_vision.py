@@ -98,3 +98,13 @@ def test_logits_of_a_prompt_with_an_image_and_text_after_it_equal_hf(models, siz
     # 5e-5 of the largest logit: float32's summation order over 280-odd rows and five layers
     # (measured up to 3.6e-5 of it; the image embeddings themselves agree within 4e-6)
     assert (ours - theirs).abs().max() < 5e-5 * theirs.abs().max()
+
+
+def test_no_image_takes_more_than_the_longest_span(models):
+    """The load reservation's bound (280 pooled tokens and the two around them): oblong images
+    take more tokens than the square worst-case image."""
+    _, ember = models
+    sizes = [(2048, 2048), (60, 40), (400, 30), (1000, 999)]
+    images = {size: ember.encode_multimodal(image_bytes(size, "RGB", 1)) for size in sizes}
+    spans = {size: len(ember.image_span(rows).tokens) for size, rows in images.items()}
+    assert spans[(2048, 2048)] < max(spans.values()) <= ember.longest_image_span == 282

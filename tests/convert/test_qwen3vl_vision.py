@@ -24,7 +24,8 @@ from ember.gguf import GGUFFile  # noqa: E402
 from ember.model import load_model  # noqa: E402
 from ember.model.archs.qwen3vl import Qwen3VL, Qwen3VLMoe  # noqa: E402
 from ember.model.archs.qwen3vl_vision import VisionOptions  # noqa: E402
-from ember.model.archs.qwen25vl_vision import preprocess  # noqa: E402
+from ember.model.archs.qwen25vl import longest_span  # noqa: E402
+from ember.model.archs.qwen25vl_vision import preprocess, smart_resize  # noqa: E402
 from ember.model.archs.qwen35 import Qwen35VL  # noqa: E402
 from ember.model.config import Config  # noqa: E402
 from ember.model.imageproc import decode_image  # noqa: E402
@@ -121,3 +122,22 @@ def test_logits_of_a_prompt_with_an_image_and_text_after_it_equal_hf(models, siz
     # whole runs differ by up to 8.4e-5 of it)
     bound = 2e-4 * theirs.abs().max() if isinstance(ember, Qwen35VL) else 1e-4
     assert (ours - theirs).abs().max() < bound
+
+
+
+def test_no_image_takes_more_than_the_longest_span(models):
+    """The load reservation's bound, on the tiny model's images and on the sizes smart_resize
+    gives at Ollama's 2 M pixels (patch 16 or 14): oblong images near the bound take more
+    tokens than the square worst-case image, never more than longest_image_span."""
+    _, ember = models
+    spans = [len(ember.image_span(ember.encode_multimodal(image_bytes(size, "RGB", 1))).tokens)
+             for size in [(2048, 2048), (96, 384), (192, 160), (400, 90)]]  # fmt: skip
+    assert max(spans) <= ember.longest_image_span
+    for patch in (16, 14):
+        o = VisionOptions.from_config(Config({"a.vision.patch_size": patch}, "a"))
+        factor = patch * o.merge_size
+        tokens = {(h, w): smart_resize(h, w, factor, o.min_pixels, o.max_pixels)
+                  for h in range(800, 2400, 37) for w in (2048, 1000, 1500)}  # fmt: skip
+        most = max(h * w for h, w in tokens.values()) // factor**2
+        h, w = smart_resize(2048, 2048, factor, o.min_pixels, o.max_pixels)
+        assert h * w // factor**2 < most <= longest_span(o) - 2

@@ -19,7 +19,7 @@ from ember.batch import Batch
 from ember.gguf import GGUFFile
 from ember.kvcache import Cache
 from ember.model.archs.qwen2 import Qwen2
-from ember.model.archs.qwen25vl_vision import VisionOptions, VisionTower, preprocess
+from ember.model.archs.qwen25vl_vision import Sizing, VisionOptions, VisionTower, preprocess
 from ember.model.base import ImageSpan
 from ember.model.config import Config, ModelLoadError
 from ember.model.imageproc import decode_image
@@ -123,6 +123,12 @@ def place_images(x: torch.Tensor, batch: Batch) -> torch.Tensor:
     return x
 
 
+def longest_span(o: Sizing) -> int:
+    """The most tokens an image's span can take: smart_resize keeps its area within
+    max_pixels, whatever its shape (a square's may be fewer: the load reservation's image)."""
+    return o.max_pixels // (o.patch_size * o.merge_size) ** 2 + 2
+
+
 @dataclass(frozen=True, slots=True)
 class VisionTokens:
     """An image's span: <|vision_start|>, one <|image_pad|> per row, <|vision_end|>."""
@@ -172,6 +178,7 @@ class Qwen25VL(Qwen2VL):
             weights = Weights(MmprojNames(projector))  # type: ignore[arg-type]
         self.vision = VisionTower(weights, self.vision_options, self.options.hidden)
         self.vision_tokens = VisionTokens.of(gguf)
+        self.longest_image_span = longest_span(self.vision_options)
 
     def encode_multimodal(self, data: bytes) -> GridEmbeddings:
         """An image's embeddings, computed once per image."""

@@ -22,6 +22,7 @@ from ember.model.archs.qwen25vl import (
     VisionTokens,
     grid_positions,
     grid_shift,
+    longest_span,
     mrope,
     place_images,
 )
@@ -49,6 +50,7 @@ class GridVision:
         self.options = VisionOptions.from_config(config)
         self.tower = VisionTower(Weights(gguf), self.options, text_hidden)
         self.tokens = VisionTokens.of(gguf)
+        self.longest_span = longest_span(self.options)
 
     def encode(self, data: bytes) -> StackedGrid:
         patches = preprocess(decode_image(data), self.options)
@@ -62,6 +64,10 @@ class GridImages:
     """A model's image methods (ImageModel's, PositionShifter's) over its GridVision."""
 
     images: GridVision
+
+    @property
+    def longest_image_span(self) -> int:
+        return self.images.longest_span
 
     def encode_multimodal(self, data: bytes) -> StackedGrid:
         """An image's embeddings, computed once per image."""
