@@ -58,12 +58,16 @@ def reserve(
     worst-case batch of num_batch tokens over all of it fits beside it, with logits at
     num_outputs of its rows (at least one a sequence; more where drafted tokens are verified).
     Returns the bytes the KV cache takes."""
-    if isinstance(model, ImageModel):  # an image's inputs share one batch, even past num_batch;
-        # a worst-case image (the vision encoder's buffers, as Ollama's) gives the longest span
-        worst_span = model.image_span(model.encode_multimodal(worst_case_image()))
-        # (a span longer than num_ctx never runs: Qwen 2.5 VL's grows with the image); a model
-        # whose longest span is not the square's says so (Gemma 4: 256 tokens square, 280 not)
-        longest = max(len(worst_span.tokens), getattr(model, "longest_image_span", 0))
+    if isinstance(model, ImageModel):  # an image's inputs share one batch, even past num_batch:
+        # the longest span, as the model declares it (an oblong image's can pass the square's),
+        # else a worst-case image's (the vision encoder run once, as Ollama reserves its graph).
+        # Declared, the tower is not run at load: Qwen3-VL-2B's at its 2 M pixels takes 98 s
+        # on 2 threads (benchmarks/bench_vision.py), its working memory bounded by blocked
+        # attention (nn.attention.all_pairs) to its activations, ~130 MB
+        longest = getattr(model, "longest_image_span", None)
+        if longest is None:
+            longest = len(model.image_span(model.encode_multimodal(worst_case_image())).tokens)
+        # (a span longer than num_ctx never runs: Qwen 2.5 VL's grows with the image)
         num_batch = max(num_batch, min(longest, num_ctx))
     # Bytes per cell, measured on a small cache of the same model: no per-arch arithmetic (a
     # sliding-window layer's cache holds fewer cells: the cache says how many).

@@ -21,9 +21,11 @@ from test_qwen25vl import PREFIX, SUFFIX, ember_logits  # noqa: E402
 from ember.convert import convert_directory  # noqa: E402
 from ember.gguf import GGUFFile  # noqa: E402
 from ember.model import load_model  # noqa: E402
+from ember.model.archs.gemma4 import SLIDING  # noqa: E402
 from ember.model.archs.gemma4_vision import Gemma4Vision, VisionOptions, preprocess  # noqa: E402
 from ember.model.config import Config  # noqa: E402
 from ember.model.imageproc import decode_image  # noqa: E402
+from ember.runner.memory import reserve  # noqa: E402
 
 # (width, height): 7 x 12 pooled tokens filling the budget; a wide strip; a tiny upscaled one
 IMAGES = [((90, 160), "RGB", 1), ((400, 30), "RGBA", 2), ((20, 14), "P", 3)]
@@ -108,3 +110,19 @@ def test_no_image_takes_more_than_the_longest_span(models):
     images = {size: ember.encode_multimodal(image_bytes(size, "RGB", 1)) for size in sizes}
     spans = {size: len(ember.image_span(rows).tokens) for size, rows in images.items()}
     assert spans[(2048, 2048)] < max(spans.values()) <= ember.longest_image_span == 282
+
+
+def test_the_load_reservation_takes_the_declared_span_without_running_the_tower(
+    models, monkeypatch
+):
+    """The sliding layers' cache holds its window and the longest span (282 tokens), where a
+    batch of 16 would hold 22 cells; the tower does not run at load."""
+    _, ember = models
+
+    def refuse(self, data: bytes):
+        raise AssertionError("the tower ran at load")
+
+    monkeypatch.setattr(type(ember), "encode_multimodal", refuse)
+    cache = ember.make_cache()
+    reserve(ember, cache, num_parallel=1, num_ctx=512, num_batch=16, dtype=torch.float32)
+    assert cache.caches[SLIDING].num_cells == ember.options.window + 282

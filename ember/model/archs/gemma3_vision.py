@@ -24,6 +24,7 @@ from ember.model.imageproc import decode_image, to_pixels
 from ember.model.registry import register, register_projector
 from ember.model.weights import RenamedGGUF, Weights
 from ember.nn import rms_norm
+from ember.nn.attention import all_pairs
 
 MEAN = STD = (0.5, 0.5, 0.5)
 NEWLINES, IMAGE_START, IMAGE_END = "\n\n", "<start_of_image>", "<end_of_image>"
@@ -105,7 +106,7 @@ class VisionBlock:
         h = F.layer_norm(x, (o.hidden,), *self.ln1, eps=o.eps)
         qkv = (self.qkv(h) + self.qkv_bias).unflatten(-1, (3, o.num_heads, -1))  # (N, 3, H, D)
         q, k, v = qkv.transpose(0, 2).unbind(1)  # (H, N, D) each
-        att = F.scaled_dot_product_attention(q, k, v)  # SigLIP: every patch sees every patch
+        att = all_pairs(q, k, v)  # SigLIP: every patch sees every patch
         x = x + self.out[0](att.transpose(0, 1).flatten(1)) + self.out[1]
         h = F.layer_norm(x, (o.hidden,), *self.ln2, eps=o.eps)
         h = self.activation(self.fc1[0](h) + self.fc1[1])
@@ -166,6 +167,9 @@ class Gemma3Vision(Gemma3):
         self.image_start = _index(tokens, IMAGE_START) or 255999  # Ollama's fixed ids
         self.image_end = _index(tokens, IMAGE_END) or 256000
         self.newlines = _index(tokens, NEWLINES)
+        # every image is resized to one size: its span's length, for the load reservation
+        self.longest_image_span = self.vision_options.tokens_per_image + 2 + (
+            0 if self.newlines is None else 2)  # fmt: skip
 
     def preprocess(self, data: bytes) -> torch.Tensor:
         size = self.vision_options.image_size

@@ -34,6 +34,7 @@ from ember.model.imageproc import ImageError, decode_image, to_pixels
 from ember.model.registry import register
 from ember.model.weights import Weights
 from ember.nn import rms_norm
+from ember.nn.attention import all_pairs
 
 MAX_SOFT_TOKENS = 280  # pooled tokens an image may take (transformers' and Ollama's default)
 LINEARS = ("attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down")
@@ -135,7 +136,7 @@ class VisionBlock:
         k = _rotate(rms_norm(f["attn_k"](h).view(heads), self.k_norm, o.eps), *rope)
         v = rms_norm(f["attn_v"](h).view(heads), None, o.eps)
         q, k, v = (t.transpose(0, 1) for t in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v, scale=1.0).transpose(0, 1).flatten(1)
+        att = all_pairs(q, k, v, scale=1.0).transpose(0, 1).flatten(1)
         x = x + rms_norm(f["attn_out"](att), self.attn_post, o.eps)
         h = rms_norm(x, self.ln2, o.eps)
         h = F.gelu(f["ffn_gate"](h), approximate="tanh") * f["ffn_up"](h)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from ember.model.config import Config
 from ember.model.weights import Weights
 from ember.nn import rms_norm
+from ember.nn.attention import all_pairs
 
 OLLAMA_NAMES = {
     "patch": "v.patch_conv.weight", "pre_norm": "v.encoder_norm.weight",
@@ -89,7 +90,7 @@ class PixtralBlock:
         qkv = self.qkv(rms_norm(x, self.attn_norm, o.eps)).unflatten(-1, (3, o.num_heads, -1))
         q, k, v = (t.transpose(0, 1) for t in qkv.unbind(1))  # (H, N, D) each
         q, k = (_rotate(t, cos, sin, adjacent=o.adjacent_pairs) for t in (q, k))
-        att = F.scaled_dot_product_attention(q, k, v)  # every patch sees every patch
+        att = all_pairs(q, k, v)  # every patch sees every patch
         x = x + self.out(att.transpose(0, 1).flatten(1))
         gate, up = self.gate_up(rms_norm(x, self.ffn_norm, o.eps)).chunk(2, dim=-1)
         gate = F.gelu(gate) if o.exact_gelu else F.silu(gate)

@@ -16,6 +16,7 @@ from ember.model.config import Config, ModelLoadError
 from ember.model.imageproc import ImageError, to_pixels
 from ember.model.weights import Weights
 from ember.nn import rms_norm
+from ember.nn.attention import all_pairs
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -261,7 +262,7 @@ def _attention(
     """Attention over (H, N, D): among all patches, or only within each window (bounds: where
     each ends). Windows of one size go through one batched call; no N x N mask is built."""
     if bounds is None or len(bounds) == 1:
-        return F.scaled_dot_product_attention(q, k, v)
+        return all_pairs(q, k, v)
     starts: dict[int, list[int]] = {}
     for start, end in zip([0, *bounds[:-1]], bounds, strict=True):
         starts.setdefault(end - start, []).append(start)
@@ -272,6 +273,6 @@ def _attention(
         def windows(t: torch.Tensor, rows: torch.Tensor = rows, n: int = len(firsts)):
             return t[:, rows].unflatten(1, (n, -1)).transpose(0, 1)  # (W, H, size, D)
 
-        att = F.scaled_dot_product_attention(windows(q), windows(k), windows(v))
+        att = all_pairs(windows(q), windows(k), windows(v))
         out[:, rows] = att.transpose(0, 1).flatten(1, 2)
     return out

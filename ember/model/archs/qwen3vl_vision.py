@@ -14,6 +14,7 @@ from ember.model.archs.bert import layer_norm, layer_norm_weights
 from ember.model.archs.qwen25vl_vision import Patches, _angles, _rotate
 from ember.model.config import Config, ModelLoadError
 from ember.model.weights import Weights
+from ember.nn.attention import all_pairs
 
 MIN_PIXELS = 64 << 10  # Ollama's default shortest edge (the model's own)
 MAX_PIXELS = 2 << 20  # Ollama's cap on the model's 16 M pixels (a default context's worth)
@@ -125,7 +126,7 @@ class VisionBlock:
         q, k, v = (self.qkv(h) + self.qkv_bias).view(n, 3, -1, c // self.num_heads).unbind(1)
         q, k = _rotate(q, *rope), _rotate(k, *rope)  # (N, H, D)
         q, k, v = (t.transpose(0, 1) for t in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v)
+        att = all_pairs(q, k, v)
         x = x + self.out(att.transpose(0, 1).flatten(1)) + self.out_bias
         h = self.fc1(layer_norm(x, self.norm2, self.eps)) + self.fc1_bias
         h = F.gelu(h, approximate="tanh")
