@@ -116,6 +116,7 @@ class Mllama:
         )
         tokens = list(gguf.metadata.get("tokenizer.ggml.tokens") or [])
         self.image_token = tokens.index(IMAGE_TOKEN) if IMAGE_TOKEN in tokens else IMAGE_TOKEN_ID
+        self.longest_image_span = 1  # one token, whatever the image: the tower need not run at load
 
     def make_cache(self) -> Cache:
         o, v = self.options, self.vision_options
