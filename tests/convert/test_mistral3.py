@@ -169,6 +169,15 @@ def test_the_span_has_rows_of_image_tokens_with_breaks(single):
     assert all(torch.equal(span.pieces[5 * r], encoded[r]) for r in range(2))  # type: ignore[arg-type]
 
 
+def test_the_longest_span_is_the_largest_image_s(single, split):
+    """The load reservation's bound, without running the tower: an image fitted to
+    longest_edge, as the worst-case square is, fills it; a smaller one stays below."""
+    for ember in (single, split):
+        spans = [len(ember.image_span(ember.encode_multimodal(image_bytes(size, "RGB", 1))).tokens)
+                 for size in [(2048, 2048), (2048, 900), (50, 30)]]  # fmt: skip
+        assert spans[0] == ember.longest_image_span and max(spans) == spans[0]
+
+
 def test_the_files_follow_ollama_and_llama_cpp(split, root):
     with GGUFFile.open(root / "model.gguf") as f:
         meta = f.metadata

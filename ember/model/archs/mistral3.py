@@ -52,6 +52,8 @@ class Mistral3Vision(LlamaWithImages):
         self.image, self.image_break, self.image_end = (
             tokens.index(name) if name in tokens else fallback for name, fallback in MARKERS
         )
+        side = (o.longest_edge - 1) // (o.patch_size * o.merge) + 1  # rows and columns at most
+        self.longest_image_span = side * (side + 1)  # [IMG] × columns and a break, per row
 
     def preprocess(self, data: bytes) -> torch.Tensor:
         """PixtralImageProcessor's pixels: fit to longest_edge, sides multiples of a merged
