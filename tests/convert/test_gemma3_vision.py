@@ -79,7 +79,7 @@ def test_image_tokens_attend_to_each_other_both_ways(models, monkeypatch):
     """Without the bidirectional span the logits differ: the check above depends on it."""
     import ember.model.archs.gemma3_vision as module
 
-    monkeypatch.setattr(module, "_bidirectional", lambda cache, spans: None)
+    monkeypatch.setattr(module, "both_ways", lambda cache, spans: None)
     ours, theirs = logits_with_image(*models, image_bytes((50, 30), "RGB", 1))
     assert (ours - theirs).abs().max() > 1e-3
 

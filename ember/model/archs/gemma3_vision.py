@@ -201,7 +201,7 @@ class Gemma3Vision(Gemma3):
         for start, rows in zip(batch.multimodal, images, strict=True):
             x[start : start + len(rows)] = rows
             spans.append((start, start + len(rows)))
-        _bidirectional(cache, spans)
+        both_ways(cache, spans)
         return self.layers(x, batch, cache)
 
 
@@ -238,7 +238,7 @@ def _index(tokens: list[str], text: str) -> int | None:
     return tokens.index(text) if text in tokens else None
 
 
-def _bidirectional(cache: Cache, spans: list[tuple[int, int]]) -> None:
+def both_ways(cache: Cache, spans: list[tuple[int, int]]) -> None:
     """Lets the batch rows of each span see the span's later rows too (the causal masks are
     built by start_forward; only rows of one sequence are ever in a span)."""
     if not spans:

@@ -26,7 +26,8 @@ from PIL import Image
 
 from ember.batch import Batch
 from ember.gguf import GGUFFile
-from ember.kvcache import Cache, CausalCache, WrapperCache
+from ember.kvcache import Cache, WrapperCache
+from ember.model.archs.gemma3_vision import both_ways
 from ember.model.archs.gemma4 import SLIDING, Gemma4
 from ember.model.base import ImageSpan
 from ember.model.config import Config, ModelLoadError
@@ -239,11 +240,8 @@ class Gemma4Vision(Gemma4):
             if isinstance(rows, torch.Tensor):
                 x[start : start + len(rows)] = rows
                 spans.append((start, start + len(rows)))
-        if spans and self.both_ways and isinstance(cache, WrapperCache):
-            sliding = cache.caches[SLIDING]
-            assert isinstance(sliding, CausalCache)
-            for begin, end in spans:
-                sliding.see_both_ways(begin, end)
+        if self.both_ways and isinstance(cache, WrapperCache):
+            both_ways(cache.caches[SLIDING], spans)
         return self.run(tokens, x, batch, cache)
 
 
