@@ -279,6 +279,10 @@ class GGUFFile:
         if stop > start:
             with contextlib.suppress(OSError, ValueError):  # advice only: a closed map is fine
                 buf.madvise(mmap.MADV_DONTNEED, start, stop - start)
+                # a flag of its own makes the range a mapping of its own: Linux 6.18 maps a whole
+                # large folio of the page cache at a fault, and faults on the tensors beside it
+                # brought these pages back (SmolLM2's decode: +40 MB); a fault never maps across
+                buf.madvise(mmap.MADV_DONTDUMP, start, stop - start)
 
     def get(self, key: str, default: Any = None) -> Any:
         """The metadata value of `key`, or `default` when the file has none."""

@@ -142,6 +142,35 @@ def test_release_drops_a_tensors_pages_and_keeps_its_bytes(tmp_path: Path) -> No
     GGUFFile.from_bytes(path.read_bytes()).release("big.weight")  # not a map: nothing
 
 
+def _mapped_pages(view: np.ndarray) -> int:
+    """How many of the pages under `view` this process maps (/proc/self/pagemap's present bit)."""
+    first, last = view.ctypes.data // 4096, (view.ctypes.data + view.nbytes - 1) // 4096
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(first * 8)
+        entries = np.frombuffer(pagemap.read((last - first + 1) * 8), dtype=np.uint64)
+    return int(((entries >> np.uint64(63)) & np.uint64(1)).sum())
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not Path("/proc/self/pagemap").exists(), reason="reads /proc")
+def test_released_pages_stay_out_while_the_model_runs() -> None:
+    # Linux 6.18 maps whole large folios of the page cache at a fault: a decode step reading the
+    # tensors kept in the map (SmolLM2's down projections) brought back the released gate/up and
+    # q/k/v pages beside them, 40 MB of the 94 MB file; released pages are a mapping of their own
+    from ember.batch import Batch
+    from ember.model import forward, load_model
+
+    f = GGUFFile.open(SMOLLM2)
+    model = load_model(f)
+    cache = model.make_cache()
+    cache.init(max_sequences=1, capacity=64, max_batch=16, dtype="f16")
+    forward(model, cache, Batch.single(list(range(100, 116)), 0))
+    forward(model, cache, Batch.single([7], 16))
+    released = [n for n in f.tensors if n.endswith(("_q.weight", "_gate.weight", "_up.weight"))]
+    mapped = sum(_mapped_pages(f.raw(name)) for name in released)
+    assert mapped <= 2 * len(released)  # at most the pages each shares with its neighbours
+
+
 def test_open_reports_missing_and_empty_files(tmp_path: Path) -> None:
     with pytest.raises(GGUFError, match="cannot open"):
         GGUFFile.open(tmp_path / "missing.gguf")
