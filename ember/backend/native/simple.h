@@ -267,32 +267,11 @@ static inline float em_hsum8(__m256 x) {
     return _mm_cvtss_f32(r);
 }
 
-static inline __m256i em_nibbles(const uint8_t *p) { /* 16 bytes -> low nibbles then high */
-    const __m128i t = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(15));
-}
-
-static inline __m256i em_bits32(const uint8_t *p) { /* byte j = 0xFF where bit j of p is set */
-    uint32_t x32;
-    memcpy(&x32, p, 4);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                           0x0101010101010101, 0x0000000000000000);
-    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
-    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
-}
-
-/* A block's 32 codes as int16: elements 0..15 in lo, 16..31 in hi. The 4-bit types widen their
- * bytes once and split the nibbles in int16 lanes (three ops); the others widen int8 codes. */
+/* A block's 32 codes as int16: elements 0..15 in lo, 16..31 in hi. The 4- and 5-bit types widen
+ * their bytes once and split the nibbles in int16 lanes; Q8_0 and IQ4_NL widen int8 codes. */
 typedef struct {
     __m256i lo, hi;
 } em_w16;
-
-static inline em_w16 em_w16_of_i8(__m256i w) {
-    const em_w16 r = {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
-                      _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1))};
-    return r;
-}
 
 static inline em_w16 em_w16_nibbles(const uint8_t *p, short offset) {
     const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
@@ -319,12 +298,33 @@ static inline __m256 em_dot_w16(em_w16 w, const int16_t *y) {
 
 static inline em_w16 em_w_q4_0(const uint8_t *b) { return em_w16_nibbles(b + 2, 8); }
 static inline em_w16 em_w_q4_1(const uint8_t *b) { return em_w16_nibbles(b + 4, 0); }
-static inline em_w16 em_w_q5_0(const uint8_t *b) { /* nibble | 0xF0 where the bit is clear: q - 16 */
-    return em_w16_of_i8(_mm256_or_si256(em_nibbles(b + 6), _mm256_andnot_si256(em_bits32(b + 2), _mm256_set1_epi8((char)0xF0))));
+/* Q5_0 and Q5_1 (qh: the fifth bits, 32 of them; qs: the nibbles): the nibbles widened once as
+ * the 4-bit types', each half's fifth bits tested in int16 lanes against a broadcast of its 16-bit
+ * word (lane j where bit j is set): the codes of widening their int8 bytes (the fifth bits spread
+ * to bytes by vpshufb), three shuffles where that took six: the Zen 3's Q5_0 decode 3.0 -> 2.1 ns a block and row in the
+ * caches (docs/speed-log.md, the forty-third session). */
+static inline em_w16 em_w16_q5(const uint8_t *qh, const uint8_t *qs, int offset) {
+    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
+                                          8192, 16384, (short)-32768);
+    uint16_t h0, h1;
+    memcpy(&h0, qh, 2);
+    memcpy(&h1, qh + 2, 2);
+    const __m256i set0 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)h0), bit), bit);
+    const __m256i set1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)h1), bit), bit);
+    const __m256i sixteen = _mm256_set1_epi16(16), n0 = _mm256_and_si256(bytes, _mm256_set1_epi16(15));
+    const __m256i n1 = _mm256_srli_epi16(bytes, 4);
+    if (offset) { /* (n | 16 b) - 16: n less 16 where the bit is clear */
+        const em_w16 r = {_mm256_sub_epi16(n0, _mm256_andnot_si256(set0, sixteen)),
+                          _mm256_sub_epi16(n1, _mm256_andnot_si256(set1, sixteen))};
+        return r;
+    }
+    const em_w16 r = {_mm256_or_si256(n0, _mm256_and_si256(set0, sixteen)),
+                      _mm256_or_si256(n1, _mm256_and_si256(set1, sixteen))};
+    return r;
 }
-static inline em_w16 em_w_q5_1(const uint8_t *b) {
-    return em_w16_of_i8(_mm256_or_si256(em_nibbles(b + 8), _mm256_and_si256(em_bits32(b + 4), _mm256_set1_epi8(0x10))));
-}
+static inline em_w16 em_w_q5_0(const uint8_t *b) { return em_w16_q5(b + 2, b + 6, 1); }
+static inline em_w16 em_w_q5_1(const uint8_t *b) { return em_w16_q5(b + 4, b + 8, 0); }
 static inline em_w16 em_w_q8_0(const uint8_t *b) {
     const em_w16 r = {_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 2))),
                       _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 18)))};
