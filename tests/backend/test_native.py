@@ -139,7 +139,7 @@ LANE_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.
 # int16 codes per 32 values): vnni.h on the avx512 and amx paths, rows8.h on avx2 and avxvnni
 LEAST_LANE_ROWS = {
     "avx512": {QT.Q8_0: 2, QT.Q6_K: 3},
-    "avx2": {QT.Q4_0: 3, QT.Q4_1: 3, QT.Q5_0: 5, QT.Q5_1: 5, QT.Q6_K: 3},
+    "avx2": {QT.Q4_0: 3, QT.Q4_1: 3, QT.Q6_K: 3},
 }
 LEAST_LANE_ROWS["amx"] = LEAST_LANE_ROWS["avx512"]
 LEAST_LANE_ROWS["avxvnni"] = LEAST_LANE_ROWS["avx2"]

@@ -45,17 +45,18 @@
  * more than their products save, fewer rows keep simple.h's and kquants.h's kernels. Where it
  * crossed, ns a block and row from memory with 2, 3 and 4 rows (`bench_simple_types.py --k 640
  * --mib 200 --rows 2 3 4 --isa avx2`, K 2,048 for the K types; the Xeon): Q4_0 and Q4_1 0.75-0.81
- * against 0.65-0.71 at 2 rows, even at 3; Q5_0 and Q5_1 (their fifth bits spread a byte at a
- * time) 1.08 against 0.83 at 2, 0.68-0.70 against 0.62-0.65 at 4; Q6_K 0.87 against 0.72-0.80
- * at 2, 0.64 against 0.72 at 3. One row keeps the others everywhere (Q4_0 1.79 against 0.97). */
+ * against 0.65-0.71 at 2 rows, even at 3; Q6_K 0.87 against 0.72-0.80 at 2, 0.64 against 0.72 at
+ * 3. One row keeps the others everywhere (Q4_0 1.79 against 0.97). Q5_0 and Q5_1 take these from
+ * 2 rows since simple.h builds their codes in int16 lanes: on the Zen 3 EPYC (an AVX2-only CPU)
+ * 0.83, 0.63 and 0.53 against 0.99, 0.78 and 0.71 at 2, 3 and 4 rows (Q5_0, 2 threads); the
+ * Xeon's avx2 path had found them slower here (1.08 against 0.83 at 2, 0.68-0.70 against
+ * 0.62-0.65 at 4, with their fifth bits spread a byte at a time there) but has AVX-512. */
 static int64_t em_r8_least_rows(int type) {
     switch (type) {
     case EM_Q4_0:
     case EM_Q4_1:
     case KQ_TYPE_Q6_K: return 3;
-    case EM_Q5_0:
-    case EM_Q5_1: return 5;
-    default: return 2; /* Q8_0, Q4_K, Q5_K */
+    default: return 2; /* Q5_0, Q5_1, Q8_0, Q4_K, Q5_K */
     }
 }
 
