@@ -26,6 +26,15 @@ def runner(tiny_models, loop) -> Iterator[RunnerClient]:
     loop.run_until_complete(client.close())
 
 
+@pytest.fixture
+def loaded(runner: RunnerClient, loop) -> RunnerClient:
+    """The runner with its model loaded: by the first test when the module runs whole, here
+    when a test runs alone (-k)"""
+    if loop.run_until_complete(runner.health())["status"] != "ready":
+        loop.run_until_complete(runner.load(LoadSettings(parallel=2, batch_size=16, kv_size=128)))
+    return runner
+
+
 async def records(client: RunnerClient, prompt: str, **fields: Any) -> list[dict[str, Any]]:
     return [r async for r in client.completion(prompt, **fields)]
 
@@ -45,6 +54,7 @@ def test_requests_before_load_are_refused_then_the_model_loads(runner, loop):
         loop.run_until_complete(runner.load(LoadSettings()))
 
 
+@pytest.mark.usefixtures("loaded")
 def test_completion_streams_pieces_then_a_final_record(runner, loop):
     out = loop.run_until_complete(
         records(
@@ -66,6 +76,7 @@ def test_completion_streams_pieces_then_a_final_record(runner, loop):
             assert values == sorted(values, reverse=True)
 
 
+@pytest.mark.usefixtures("loaded")
 def test_same_prompt_twice_reuses_the_cache(runner, loop):
     opts = {"temperature": 0, "num_predict": 3}
     first = loop.run_until_complete(records(runner, "the cat sat on the mat", options=opts))
@@ -77,6 +88,7 @@ def test_same_prompt_twice_reuses_the_cache(runner, loop):
     assert text == "".join(r.get("content", "") for r in again[:-1])
 
 
+@pytest.mark.usefixtures("loaded")
 def test_bad_requests_get_400_with_a_message(runner, loop):
     cases = [
         ({"options": {"top_k": -1}}, "top_k"),
@@ -92,6 +104,7 @@ def test_bad_requests_get_400_with_a_message(runner, loop):
         assert err.value.status == 400
 
 
+@pytest.mark.usefixtures("loaded")
 def test_closing_the_stream_cancels_the_generation(runner, loop):
     async def first_piece_then_close() -> None:
         stream = runner.completion("story", options={"num_predict": 100_000, "temperature": 1})
@@ -112,6 +125,7 @@ def test_closing_the_stream_cancels_the_generation(runner, loop):
     assert loop.run_until_complete(wait_idle()) == 0
 
 
+@pytest.mark.usefixtures("loaded")
 def test_embedding_tokenize_detokenize(runner, loop):
     one = loop.run_until_complete(runner.embedding("hello"))
     many = loop.run_until_complete(runner.embedding(["hello", "world wide"]))
