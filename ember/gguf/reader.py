@@ -282,7 +282,8 @@ class GGUFFile:
                 # a flag of its own makes the range a mapping of its own: Linux 6.18 maps a whole
                 # large folio of the page cache at a fault, and faults on the tensors beside it
                 # brought these pages back (SmolLM2's decode: +40 MB); a fault never maps across
-                buf.madvise(mmap.MADV_DONTDUMP, start, stop - start)
+                if hasattr(mmap, "MADV_DONTDUMP"):  # Linux only
+                    buf.madvise(mmap.MADV_DONTDUMP, start, stop - start)
 
     def get(self, key: str, default: Any = None) -> Any:
         """The metadata value of `key`, or `default` when the file has none."""
