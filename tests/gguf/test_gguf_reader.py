@@ -1,5 +1,6 @@
 """ember.gguf against gguf-py's GGUFReader on valid files, and the reader's API."""
 
+import mmap
 import time
 from pathlib import Path
 
@@ -144,7 +145,8 @@ def test_release_drops_a_tensors_pages_and_keeps_its_bytes(tmp_path: Path) -> No
 
 def _mapped_pages(view: np.ndarray) -> int:
     """How many of the pages under `view` this process maps (/proc/self/pagemap's present bit)."""
-    first, last = view.ctypes.data // 4096, (view.ctypes.data + view.nbytes - 1) // 4096
+    page = mmap.PAGESIZE
+    first, last = view.ctypes.data // page, (view.ctypes.data + view.nbytes - 1) // page
     with open("/proc/self/pagemap", "rb") as pagemap:
         pagemap.seek(first * 8)
         entries = np.frombuffer(pagemap.read((last - first + 1) * 8), dtype=np.uint64)
