@@ -11,6 +11,9 @@ from ember.runner.client import LoadSettings, RunnerClient, RunnerError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
+# how the first test loads the tiny model, and the `loaded` fixture when a test runs alone
+SETTINGS = LoadSettings(parallel=2, batch_size=16, kv_size=128)
+
 
 @pytest.fixture(scope="module")
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
@@ -31,7 +34,7 @@ def loaded(runner: RunnerClient, loop) -> RunnerClient:
     """The runner with its model loaded: by the first test when the module runs whole, here
     when a test runs alone (-k)"""
     if loop.run_until_complete(runner.health())["status"] != "ready":
-        loop.run_until_complete(runner.load(LoadSettings(parallel=2, batch_size=16, kv_size=128)))
+        loop.run_until_complete(runner.load(SETTINGS))
     return runner
 
 
@@ -45,9 +48,7 @@ def test_requests_before_load_are_refused_then_the_model_loads(runner, loop):
     with pytest.raises(RunnerError, match="not ready") as err:
         loop.run_until_complete(runner.tokenize("hi"))
     assert err.value.status == 409
-    loaded = loop.run_until_complete(
-        runner.load(LoadSettings(parallel=2, batch_size=16, kv_size=128))
-    )
+    loaded = loop.run_until_complete(runner.load(SETTINGS))
     assert loaded["success"] and loaded["num_ctx"] == 64
     assert loop.run_until_complete(runner.health())["status"] == "ready"
     with pytest.raises(RunnerError, match="already loaded"):
