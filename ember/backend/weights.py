@@ -10,12 +10,12 @@ int16 for the 32-element ones, and for Q4_K, Q5_K and Q6_K too where the lane ke
 one row of Q8_0 reading float32 on the avx512 and amx paths; float32 for F16/BF16); more rows
 (prefill) expand the weight to float32 in chunks of at most CHUNK_FLOATS values for a float32 matmul
 (ember/backend/gemm.py), so prefill keeps a BLAS's speed and the memory stays bounded, except a
-K type taking one q8_K pass: its int8 kernel outruns that, and the MLP's gate and up on the
-avx512 and avx2 paths, whose prefill takes gemm8 (x in int8 per 32 values: 1.3-2x the float32
-matmul); on the x86 paths the other weights of the types gemm16 has take it (x in int16 per 32
-values: 1.2-1.4x the float32 matmul). F32 weights stay a dense float32 tensor. Without the
-library (or for a type it lacks), every call takes the chunked dequantize-then-matmul path
-(ember/backend/quant.py, bit-equal to gguf-py).
+K type taking one q8_K pass: its int8 kernel (or gemm8, x in int8 per 32 values) outruns that;
+on the x86 paths every other weight of the types gemm16 has takes it (x in int16 per 32 values,
+the decode kernels' rounding: 1.2-1.4x the float32 matmul), so a prompt's rows round as they
+would one at a time (precision.py says why the 32-element types never take gemm8's int8). F32
+weights stay a dense float32 tensor. Without the library (or for a type it lacks), every call
+takes the chunked dequantize-then-matmul path (ember/backend/quant.py, bit-equal to gguf-py).
 """
 
 import numpy as np
@@ -111,7 +111,9 @@ class NativeLinear:
         a native.Kernels for that ISA's, False/None for the torch path; activation_passes: the
         q8_K passes over x of a K type's native kernel (2: x and its rounding error, ~int16
         precision; 1: x alone, llama.cpp's precision, ~2/3 of the time, in the lane kernels too
-        but on the amx path; see activation_passes)."""
+        but on the amx path; see activation_passes); prefill_int8: a prompt of a 32-element type
+        takes gemm8 (x in int8 per 32 values, llama.cpp's q8_0) where the path has it, which no
+        loaded model asks for (precision.py: Gemma 3's chats) but its benchmarks and tests do."""
         if activation_passes not in (1, 2):
             raise QuantError(f"activation_passes is 1 or 2, got {activation_passes}")
         self.activation_passes = activation_passes
@@ -373,17 +375,14 @@ def linear_from_gguf(
     shape: tuple[int, ...],
     *,
     passes: int = 2,
-    prefill_int8: bool = False,
 ) -> AnyLinear:
     """A projection from a GGUF tensor's bytes, `shape` (out, in): F32 as a dense tensor, every
-    other type kept as its blocks (passes, prefill_int8: NativeLinear's)."""
+    other type kept as its blocks (passes: NativeLinear's activation_passes)."""
     if len(shape) != 2:
         raise QuantError(f"a linear weight is 2-D (out, in), got shape {shape}")
     if int(ggml_type) == GGMLType.F32:
         return LinearWeight.from_dense(dequantize(raw, ggml_type, shape))
-    return NativeLinear(
-        raw, ggml_type, shape[0], shape[1], activation_passes=passes, prefill_int8=prefill_int8
-    )
+    return NativeLinear(raw, ggml_type, shape[0], shape[1], activation_passes=passes)
 
 
 def expert_linears(
@@ -392,7 +391,6 @@ def expert_linears(
     shape: tuple[int, ...],
     *,
     passes: int = 2,
-    prefill_int8: bool = False,
 ) -> list[AnyLinear]:
     """One projection per expert of a stacked GGUF tensor, `shape` (experts, out, in): each a
     view of its expert's blocks (no copy), so running an expert reads only its own bytes."""
@@ -411,7 +409,6 @@ def expert_linears(
             ggml_type,
             (out_features, in_features),
             passes=passes,
-            prefill_int8=prefill_int8,
         )
         for e in range(num_experts)
     ]

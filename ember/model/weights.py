@@ -4,7 +4,7 @@ loudly."""
 import torch
 
 from ember.backend.embedding import Embedding
-from ember.backend.precision import activation_passes, gemm8_input
+from ember.backend.precision import activation_passes
 from ember.backend.quant import dequantize
 from ember.backend.weights import (
     AnyLinear,
@@ -82,7 +82,6 @@ class Weights:
             info.ggml_type,
             info.shape,
             passes=activation_passes(name),
-            prefill_int8=gemm8_input(name),
         )
 
     def fused(self, names: list[str], outs: list[int], in_features: int) -> AnyLinear:
@@ -106,7 +105,6 @@ class Weights:
             info.ggml_type,
             info.shape,
             passes=activation_passes(name),
-            prefill_int8=gemm8_input(name),
         )
 
     def output_head(self, vocab_size: int, hidden: int) -> AnyLinear:

@@ -18,7 +18,6 @@ from quant_data import F16_FIELDS, gguf_reference, quantized, random_blocks
 from ember.backend import native
 from ember.backend.precision import (
     float_activations,
-    gemm8_input,
     gemm8_prefill,
     gemm16_prefill,
     int8_prefill,
@@ -431,14 +430,6 @@ def test_prefill_takes_gemm8_where_the_weight_and_the_isa_path_allow(isa: str, i
         assert torch.equal(y, want)
     tol = (3e-2 if lin.takes_int8(x.shape[0]) else 1e-4) * float(y.abs().max())
     assert torch.allclose(y, x @ lin.dequantize().t(), rtol=0, atol=tol)
-
-
-def test_gemm8_inputs_are_the_mlps_gate_and_up() -> None:
-    assert gemm8_input("blk.3.ffn_gate.weight") and gemm8_input("blk.0.ffn_up.weight")
-    assert gemm8_input("blk.1.ffn_up_exps.weight")
-    for name in ("blk.0.attn_q.weight", "blk.0.attn_output.weight", "blk.0.ffn_down.weight"):
-        assert not gemm8_input(name)
-    assert not gemm8_input("output.weight") and not gemm8_input("token_embd.weight")
 
 
 def test_down_projections_keep_two_activation_passes() -> None:
