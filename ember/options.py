@@ -1,5 +1,6 @@
 """Ollama's generation options: names, types, defaults, and validation of what a user sends."""
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -68,17 +69,15 @@ class Options:
 _ACCEPTED_ELSEWHERE = {"num_gpu", "main_gpu", "use_mmap", "numa", "low_vram"}
 
 
+# Ollama's integer options are Go ints: JSON numbers past 64 bits fail to decode there (a 400)
+_INT_RANGE = range(-(2**63), 2**63)
+
+
 def _coerce(name: str, value: Any, kind: Any) -> Any:
     if kind in (int, "int"):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise OptionsError(f"option {name!r} must be an integer, got {value!r}")
-        return value
+        return _integer(name, value)
     if kind in (float, "float"):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise OptionsError(f"option {name!r} must be a number, got {value!r}")
-        return float(value)
+        return _number(name, value)
     if kind in (str, "str"):
         if not isinstance(value, str):
             raise OptionsError(f"option {name!r} must be a string, got {value!r}")
@@ -88,6 +87,29 @@ def _coerce(name: str, value: Any, kind: Any) -> Any:
     if not isinstance(value, list | tuple) or not all(isinstance(s, str) for s in value):
         raise OptionsError(f"option {name!r} must be a list of strings")
     return tuple(s for s in value if s)
+
+
+def _integer(name: str, value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionsError(f"option {name!r} must be an integer, got {value!r}")
+    if value not in _INT_RANGE:
+        raise OptionsError(f"option {name!r} is out of range for a 64-bit integer")
+    return value
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise OptionsError(f"option {name!r} must be a number, got {value!r}")
+    # JSON has no infinity: Python's decoder makes one of 1e400 or `Infinity`
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise OptionsError(f"option {name!r} must be a finite number, got {number!r}")
+    return number
 
 
 def _validated(o: Options) -> Options:

@@ -26,6 +26,13 @@ def test_given_options_override_defaults():
         ({"typical_p": 1.5}, "typical_p must be within"),
         ({"repeat_last_n": -2}, "repeat_last_n' must be >= -1"),
         ({"num_thread": -1}, "num_thread' must be >= 0"),
+        # what JSON cannot carry to Ollama's Go types: a 400 there, never a 500 here
+        ({"temperature": float("inf")}, "temperature' must be a finite number"),
+        ({"repeat_penalty": float("nan")}, "repeat_penalty' must be a finite number"),
+        ({"temperature": 10**400}, "temperature' must be a finite number"),
+        ({"seed": 2**70}, "seed' is out of range for a 64-bit integer"),
+        ({"num_ctx": 2**63}, "num_ctx' is out of range"),
+        ({"repeat_last_n": 1e300}, "repeat_last_n' is out of range"),
     ],
 )
 def test_bad_options_get_clear_errors(given, message):

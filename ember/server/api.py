@@ -7,6 +7,7 @@ ignored. Only request bodies: responses and routes are the server's."""
 import base64
 import binascii
 import json
+import math
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -126,9 +127,13 @@ def _token_ids(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     try:
-        return {int(k): v for k, v in value.items()}
+        bias = {int(k): v for k, v in value.items()}
     except ValueError:
         raise ValueError("logit_bias keys must be token ids (integers as strings)") from None
+    # JSON has no infinity (Python's decoder makes one of 1e999), nor can the runner's request
+    if any(isinstance(v, float) and not math.isfinite(v) for v in bias.values()):
+        raise ValueError("logit_bias values must be finite numbers")
+    return bias
 
 
 def parse_arguments(value: Any) -> Any:
@@ -345,6 +350,8 @@ class ChatRequest(Generation):
             return chosen
         if choice not in (None, "auto", "required"):
             raise RequestError(f"invalid tool_choice {choice!r}", "tool_choice")
+        if choice == "required" and not self.tools:  # a 400 at OpenAI and Anthropic too
+            raise RequestError('tool_choice "required" needs at least one tool', "tool_choice")
         return self.tools
 
 

@@ -91,6 +91,38 @@ def test_options_reach_the_runner_and_bad_ones_are_400(client, starter):
     assert r.status_code == 400
 
 
+
+# Numbers JSON cannot carry to Ollama's Go types nor to the runner (Python's decoder takes them:
+# 1e999 and Infinity as inf, integers of any size): a 400 on every route, never a 500.
+HI = '"messages": [{"role": "user", "content": "hi"}]'
+BODIES = {  # FIELD: the field under test
+    "/api/chat": '{"model": "fake", HI, "options": {FIELD}}',
+    "/api/generate": '{"model": "fake", "prompt": "hi", "options": {FIELD}}',
+    "/v1/chat/completions": '{"model": "fake", HI, FIELD}',
+    "/v1/completions": '{"model": "fake", "prompt": "hi", FIELD}',
+    "/v1/responses": '{"model": "fake", "input": "hi", FIELD}',
+}
+
+
+def body_with(path: str, field: str) -> str:
+    return BODIES[path].replace("HI", HI).replace("FIELD", field)
+FIELDS = ['"temperature": 1e999', '"top_p": NaN', '"seed": 18446744073709551616']
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+@pytest.mark.parametrize("field", FIELDS)
+def test_numbers_json_cannot_carry_are_400(client, path, field):
+    content = body_with(path, field)
+    r = client.post(path, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_an_infinite_logit_bias_is_400(client, path):
+    content = body_with(path, '"logit_bias": {"1": Infinity}')
+    r = client.post(path, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "finite" in r.text
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
