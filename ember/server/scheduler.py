@@ -81,7 +81,8 @@ class QueueFullError(EmberError):
 @dataclass(frozen=True, slots=True)
 class Shape:
     """The settings a runner process is loaded with; a request leaves out (None) what it does
-    not set, and any loaded runner matches those."""
+    not set, and a loaded runner matches those: any num_batch and num_thread, and a context of
+    at least the one a load would give it (least_ctx)."""
 
     model_path: str
     num_ctx: int | None = None
@@ -90,8 +91,12 @@ class Shape:
     projectors: tuple[str, ...] = ()  # mmproj files the model loads with (the model decides)
     draft: str = ""  # the GGUF of the draft model loaded beside it ("": none)
 
-    def matches(self, loaded: "Shape") -> bool:
+    def matches(self, loaded: "Shape", least_ctx: int = 0) -> bool:
         if self.model_path != loaded.model_path or self.draft != loaded.draft:
+            return False
+        # a larger context than the default serves as well (no reload); a smaller one, which
+        # another request asked for, would cut this one's prompt (Ollama reloads for either)
+        if self.num_ctx is None and (loaded.num_ctx or 0) < least_ctx:
             return False
         # a load cuts num_batch to num_ctx: a request asking for more wants what it got
         num_batch = self.num_batch
@@ -239,7 +244,8 @@ class Scheduler:
         self, shape: Shape, info: Any, context_length: int, keep_alive: float | None
     ) -> Loaded:
         keep_alive = self.keep_alive if keep_alive is None else keep_alive
-        loaded = self._ready(shape, info)
+        least_ctx = self.defaults.complete(shape, context_length).num_ctx or 0
+        loaded = self._ready(shape, info, least_ctx)
         if loaded is not None:  # no await since the check: nothing retired it in between
             self._hold(loaded, keep_alive)
             return loaded
@@ -248,14 +254,14 @@ class Scheduler:
             self._hold(loaded, keep_alive)
             return loaded
 
-    def _ready(self, shape: Shape, info: Any) -> Loaded | None:
+    def _ready(self, shape: Shape, info: Any, least_ctx: int) -> Loaded | None:
         """The loaded runner for shape when a request may take it without the lock: a load of
         another model (seconds) must not hold up the requests of those already loaded. Not
         while the lock's holder waits for runners to drain (an eviction or a reload)."""
         current = self.loaded.get(shape.model_path)
         if self._draining or current is None or current.is_retired:
             return None
-        if not current.runner.alive() or not shape.matches(current.shape):
+        if not current.runner.alive() or not shape.matches(current.shape, least_ctx):
             return None
         current.info = info if info is not None else current.info
         return current
@@ -298,13 +304,14 @@ class Scheduler:
     # --- loading ---
 
     async def _runner_for(self, shape: Shape, info: Any, context_length: int) -> Loaded:
+        complete = self.defaults.complete(shape, context_length)
         current = self.loaded.get(shape.model_path)
         if current is not None:
             if not current.runner.alive():
                 log.warning("runner stopped; starting a new one", extra={"model": shape.model_path})
                 self.events.runner_restarted(current.info)
                 await self._close(current)
-            elif shape.matches(current.shape):
+            elif shape.matches(current.shape, complete.num_ctx or 0):
                 current.info = info if info is not None else current.info
                 return current
             else:
@@ -313,7 +320,7 @@ class Scheduler:
                 await self._close(current)
         while len(self.loaded) >= self.max_loaded:
             await self._evict_one()
-        return await self._load(self.defaults.complete(shape, context_length), info)
+        return await self._load(complete, info)
 
     async def _load(self, shape: Shape, info: Any) -> Loaded:
         start = time.perf_counter()

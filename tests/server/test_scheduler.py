@@ -44,7 +44,7 @@ def test_a_loaded_model_is_reused_and_sized_by_the_defaults():
     run(test)
 
 
-def test_leaving_out_num_ctx_reuses_any_size_but_another_size_reloads():
+def test_leaving_out_num_ctx_reuses_a_larger_size_but_another_size_reloads():
     async def test() -> None:
         starter = FakeStarter()
         s = scheduler(starter)
@@ -56,6 +56,28 @@ def test_leaving_out_num_ctx_reuses_any_size_but_another_size_reloads():
         lease = await s.acquire(Shape(A, num_ctx=512), keep_alive=None)
         assert len(starter.runners) == 2 and lease.loaded.num_ctx == 512
         assert not starter.runners[0].alive()
+        lease.release()
+
+    run(test)
+
+
+def test_leaving_out_num_ctx_reloads_a_smaller_size_another_request_asked_for():
+    """An embedding call's num_ctx 64 must not cut the next chat, which leaves it out, to 64
+    cells: it gets the default context (1024 here), as a load would give it."""
+
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter)
+        lease = await s.acquire(Shape(A, num_ctx=64), keep_alive=None)
+        lease.release()
+        lease = await s.acquire(Shape(A), keep_alive=None)
+        assert len(starter.runners) == 2 and lease.loaded.num_ctx == 1024
+        lease.release()
+        # a model trained for less than the default: its whole context is what a load gives
+        lease = await s.acquire(Shape(B, num_ctx=256), context_length=256, keep_alive=None)
+        lease.release()
+        lease = await s.acquire(Shape(B), context_length=256, keep_alive=None)
+        assert len(starter.runners) == 3 and lease.loaded.num_ctx == 256
         lease.release()
 
     run(test)
