@@ -120,7 +120,8 @@ class StreamDecoder:
     """Text from ids pushed one by one, never cutting a UTF-8 character in half.
 
     Its output concatenated equals `Tokenizer.decode` of the same ids, except that it keeps the
-    SentencePiece dummy-prefix space: generated text continues a prompt.
+    SentencePiece dummy-prefix space (generated text continues a prompt) and drops a character
+    cut short at the end (decode makes it U+FFFD).
     """
 
     def __init__(self, token_bytes: Callable[[int], bytes]) -> None:
@@ -132,10 +133,11 @@ class StreamDecoder:
         return self._utf8.decode(self._token_bytes(id))
 
     def flush(self) -> str:
-        """What is left at the end: an incomplete character becomes U+FFFD."""
-        text = self._utf8.decode(b"", final=True)
+        """What is left at the end: nothing, since only an incomplete character can be (its
+        first bytes, held back) and it is dropped, as Ollama's flushPending drops trailing
+        invalid UTF-8 (num_predict often ends generation inside an emoji)."""
         self._utf8.reset()
-        return text
+        return ""
 
 
 @contextlib.contextmanager

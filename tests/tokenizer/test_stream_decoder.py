@@ -28,11 +28,12 @@ def test_cjk_after_ascii() -> None:
     assert pieces == ["a", "", "", "語", "b"]
 
 
-def test_unfinished_character_at_the_end_becomes_a_replacement() -> None:
+def test_unfinished_character_at_the_end_is_dropped() -> None:
+    """As Ollama's flushPending: a reply cut inside an emoji ends before it, not with U+FFFD."""
     stream = BYTES.stream_decoder()
     assert stream.push(byte_ids(b"\xf0")[0]) == ""
     assert stream.push(byte_ids(b"\x9f")[0]) == ""
-    assert stream.flush() == "\ufffd"
+    assert stream.flush() == ""
     assert stream.push(byte_ids(b"x")[0]) == "x"  # flush starts over
 
 
@@ -48,7 +49,10 @@ def test_stream_equals_decode_for_any_bytes(data: bytes) -> None:
     ids = byte_ids(data)
     stream = BYTES.stream_decoder()
     text = "".join(stream.push(i) for i in ids) + stream.flush()
-    assert text == BYTES.decode(ids) == data.decode("utf-8", errors="replace")
+    decoded = data.decode("utf-8", errors="replace")
+    assert BYTES.decode(ids) == decoded
+    # but for the first bytes of a character cut short at the end: decode's last U+FFFD
+    assert text in (decoded, decoded.removesuffix("\ufffd"))
 
 
 TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\ufffd"), max_size=30)
