@@ -230,7 +230,9 @@ def _ollama_messages(
             raise RequestError(f"unsupported content block type {block.type!r} here", where)
     text = _joined(texts)
     if not (text or images or calls or thinking):
-        return results
+        # tool results alone are those; an empty user turn stays one (as Ollama's and Ember's
+        # other routes keep it), an empty assistant one says nothing (Anthropic: no prefill)
+        return results if results or m.role == "assistant" else [Message("user", "")]
     message = Message(
         m.role, text, images=tuple(images), tool_calls=tuple(calls), thinking=thinking
     )

@@ -219,6 +219,21 @@ def test_tool_round_trip_translation():
     ]
 
 
+@pytest.mark.parametrize("empty", ["", [], [{"type": "text", "text": ""}]])
+def test_an_empty_user_turn_stays_a_turn(empty):
+    """Not dropped: after an assistant turn that would make the assistant's words a prefill
+    to continue. An empty assistant turn says nothing (no prefill)."""
+    messages = [
+        {"role": "user", "content": "count to 5"},
+        {"role": "assistant", "content": "1, 2"},
+        {"role": "user", "content": empty},
+        {"role": "assistant", "content": empty},
+    ]
+    body = {"model": "m", "max_tokens": 8, "messages": messages}
+    got = parse_body(MessagesRequest, json.dumps(body)).ollama_messages()
+    assert got == [Message("user", "count to 5"), Message("assistant", "1, 2"), Message("user", "")]
+
+
 def test_tool_result_string_content_reaches_the_prompt(client, starter):
     use = {"type": "tool_use", "id": "toolu_9", "name": "f", "input": {}}
     result = {"type": "tool_result", "tool_use_id": "toolu_9", "content": "42"}

@@ -248,6 +248,15 @@ def test_a_forced_call_with_a_format_is_a_400(client, starter):
     assert "grammar" not in starter.runners[0].fields[0]  # the format holds the output
 
 
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions", "/v1/messages"])
+def test_a_forced_call_without_tools_is_a_400(client, path):
+    """As OpenAI and Anthropic answer it: a forced call needs a tool, not free text."""
+    choice: Any = {"type": "any"} if path == "/v1/messages" else "required"
+    extra = {"max_tokens": 8} if path == "/v1/messages" else {}
+    r = chat(client, path, tools=[], tool_choice=choice, **extra)
+    assert r.status_code == 400 and "needs at least one tool" in json.dumps(r.json())
+
+
 def test_chat_grammar_starts_inside_thinking_the_prompt_opened() -> None:
     req = request(tool_choice="required")
     opened = chat_grammar(req, QWEN, THINK, prompt="<|im_start|>assistant\n<think>\n")
