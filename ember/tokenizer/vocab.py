@@ -112,7 +112,7 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
     if add_bos and bos_id is None:
         raise VocabularyError("tokenizer.ggml.add_bos_token is set but there is no bos_token_id")
     add_eos = bool(_get(metadata, "add_eos_token", bool, default=is_bert))
-    eos_ids = _read_eos_ids(metadata, tokens)
+    eos_ids = _read_eos_ids(metadata, tokens) | _control_ends(tokens, types)
     if add_eos and eos_id is None:
         raise VocabularyError("tokenizer.ggml.add_eos_token is set but there is no eos_token_id")
     return Vocabulary(
@@ -258,6 +258,18 @@ def _read_eos_ids(metadata: Mapping[str, Any], tokens: Sequence[str]) -> frozens
             ids.add(tokens.index(_GEMMA_END_OF_TURN))
     ids.update(_harmony_ends(tokens, ids))
     return frozenset(ids)
+
+
+# Control tokens that end generation by their text alone, as llama.cpp's vocabulary ends it
+# whatever the file's ids say (its issue 9606), and Ollama runs qwen2's files on llama.cpp:
+# Qwen2.5-Coder's fill-in-the-middle ends with <|endoftext|> (the file's padding id; its eos is
+# <|im_end|>) or a FIM separator, which would otherwise be sampled past and shown as text.
+_CONTROL_ENDS = frozenset({"<|endoftext|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"})
+
+
+def _control_ends(tokens: Sequence[str], types: np.ndarray) -> frozenset[int]:
+    control = np.flatnonzero(types == TokenType.CONTROL)
+    return frozenset(int(i) for i in control if tokens[int(i)] in _CONTROL_ENDS)
 
 
 def _harmony_ends(tokens: Sequence[str], ids: set[int]) -> set[int]:

@@ -61,9 +61,10 @@ def test_reference_prompts(model: Built, load_reference: Callable[[str], dict]) 
 @pytest.mark.parametrize(
     ("name", "bos_id", "add_bos", "eos_ids"),
     [
-        ("smollm2", 1, False, {2}),
+        ("smollm2", 1, False, {2, 0}),  # <|im_end|>, <|endoftext|>
         ("gemma3", 2, True, {1, 106}),  # <eos> and <end_of_turn>, as Ollama
-        ("qwen2", 151643, False, {151645}),
+        # <|im_end|>; <|endoftext|> and the FIM separators by their text, as llama.cpp
+        ("qwen2", 151643, False, {151645, 151643, 151662, 151663, 151664}),
     ],
 )
 def test_special_ids(

@@ -6,7 +6,7 @@ import gc
 from typing import Any
 
 import pytest
-from tokenizer_vocabs import CONTROL, bpe_metadata, spm_metadata
+from tokenizer_vocabs import CONTROL, NORMAL, bpe_metadata, spm_metadata
 
 from ember.errors import EmberError
 from ember.tokenizer import (
@@ -112,6 +112,24 @@ def test_harmony_ends_on_return_and_call_not_end() -> None:
     without_call = bpe_metadata([("h", "i")], specials=specials[:2])  # not Harmony's vocabulary
     tok = Tokenizer.from_metadata({**without_call, **keys(eos_token_id=ret, eot_token_id=end)})
     assert tok.eos_ids == frozenset({ret, end})
+
+
+def test_end_of_text_and_fim_separators_end_generation_when_control() -> None:
+    """As llama.cpp ends it (and Ollama runs qwen2 there): Qwen2.5-Coder's fill-in-the-middle
+    answer ends on <|endoftext|>, which its file names only as padding."""
+    specials = (
+        ("<|im_end|>", CONTROL),
+        ("<|endoftext|>", CONTROL),
+        ("<|file_sep|>", CONTROL),
+        ("<|fim_pad|>", NORMAL),  # not a control token: text
+    )
+    metadata = bpe_metadata([("h", "i")], specials=specials)
+    im_end, end_of_text, file_sep, _ = (
+        metadata["tokenizer.ggml.tokens"].index(text) for text, _ in specials
+    )
+    ids = keys(eos_token_id=im_end, padding_token_id=end_of_text)
+    tok = Tokenizer.from_metadata({**metadata, **ids})
+    assert tok.eos_ids == frozenset({im_end, end_of_text, file_sep})
 
 
 def keys(**values: int) -> dict[str, int]:
