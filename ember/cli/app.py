@@ -94,7 +94,9 @@ def run(
     model: Annotated[str, typer.Argument(help="model name")] = DEFAULT_MODEL,
     prompt: Annotated[list[str] | None, typer.Argument(help="prompt, else stdin or a REPL")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show timings for response")] = False,
-    format: Annotated[str | None, typer.Option("--format", help="Response format (json)")] = None,
+    format: Annotated[
+        str | None, typer.Option("--format", help="Response format: json, or a JSON schema")
+    ] = None,
     keepalive: Annotated[str | None, typer.Option("--keepalive", help="e.g. 5m")] = None,
     think: Annotated[
         str | None,
@@ -124,7 +126,7 @@ def run(
     session = Session(
         model,
         options=options,
-        format=format,
+        format=_format(format),
         keep_alive=keepalive,
         think=False if nothink else _think(think),
         hide_thinking=hidethinking,
@@ -161,6 +163,16 @@ def _embed_once(client: Client, body: dict[str, Any]) -> None:
     if not vectors:
         raise CLIError("no embeddings returned")
     print(json.dumps(vectors[0], separators=(",", ":")))
+
+
+def _format(value: str | None) -> str | dict[str, Any] | None:
+    """--format as the API takes it: "json", or the JSON (a schema) given, as Ollama's."""
+    if value is None or value == "json":
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as e:
+        raise CLIError(f"invalid value for --format: not json nor a JSON schema ({e})") from None
 
 
 def _think(value: str | None) -> bool | str | None:
@@ -277,6 +289,7 @@ def rm(models: Annotated[list[str], typer.Argument(help="models to delete")]) ->
     """Remove models."""
     with Client() as client:
         for name in models:
+            commands.unload(client, name)
             client.request("DELETE", "/api/delete", {"model": name})
             print(f"deleted '{name}'")
 

@@ -18,7 +18,7 @@ class Session:
     messages: list[dict[str, Any]] = field(default_factory=list)
     system: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
-    format: str | None = None
+    format: str | dict[str, Any] | None = None  # "json" or a schema
     keep_alive: str | None = None
     think: bool | str | None = None
     hide_thinking: bool = False

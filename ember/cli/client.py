@@ -79,7 +79,7 @@ class Client:
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """The JSON answer (None for an empty one); CLIError for an error status."""
         try:
-            resp = self.http.request(method, path, json=body)
+            resp = self.http.request(method, path, **_json(body))
         except httpx.HTTPError as e:
             raise self._unreachable(e) from None
         _check(resp)
@@ -89,7 +89,7 @@ class Client:
         """The records of an NDJSON answer; an {"error"} record raises CLIError. Leaving the
         iteration early (Ctrl-C) closes the connection, which cancels the request."""
         try:
-            with self.http.stream("POST", path, json=body) as resp:
+            with self.http.stream("POST", path, **_json(body)) as resp:
                 if resp.status_code >= 400:
                     resp.read()
                     _check(resp)
@@ -123,6 +123,21 @@ class Client:
         if isinstance(err, httpx.ConnectError):
             return CLIError(f"could not connect to ember server at {self.base_url}: is it running?")
         return CLIError(f"the request to {self.base_url} failed: {err or type(err).__name__}")
+
+
+def _json(body: dict[str, Any] | None) -> dict[str, Any]:
+    """httpx's arguments for body as JSON. Text from argv, stdin and files holds the bytes it
+    could not decode as UTF-8 as surrogates (Python's surrogateescape), which no UTF-8 encoder
+    takes: each becomes U+FFFD, as Go's encoder (Ollama's client) writes invalid UTF-8."""
+    if body is None:
+        return {}
+    text = json.dumps(body, ensure_ascii=False)
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no undecodable byte made
+        raw = text.encode("utf-8", "surrogatepass")
+    content = raw.decode("utf-8", "replace").encode("utf-8")
+    return {"content": content, "headers": {"content-type": "application/json"}}
 
 
 def _check(resp: httpx.Response) -> None:

@@ -99,12 +99,22 @@ def _until(timestamp: str) -> str:
 
 
 def stop(client: Client, model: str) -> None:
-    running = client.request("GET", "/api/ps")["models"]
-    if not any(model in (m.get("name"), m.get("model")) for m in running):
-        names = {m.get("name", "").removesuffix(":latest") for m in running}
-        if model not in names:
-            raise CLIError(f'couldn\'t find model "{model}" to stop')
+    if not _is_running(client, model):
+        raise CLIError(f'couldn\'t find model "{model}" to stop')
     client.request("POST", "/api/generate", {"model": model, "keep_alive": 0})
+
+
+def unload(client: Client, model: str) -> None:
+    """Stops model if it runs: `rm` does first, as Ollama's, so that a deleted model does not
+    hold its memory until its keep_alive ends."""
+    if _is_running(client, model):
+        client.request("POST", "/api/generate", {"model": model, "keep_alive": 0})
+
+
+def _is_running(client: Client, model: str) -> bool:
+    running = client.request("GET", "/api/ps")["models"]
+    names = {m.get("name", "").removesuffix(":latest") for m in running}
+    return any(model in (m.get("name"), m.get("model")) for m in running) or model in names
 
 
 def pull(client: Client, model: str, *, insecure: bool = False) -> None:

@@ -1,6 +1,7 @@
 """The `ember` commands as a user runs them, against a fake Ollama-API server (real model routes,
 fake generation): outputs, one-line errors and exit codes."""
 
+import json
 import re
 from pathlib import Path
 
@@ -91,6 +92,14 @@ def test_run_with_a_prompt_answers_once(ember: Ember, fake: FakeServer, tiny_ggu
     assert fake.bodies("/api/generate")[-1]["prompt"] == "Why is the sky blue?"
 
 
+def test_text_that_is_not_utf8_is_sent_with_replacements(ember: Ember, fake: FakeServer) -> None:
+    """A Latin-1 argument (its byte 0xE9 reaches Python as a surrogate) is sent with U+FFFD, as
+    Ollama's Go client sends it: no traceback."""
+    result = ember("run", "tiny", "caf\udce9 latin1")
+    assert result.returncode == 0, result.stderr
+    assert fake.bodies("/api/generate")[-1]["prompt"] == "caf\ufffd latin1"
+
+
 def test_run_think_takes_a_level_or_stands_alone(ember: Ember, fake: FakeServer) -> None:
     # as Ollama's: --think alone is true and leaves the next word to the prompt; a level
     # comes with "="; --nothink is false
@@ -160,6 +169,25 @@ def test_ps_and_stop(ember: Ember, fake: FakeServer) -> None:
     assert len(ember("ps").stdout.splitlines()) == 1
     stopped = ember("stop", "other")
     assert stopped.returncode == 1 and 'couldn\'t find model "other"' in stopped.stderr
+
+
+def test_rm_of_a_running_model_stops_it_first(ember: Ember, fake: FakeServer) -> None:
+    """As Ollama's: a deleted model must not hold its memory until its keep_alive ends."""
+    ember("run", "tiny", stdin="")  # an empty prompt loads the model
+    assert ember("rm", "tiny").returncode == 0
+    assert fake.bodies("/api/generate")[-1] == {"model": "tiny", "keep_alive": 0}
+    assert len(ember("ps").stdout.splitlines()) == 1
+
+
+def test_run_format_takes_json_or_a_schema(ember: Ember, fake: FakeServer) -> None:
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    for given, sent in (("json", "json"), (schema, json.loads(schema))):
+        result = ember("run", "tiny", "--format", given, "give a")
+        assert result.returncode == 0, result.stderr
+        assert fake.bodies("/api/generate")[-1]["format"] == sent
+    result = ember("run", "tiny", "--format", "xml", "give a")
+    assert result.returncode != 0 and one_line_error(result.stderr)
+    assert "invalid value for --format" in result.stderr
 
 
 def test_pull_shows_progress(ember: Ember, tiny_gguf: Path) -> None:
