@@ -89,8 +89,11 @@ class _Parser:
         self.commands: list[Command] = []
 
     def feed(self, char: str) -> None:
-        if char in "\r\n":
+        self._feed(char)
+        if char == "\n":  # after it: an error at a line's end is that line's (CRLF counts once)
             self.line += 1
+
+    def _feed(self, char: str) -> None:
         nxt, keep = self._next(char)
         if nxt != self.state:
             entered = self._leave(nxt, char)

@@ -106,6 +106,15 @@ def test_bad_command_reports_its_line() -> None:
     assert err.value.line == 3
 
 
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_a_value_missing_at_a_lines_end_reports_that_line(newline: str) -> None:
+    text = newline.join(["FROM foo", "PARAMETER temperature", ""])
+    with pytest.raises(ModelfileError, match=r"\(line 2\): PARAMETER temperature needs a value"):
+        parse_modelfile(text)
+    with pytest.raises(ModelfileError, match=r"\(line 3\): command must be one of"):
+        parse_modelfile(newline.join(["FROM foo", "", "BAD x", ""]))
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
