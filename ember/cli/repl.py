@@ -14,7 +14,9 @@ from ember.cli.chat import Session, chat_turn
 from ember.cli.client import Client, CLIError
 from ember.cli.images import HELP as IMAGES_HELP
 from ember.cli.images import has_vision, starts_with_image_path
-from ember.errors import EmberError
+from ember.errors import EmberError, OptionsError
+from ember.options import Options
+from ember.store.modelfile import DEPRECATED_PARAMETERS
 
 HELP = """Available Commands:
   /set            Set session variables
@@ -131,8 +133,7 @@ class Repl:
         elif what == "parameter":
             self._set_parameter(value)
         elif what == "system":
-            self.session.system = value.strip().strip('"') or None
-            print("Set system message.")
+            self._set_system(value.strip())
         elif what == "format" and value.strip() == "json":
             self.session.format = "json"
             print("Set format to 'json' mode.")
@@ -140,15 +141,41 @@ class Repl:
             print(SET_HELP)
 
     def _set_parameter(self, text: str) -> None:
-        name, _, value = text.strip().partition(" ")
-        if not name or not value.strip():
+        """As Ollama's: the words after the name are its value (stop takes each as one stop
+        string), checked now rather than by every later message."""
+        name, *words = text.split()
+        if not words:
             print("Usage:\n  /set parameter <name> <value>")
             return
-        if name == "stop":
-            self.session.options.setdefault("stop", []).append(value.strip())
+        value = words if name == "stop" else parameter_value(words[0])
+        try:
+            if name not in DEPRECATED_PARAMETERS:  # accepted and ignored, as Ollama's
+                Options.parse({name: value})
+        except OptionsError as e:
+            print(f"Couldn't set parameter: {e}")
+            return
+        self.session.options[name] = value
+        print(f"Set parameter '{name}' to '{', '.join(words)}'")
+
+    def _set_system(self, text: str) -> None:
+        """/set system <text>, or a \"\"\"-quoted text over several lines, as Ollama's."""
+        if text.startswith(MULTILINE):
+            lines = [text[len(MULTILINE) :]]
+            while not lines[-1].rstrip().endswith(MULTILINE):
+                try:
+                    lines.append(self.prompt.prompt("... "))
+                except (KeyboardInterrupt, EOFError):
+                    print("The system message was not changed.")
+                    return
+            lines[-1] = lines[-1].rstrip()[: -len(MULTILINE)]
+            text = "\n".join(lines).strip()
         else:
-            self.session.options[name] = parameter_value(value.strip())
-        print(f"Set parameter '{name}' to '{value.strip()}'")
+            text = text.strip('"')
+        if not text:
+            print("Usage:\n  /set system <message> or /set system \"\"\"<message>\"\"\"")
+            return
+        self.session.system = text
+        print("Set system message.")
 
     def _show(self, rest: str) -> None:
         part = rest or "info"
@@ -194,8 +221,7 @@ class Repl:
 
 
 def parameter_value(text: str) -> int | float | bool | str:
-    """A /set parameter value as JSON types it; the server checks names and types (the CLI
-    does not import the engine's option tables, which pull in torch)."""
+    """A /set parameter value as JSON types it (Options.parse then checks it)."""
     for kind in (int, float):
         try:
             return kind(text)
@@ -205,7 +231,12 @@ def parameter_value(text: str) -> int | float | bool | str:
 
 
 def _params(options: dict[str, object]) -> str:
-    return "\n".join(f"{k:<30} {v}" for k, v in sorted(options.items()))
+    """As /api/show's parameters: a line a value, a list's values each on its own line."""
+    return "\n".join(
+        f"{k:<30} {item}"
+        for k, v in sorted(options.items())
+        for item in (v if isinstance(v, list) else [v])
+    )
 
 
 def _history() -> History:

@@ -1,0 +1,58 @@
+"""The REPL's /set commands on a session, without a terminal or a server: what they print and
+keep (the whole REPL in a real terminal: test_repl_tmux.py)."""
+
+from collections.abc import Iterator
+
+import pytest
+from prompt_toolkit.input import create_pipe_input
+from prompt_toolkit.output import DummyOutput
+
+from ember.cli.chat import Session
+from ember.cli.client import Client
+from ember.cli.repl import Repl
+
+
+@pytest.fixture
+def repl() -> Iterator[Repl]:
+    with create_pipe_input() as pipe:
+        r = Repl(Client("http://127.0.0.1:9"), Session("tiny"))  # never called
+        r.prompt.app.input, r.prompt.app.output = pipe, DummyOutput()
+        yield r
+
+
+def continued(repl: Repl, *lines: str) -> None:
+    """The lines the REPL reads after the command (its `... ` prompts)."""
+    rest = iter(lines)
+    repl.prompt.prompt = lambda *_a, **_k: next(rest)  # type: ignore[method-assign]
+
+
+def test_set_parameter_checks_the_value_at_once(repl: Repl, capsys) -> None:
+    repl._command("/set parameter temperature hot")
+    said = capsys.readouterr().out
+    assert "Couldn't set parameter: option 'temperature' must be a number" in said
+    repl._command("/set parameter foo 1")
+    assert "Couldn't set parameter: unknown option 'foo'" in capsys.readouterr().out
+    assert repl.session.options == {}
+    repl._command("/set parameter temperature 0.5")
+    assert "Set parameter 'temperature' to '0.5'" in capsys.readouterr().out
+    repl._command("/set parameter penalize_newline true")  # Ollama's, deprecated: ignored
+    assert repl.session.options == {"temperature": 0.5, "penalize_newline": True}
+
+
+def test_set_parameter_stop_takes_each_word_as_a_stop_string(repl: Repl, capsys) -> None:
+    repl._command("/set parameter stop a b c")
+    assert repl.session.options["stop"] == ["a", "b", "c"]
+    assert "Set parameter 'stop' to 'a, b, c'" in capsys.readouterr().out
+    repl._command("/set parameter stop END")  # replaces the list, as Ollama's
+    assert repl.session.options["stop"] == ["END"]
+
+
+def test_set_system_over_several_lines(repl: Repl, capsys) -> None:
+    continued(repl, "Always bark.", 'Never meow."""')
+    repl._command('/set system """You are a dog.')
+    assert repl.session.system == "You are a dog.\nAlways bark.\nNever meow."
+    assert "Set system message." in capsys.readouterr().out
+    repl._command('/set system """One line."""')
+    assert repl.session.system == "One line."
+    repl._command("/set system")  # no text: the usage, the message kept
+    assert "Usage" in capsys.readouterr().out and repl.session.system == "One line."
