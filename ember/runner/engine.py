@@ -299,7 +299,7 @@ class Engine:
         """Takes seq's sampled token (row: its raw logits) and streams what is final."""
         if not seq.first_token:
             seq.first_token = _now()
-        if len(seq.generated) >= seq.num_predict:  # num_predict 0: the prompt only
+        if len(seq.generated) >= seq.num_predict:
             self._finish(seq, LENGTH)
             return
         if token in self.tokenizer.eos_ids:

@@ -158,8 +158,10 @@ class Sequence:
         self.groups = []
         self.carried = []
         self.num_ctx = num_ctx
-        limit = 10 * num_ctx  # as Ollama: num_predict < 0 or > 10 × num_ctx means that cap
-        self.num_predict = opts.num_predict if 0 <= opts.num_predict <= limit else limit
+        # as Ollama, num_predict 0 or less sets no limit of its own (its runner limits only a
+        # positive one): then, as for one past it, the cap of 10 × num_ctx
+        limit = 10 * num_ctx
+        self.num_predict = opts.num_predict if 0 < opts.num_predict <= limit else limit
         self.embedding = request.embedding
         self.sampler = Sampler(replace(opts.sampling(), logit_bias=request.logit_bias))
         self.sampler.accept_all(inputs)  # the prompt counts for the repeat penalties

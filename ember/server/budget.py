@@ -24,8 +24,8 @@ async def capped(
     complete: Complete, prompt: str, fields: dict[str, Any], *, budget: int, tags: ThinkingTags
 ) -> AsyncGenerator[Record, None]:
     """complete(prompt, fields)'s records, with at most `budget` tokens of thinking."""
-    limit = fields["options"]["num_predict"]  # < 0: no limit
-    if 0 <= limit <= budget:  # the whole answer fits in the budget
+    limit = fields["options"]["num_predict"]  # 0 or less: no limit (as Ollama)
+    if 0 < limit <= budget:  # the whole answer fits in the budget
         async with contextlib.aclosing(complete(prompt, fields)) as records:
             async for record in records:
                 yield record
@@ -46,7 +46,7 @@ async def capped(
     closing = tags.closing if is_thinking(tags, prompt, output) else ""
     if closing:
         yield {"content": closing}
-    rest = limit - budget if limit >= 0 else limit
+    rest = limit - budget if limit > 0 else limit
     second = complete(prompt + output + closing, _predicting(fields, rest))
     async with contextlib.aclosing(second) as records:
         async for record in records:

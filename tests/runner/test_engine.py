@@ -67,10 +67,13 @@ def test_stop_string_is_cut_mid_token_and_never_sent(make):
     assert done.stop_sequence == "cd"
 
 
-def test_num_predict_zero_evaluates_the_prompt_only(make):
+@pytest.mark.parametrize("num_predict", [0, -1, 641])
+def test_num_predict_zero_or_less_or_past_the_cap_is_ten_contexts(make, num_predict):
+    """As Ollama's runner, which limits only a positive num_predict: 0 and -1 set no limit of
+    their own (nor does one past the cap), so 10 × num_ctx (64 here) ends the answer."""
     engine, _ = make()
-    text, done = collect(engine.submit(Request([0, 1], opts(num_predict=0))))
-    assert (text, done.done_reason, done.eval_count, done.prompt_eval_count) == ("", "length", 0, 2)
+    _, done = collect(engine.submit(Request([0, 1], opts(num_predict=num_predict))))
+    assert (done.done_reason, done.eval_count, done.prompt_eval_count) == ("length", 640, 2)
 
 
 def test_cancel_frees_the_slot_within_one_step(make):
