@@ -39,7 +39,7 @@ async def messages(request: Request) -> Response:
         merged = generation.merge_chat(await collect(request, chunks))
         return JSONResponse(message(merged, req.model))
     first = await first_chunk(request, chunks)
-    events = _Events(req.model).stream(prepend(first, chunks))
+    events = _Events(req.model, req.estimated_tokens()).stream(prepend(first, chunks))
     return event_stream_response(events, lambda err: [_stream_error(err)])
 
 
@@ -116,8 +116,8 @@ class _Events:
     """Anthropic's stream from native chunks: message_start and a ping; for each content block
     (thinking, text, each tool_use) its start, deltas and stop; message_delta, message_stop."""
 
-    def __init__(self, model: str) -> None:
-        self.model = model
+    def __init__(self, model: str, input_tokens: int) -> None:
+        self.model, self.input_tokens = model, input_tokens  # an estimate: see estimated_tokens
         self.index = -1  # of the latest block
         self.open: str | None = None  # the type of the block still open
         self.has_calls = False
@@ -131,7 +131,8 @@ class _Events:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},  # the real counts come at the end
+            # the runner's counts come at the end (message_delta)
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
         }
         yield {"type": "message_start", "message": start}
         yield {"type": "ping"}

@@ -3,6 +3,7 @@ their translation to Ember's native chat: messages, tools, tool_choice, thinking
 
 Parse them with api.parse_body; responses and routes are anthropic.py's."""
 
+import json
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
@@ -121,6 +122,20 @@ class Conversation(Body):
             format=output.format.schema_ if output and output.format else None,
             **fields,
         )
+
+    def estimated_tokens(self) -> int:
+        """Ollama's estimate of the input tokens (a quarter of the characters of the system,
+        roles, texts and tools, at least 1): a stream's message_start tells it before the
+        runner's count comes with message_delta."""
+        texts = [b.text for b in self.system]
+        for m in self.messages:
+            texts.append(m.role)
+            for block in m.content:
+                texts += [block.text, block.thinking, *(b.text for b in block.content)]
+                texts.append(json.dumps(block.input) if block.input else "")
+        for tool in self.tools:
+            texts += [tool.name, tool.description, json.dumps(tool.input_schema)]
+        return max(1, sum(len(t) for t in texts) // 4)
 
     def ollama_think(self) -> bool | str | None:
         """thinking as Ollama's think; without it, output_config.effort as a level (as Ollama:

@@ -123,6 +123,16 @@ def test_stream_events(client):
     assert [e["type"] for e in got[-3:]] == ["content_block_stop", "message_delta", "message_stop"]
     assert got[-2]["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
     assert got[-2]["usage"] == {"input_tokens": 2, "output_tokens": 3}
+    # before the runner's count, Ollama's estimate: a quarter of the characters ("user", "hi")
+    assert got[0]["message"]["usage"] == {"input_tokens": 1, "output_tokens": 0}
+
+
+def test_message_start_estimates_the_input_tokens_as_ollama():
+    tool = {"name": "f", "description": "d" * 38, "input_schema": {}}
+    body = {"model": "m", "max_tokens": 8, "system": "s" * 40, "tools": [tool]}
+    messages = [{"role": "user", "content": "u" * 36}, {"role": "assistant", "content": "a" * 31}]
+    req = parse_body(MessagesRequest, json.dumps(body | {"messages": messages}))
+    assert req.estimated_tokens() == (40 + 4 + 36 + 9 + 31 + 1 + 38 + 2) // 4
 
 
 def test_tool_use_answer(client, starter):
