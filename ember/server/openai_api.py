@@ -80,6 +80,12 @@ class ResponseFormat(Body):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchema | None = None
 
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:  # a 400 at OpenAI too
+            raise ValueError("a response_format of type json_schema needs its json_schema")
+        return self
+
 
 class Reasoning(Body):
     effort: Literal["high", "medium", "low", "max", "none"] | None = None
@@ -199,7 +205,8 @@ class ChatCompletionRequest(Sampling):
             return None
         if fmt.type == "json_object":
             return "json"
-        return fmt.json_schema.schema_ if fmt.json_schema else "json"
+        assert fmt.json_schema is not None  # ResponseFormat requires it
+        return fmt.json_schema.schema_
 
     def ollama_think(self) -> bool | str | None:
         """reasoning_effort (or reasoning.effort) as Ollama's think: "none" turns it off."""
@@ -247,8 +254,10 @@ def _ollama_message(
             raise RequestError(f"unsupported content part type {part.type!r}", "messages")
     calls = tuple(_ollama_call(c, index) for c in m.tool_calls)
     tool_name = (m.name or names.get(m.tool_call_id, "")) if m.role == "tool" else ""
+    role = m.role.lower()
     return Message(
-        m.role.lower(),
+        # OpenAI's newer name for system, which most templates would leave out (as /v1/responses)
+        "system" if role == "developer" else role,
         "\n".join(t for t in texts if t),
         images=tuple(images),
         tool_calls=calls,

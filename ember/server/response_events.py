@@ -215,7 +215,8 @@ class ResponseBuilder:
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": counts["total_tokens"],
         }
-        self._completed_at = int(time.time())
+        # OpenAI's field is set only once a response is completed
+        self._completed_at = int(time.time()) if self.status == "completed" else None
         kind = "response.incomplete" if self.status == "incomplete" else "response.completed"
         return [*events, self._event(kind, response=self.response())]
 

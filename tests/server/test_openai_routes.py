@@ -35,6 +35,15 @@ def test_chat_completion_object(client, starter):
     assert (options["temperature"], options["top_p"], options["seed"]) == (1.0, 1.0, 3)
 
 
+def test_a_developer_message_is_a_system_one(client, starter):
+    """OpenAI's newer name for system, as /v1/responses takes it (a template knows system)."""
+    messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Q"}]
+    assert completion(client, messages=messages).status_code == 200
+    assert starter.runners[0].prompts[0] == (
+        "<system>Be brief.</system>\n<user>Q</user>\n<assistant>"
+    )
+
+
 def test_chat_stream_with_usage(client):
     r = completion(client, stream=True, stream_options={"include_usage": True})
     assert r.headers["content-type"].startswith("text/event-stream")
@@ -96,6 +105,8 @@ def test_response_format_becomes_the_format(client, starter):
     assert starter.runners[0].fields[-1]["format"] == schema
     completion(client, response_format={"type": "json_object"})
     assert starter.runners[0].fields[-1]["format"] == "json"
+    r = completion(client, response_format={"type": "json_schema"})  # no schema: as OpenAI's
+    assert r.status_code == 400 and "needs its json_schema" in r.json()["error"]["message"]
 
 
 def test_errors_use_openai_error_objects(client):

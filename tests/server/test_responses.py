@@ -84,7 +84,9 @@ def test_max_output_tokens_cuts_it_incomplete(client, starter):
     assert body["incomplete_details"] == {"reason": "max_output_tokens"}
     assert body["output"][0]["status"] == "incomplete" and text_of(body) == "Hello there"
     assert body["max_output_tokens"] == 2
+    assert body["completed_at"] is None  # OpenAI's: set once a response is completed
     assert starter.runners[0].fields[0]["options"]["num_predict"] == 2
+    assert isinstance(create(client).json()["completed_at"], int)
 
 
 def test_instructions_and_message_items_make_the_prompt(client, starter):
