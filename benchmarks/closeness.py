@@ -40,7 +40,7 @@ def main() -> None:
         ref = json.loads(path.read_text())["prompts"]
         for prompt in prompts:
             r = ref[prompt]
-            first, ids = run_prompt(llm, r["prompt_ids"], r["greedy"]["n_steps"])
+            first, ids, _ = run_prompt(llm, r["prompt_ids"], r["greedy"]["n_steps"])
             top, expected = r["first_step"]["top_ids"], torch.tensor(r["first_step"]["top_logits"])
             diff = float((first[top] - expected).abs().max())
             agree = next(
