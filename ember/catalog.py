@@ -91,6 +91,13 @@ CATALOG: dict[str, Entry] = {entry.name: entry for entry in _ENTRIES}
 ALIASES: dict[str, str] = {"smollm2": "smollm2:135m"}
 
 
+def entry_for(name: str) -> Entry | None:
+    """The bundled model a name means: its own name or an alias ("smollm2"), either with the
+    tag :latest that a name without one stands for."""
+    base = name.removesuffix(":latest")
+    return CATALOG.get(ALIASES.get(base, base))
+
+
 def list_catalog() -> list[str]:
     """The bundled model names (aliases not included)."""
     return list(CATALOG)
@@ -101,7 +108,7 @@ def resolve_model(name_or_path: str) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
-    entry = CATALOG.get(ALIASES.get(name_or_path, name_or_path))
+    entry = entry_for(name_or_path)
     if entry is not None:
         return _materialize(entry)
     if os.sep in name_or_path or name_or_path.endswith(".gguf"):

@@ -67,6 +67,13 @@ def test_list_catalog_names_the_bundled_models() -> None:
     ]
 
 
+def test_names_and_aliases_take_latest_as_no_tag() -> None:
+    smollm2 = catalog.CATALOG["smollm2:135m"]
+    for name in ("smollm2:135m", "smollm2", "smollm2:latest"):
+        assert catalog.entry_for(name) is smollm2
+    assert catalog.entry_for("smollm2:1.7b") is None and catalog.entry_for("gemma3") is None
+
+
 def test_existing_path_is_returned_as_is(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     path.write_bytes(b"GGUF")

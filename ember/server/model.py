@@ -137,8 +137,7 @@ class Models:
         )
 
     def _from_catalog(self, name: str) -> ServedModel:
-        canonical = catalog.ALIASES.get(name, name)
-        entry = catalog.CATALOG.get(canonical.removesuffix(":latest"))
+        entry = catalog.entry_for(name)
         if entry is None:
             raise not_found(name)
         try:
