@@ -216,8 +216,9 @@ def _extras(
     return {"license": licenses, "messages": messages, "parameters": parameters}
 
 
-def format_show(shown: dict[str, Any]) -> str:
-    """`ember show MODEL`'s summary: model facts, capabilities, parameters, system, license."""
+def format_show(shown: dict[str, Any], *, verbose: bool = False) -> str:
+    """`ember show MODEL`'s summary: model facts, capabilities, parameters, system, license;
+    with verbose, as Ollama's, every metadata key and the tensors too."""
     info, details = shown.get("model_info") or {}, shown.get("details") or {}
     arch = info.get("general.architecture", details.get("family", ""))
     facts = [
@@ -235,13 +236,27 @@ def format_show(shown: dict[str, Any]) -> str:
         sections.append(("System", [(_first_line(shown["system"]), "")]))
     if shown.get("license"):
         sections.append(("License", [(_first_line(shown["license"]), "")]))
+    if verbose:
+        metadata = sorted((shown.get("model_info") or {}).items())
+        sections.append(("Metadata", [(k, _shown_value(v)) for k, v in metadata]))
+        tensors = shown.get("tensors") or []
+        rows = [(t["name"], f"{t['type']}    {t['shape']}") for t in tensors if "name" in t]
+        sections.append(("Tensors", rows))
     out = []
     for title, rows in sections:
         if rows:
+            width = max(20, *(len(k) + 4 for k, _ in rows))  # Metadata's keys run long
             out.append(f"  {title}")
-            out += [f"    {k:<20}{v}".rstrip() for k, v in rows]
+            out += [f"    {k:<{width}}{v}".rstrip() for k, v in rows]
             out.append("")
     return "\n".join(out)
+
+
+def _shown_value(value: Any) -> str:
+    """A metadata value in a line: a long list (a vocabulary) as its first items and a count."""
+    if isinstance(value, list) and len(value) > 4:
+        return f"[{' '.join(map(str, value[:3]))} ...+{len(value) - 3} more]"
+    return str(value)
 
 
 def _first_line(text: str) -> str:
@@ -251,7 +266,7 @@ def _first_line(text: str) -> str:
 def show_part(client: Client, model: str, part: str | None, *, verbose: bool = False) -> str:
     shown = client.request("POST", "/api/show", {"model": model, "verbose": verbose})
     if part is None:
-        return format_show(shown)
+        return format_show(shown, verbose=verbose)
     return str(shown.get(part, ""))
 
 

@@ -39,6 +39,10 @@ def test_create_list_show_copy_remove(ember: Ember, tmp_path: Path, tiny_gguf: P
     assert "architecture        llama" in shown.stdout
     assert "completion" in shown.stdout and "temperature" in shown.stdout
     assert ember("show", "tiny", "--system").stdout.strip() == "You are terse."
+    verbose = ember("show", "tiny", "-v").stdout  # as Ollama's: the metadata and tensors too
+    assert "  Metadata" in verbose and "general.architecture" in verbose
+    assert "  Tensors" in verbose and "token_embd.weight" in verbose
+    assert "Metadata" not in shown.stdout
     assert "FROM " in ember("show", "tiny", "--modelfile").stdout
     copied = ember("cp", "tiny", "tiny:two")
     assert copied.stdout.strip() == "copied 'tiny' to 'tiny:two'"
