@@ -134,9 +134,14 @@ class Repl:
             self._set_parameter(value)
         elif what == "system":
             self._set_system(value.strip())
-        elif what == "format" and value.strip() == "json":
-            self.session.format = "json"
-            print("Set format to 'json' mode.")
+        elif what == "format":
+            if value.strip() == "json":
+                self.session.format = "json"
+                print("Set format to 'json' mode.")
+            else:
+                print("Invalid or missing format. For 'json' mode use '/set format json'")
+        elif what:
+            print(f"Unknown command '/set {what}'. Type /? for help")
         else:
             print(SET_HELP)
 
@@ -186,8 +191,10 @@ class Repl:
         if part == "info":
             print(commands.format_show(shown))
             return
-        overrides = {"system": self.session.system, "parameters": _params(self.session.options)}
-        value = overrides.get(part) or shown.get(part, "")
+        if part == "parameters":
+            print(_parameters(shown.get("parameters", ""), self.session.options))
+            return
+        value = (self.session.system if part == "system" else "") or shown.get(part, "")
         print(value or f"No {part} was specified for this model.")
 
     def _load(self, rest: str) -> None:
@@ -230,13 +237,21 @@ def parameter_value(text: str) -> int | float | bool | str:
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def _params(options: dict[str, object]) -> str:
-    """As /api/show's parameters: a line a value, a list's values each on its own line."""
-    return "\n".join(
-        f"{k:<30} {item}"
-        for k, v in sorted(options.items())
-        for item in (v if isinstance(v, list) else [v])
-    )
+def _parameters(model: str, session: dict[str, object]) -> str:
+    """/show parameters, as Ollama's: the model's (its /api/show lines), then the session's
+    (/set parameter), a list's values each on its own line."""
+    lines = ["Model defined parameters:"]
+    lines += [f"  {line}" for line in model.splitlines()] or [
+        "  No additional parameters were specified for this model."
+    ]
+    if session:
+        lines += ["", "User defined parameters:"]
+        lines += [
+            f"  {k:<30} {item}"
+            for k, v in sorted(session.items())
+            for item in (v if isinstance(v, list) else [v])
+        ]
+    return "\n".join(lines)
 
 
 def _history() -> History:

@@ -56,3 +56,32 @@ def test_set_system_over_several_lines(repl: Repl, capsys) -> None:
     assert repl.session.system == "One line."
     repl._command("/set system")  # no text: the usage, the message kept
     assert "Usage" in capsys.readouterr().out and repl.session.system == "One line."
+
+
+def test_unknown_set_commands_and_formats_are_named(repl: Repl, capsys) -> None:
+    repl._command("/set foo")
+    assert "Unknown command '/set foo'. Type /? for help" in capsys.readouterr().out
+    repl._command("/set format xml")
+    assert "Invalid or missing format" in capsys.readouterr().out and repl.session.format is None
+
+
+class ShowOnly:
+    """A client whose /api/show answers a model with one parameter."""
+
+    def request(self, method: str, path: str, body: object = None) -> dict[str, str]:
+        return {"parameters": "num_ctx                        512"}
+
+
+def test_show_parameters_names_the_models_and_the_sessions(repl: Repl, capsys) -> None:
+    repl.client = ShowOnly()  # type: ignore[assignment]
+    repl._command("/set parameter stop a b")
+    capsys.readouterr()
+    repl._command("/show parameters")
+    assert capsys.readouterr().out.splitlines() == [
+        "Model defined parameters:",
+        "  num_ctx                        512",
+        "",
+        "User defined parameters:",
+        f"  {'stop':<30} a",
+        f"  {'stop':<30} b",
+    ]
