@@ -262,8 +262,11 @@ def _completion_logprobs(native: Chunk, offset: int = 0) -> dict[str, Any] | Non
         "tokens": [lp["token"] for lp in lps],
         "text_offset": offsets,
         "token_logprobs": [lp["logprob"] for lp in lps],
+        # OpenAI's: up to logprobs + 1 entries, the sampled token always among them
         "top_logprobs": [
-            {t["token"]: t["logprob"] for t in lp.get("top_logprobs", [])} for lp in lps
+            {t["token"]: t["logprob"] for t in lp.get("top_logprobs", [])}
+            | {lp["token"]: lp["logprob"]}
+            for lp in lps
         ],
     }
 

@@ -71,3 +71,14 @@ def test_completion_logprobs_have_text_offsets(client):
     assert lps["text_offset"] == [2, 7, 12]  # after the echoed "hi"
     assert lps["token_logprobs"] == [-0.5, -0.5, -0.5]
     assert lps["top_logprobs"][0] == {"Hello": -0.5, "x": -2.0}
+
+
+def test_a_legacy_top_logprobs_map_holds_the_sampled_token():
+    """As OpenAI's: up to logprobs + 1 entries, the token sampled (at temperature, maybe not
+    among the most likely) always one of them."""
+    from ember.server.openai import _completion_logprobs
+
+    top = [{"token": "Hello", "logprob": -0.4}]
+    native = {"logprobs": [{"token": "Z", "logprob": -3.0, "top_logprobs": top}]}
+    legacy = _completion_logprobs(native)
+    assert legacy is not None and legacy["top_logprobs"] == [{"Hello": -0.4, "Z": -3.0}]
