@@ -2,6 +2,7 @@
 input, /set, /show, /load, /save, /clear, /bye. Ctrl-C stops an answer, not the REPL; Ctrl-D or
 /bye leaves. A model with vision takes image files by path, even a line that starts with one."""
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -125,10 +126,13 @@ class Repl:
         }
         if what == "think" and value.strip():  # a level: /set think high, as Ollama's
             self.session.think = value.strip()
+            self._warn_without_thinking()
             print(f"Set 'think' mode to '{value.strip()}'.")
         elif what in flags:
             attr, flag, message = flags[what]
             setattr(self.session, attr, flag)
+            if attr == "think":
+                self._warn_without_thinking()
             print(message)
         elif what == "parameter":
             self._set_parameter(value)
@@ -144,6 +148,16 @@ class Repl:
             print(f"Unknown command '/set {what}'. Type /? for help")
         else:
             print(SET_HELP)
+
+    def _warn_without_thinking(self) -> None:
+        """As Ollama's: a model that cannot think is told at /set, not at the next message."""
+        try:
+            shown = self.client.request("POST", "/api/show", {"model": self.session.model})
+        except CLIError:
+            return
+        if "thinking" not in (shown.get("capabilities") or []):
+            model = self.session.model
+            print(f'warning: model "{model}" does not support thinking output', file=sys.stderr)
 
     def _set_parameter(self, text: str) -> None:
         """As Ollama's: the words after the name are its value (stop takes each as one stop

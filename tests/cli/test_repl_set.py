@@ -85,3 +85,11 @@ def test_show_parameters_names_the_models_and_the_sessions(repl: Repl, capsys) -
         f"  {'stop':<30} a",
         f"  {'stop':<30} b",
     ]
+
+
+def test_set_think_warns_of_a_model_that_cannot_think(repl: Repl, capsys) -> None:
+    repl.client = ShowOnly()  # no capabilities: no thinking
+    repl._command("/set think")
+    said = capsys.readouterr()
+    assert 'warning: model "tiny" does not support thinking output' in said.err
+    assert "Set 'think' mode." in said.out and repl.session.think is True
