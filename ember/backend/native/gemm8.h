@@ -18,8 +18,10 @@
  * The AVX2 code (em_g8_panel_avx2, below) reads the same lines as two halves of 8 rows. The
  * portable C (em_g8_panel_generic) does the same float operations in the same order, so every
  * path gives the same bits; the AVX512-VNNI and AVX2 ones are fast. The int8 rounding of x is
- * llama.cpp's precision: weights.py gives this path the MLP's gate and up (whose input is a
- * normalized hidden state) and, on the avx2 path, the K types' prompts that took one q8_K pass.
+ * llama.cpp's precision: weights.py gives this path, on the avx2 and avxvnni paths, the prompts
+ * of the K-type weights whose x takes one q8_K pass (int8 already); the 32-element types' gate
+ * and up, which it took until 2026-12-06, left Gemma 3's chats up to 5.8% of the largest logit
+ * off (precision.py), and take gemm16 now (benchmarks and tests still ask for them here).
  */
 #ifndef EMBER_GEMM8_H
 #define EMBER_GEMM8_H
