@@ -30,8 +30,9 @@ def float_activations(isa: str | None) -> bool:
     return isa in _AVX512
 
 
-# Types whose prefill takes gemm8 (native/gemm8.h: x in int8 per 32 values, the weight unpacked
-# 16 rows at a time into codes), by ISA path, where it outruns the float32 matmul on 512 rows of
+# Types whose prefill may take gemm8 (native/gemm8.h: x in int8 per 32 values, the weight unpacked
+# 16 rows at a time into codes; a one-pass K type's, or any asked for by prefill_int8, which no
+# loaded model is: see below), by ISA path, where it outruns the float32 matmul on 512 rows of
 # the bundled models' and the 3B file's projections (GFLOPS, 2 threads, a Zen 5 EPYC:
 # `benchmarks/bench_gemm8.py`, several runs). avx512 (VNNI): 640-860 against oneDNN's 360-450
 # (Q6_K's 16-value units 540-590). avx2 (vpmaddubsw): 280-370 against oneDNN's AVX2 code's
