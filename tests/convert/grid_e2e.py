@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from answers import streamed_text
 from cli_support import EMBER, cli_env  # (tests/cli and tests/server: on the caller's path)
 from serve_process import Server
 
@@ -81,7 +82,7 @@ def checked_answer(
     eos = set(tok.eos_ids)
     theirs = theirs[: next((i for i, t in enumerate(theirs) if t in eos), len(theirs))]
     assert tokens and tokens == theirs  # the engine's greedy decoding is HF's
-    return tok.decode(tokens), len(ids)
+    return streamed_text(tok, tokens), len(ids)
 
 
 def hf_ids(hf, ids: list[int]) -> list[int]:

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 TESTS = Path(__file__).resolve().parents[1]
 sys.path += [str(TESTS / "server"), str(TESTS / "cli")]
 
+from answers import streamed_text  # noqa: E402
 from cli_support import EMBER, cli_env  # noqa: E402
 from hf_families import save_family  # noqa: E402
 from serve_process import Server  # noqa: E402
@@ -50,7 +51,7 @@ def greedy(hf: PreTrainedModel, tokenizer: Tokenizer, prompt: str, count: int) -
     ids = tokenizer.encode(prompt)
     with torch.no_grad():
         out = hf.generate(torch.tensor([ids]), max_new_tokens=count, do_sample=False)
-    return tokenizer.decode(out[0, len(ids) :].tolist())
+    return streamed_text(tokenizer, out[0, len(ids) :].tolist())
 
 
 def ask(server: Server, name: str, prompt: str, count: int = 12) -> ollama.GenerateResponse:

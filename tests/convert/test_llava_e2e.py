@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 TESTS = Path(__file__).resolve().parents[1]
 sys.path += [str(TESTS / "server"), str(TESTS / "cli")]
 
+from answers import streamed_text  # noqa: E402
 from cli_support import EMBER, cli_env  # noqa: E402
 from hf_llava import build_llava  # noqa: E402
 from serve_process import Server  # noqa: E402
@@ -70,7 +71,7 @@ def greedy_answer(path: Path, projector: Path | None, image: bytes) -> tuple[str
     seq = engine.submit(request)
     while not isinstance(seq.events.get(timeout=300), Done):
         pass
-    return tok.decode(list(seq.generated)), len(inputs.tokens)
+    return streamed_text(tok, list(seq.generated)), len(inputs.tokens)
 
 
 def test_show_reports_vision_and_the_mlp_projector(setup):

@@ -21,9 +21,11 @@ PYTHON = ENV / "sysroot" / "usr" / "bin" / "python3.11"
 PICKS = {"a64fx": "neon", "max": "neondot"}
 # (qemu CPU, test_reference.py's cases as -k selects them, how many)
 SMOLLM2_QWEN = "test_matches_reference and (smollm2 or qwen2.5-coder:0.5b-raw_cap"
+GEMMA3_SHORT = " or (gemma3 and not long and not and_red))"
 RUNS = [
     pytest.param("a64fx", SMOLLM2_QWEN + ")", 4, id="neon"),
-    pytest.param("max", SMOLLM2_QWEN + " or (gemma3 and not long))", 6, id="neondot"),
+    # Gemma 3's 26-token chat (chat_sky_blue_and_red) left out for time, as its long prompt
+    pytest.param("max", SMOLLM2_QWEN + GEMMA3_SHORT, 6, id="neondot"),
 ]
 
 pytestmark = [

@@ -93,7 +93,9 @@ def test_tool_round_trip(claude):
             {"role": "user", "content": [result, follow_up]},
         ],  # type: ignore[list-item]
     )
-    assert second.stop_reason == "end_turn"
+    # an answer, not another call (whether this 0.5B model stops after its first sentence
+    # turns on a near-tie that a prompt's rounding moves)
+    assert second.stop_reason in ("end_turn", "max_tokens"), second.content
     [answer] = second.content
     assert answer.type == "text" and "21" in answer.text
 

@@ -93,8 +93,11 @@ def test_a_function_tool_round_trip_with_previous_response_id(oai):
     )
     assert second.previous_response_id == first.id
     assert [item.type for item in second.output] == ["message"]
-    text = second.output_text.lower()
-    assert "sunny" in text and "21" in text  # the stored call and its result were in the prompt
+    # the stored question and call came before the result and the nudge: the second prompt is
+    # the first, its call and ~20 tokens more (what this 0.5B model then says of the weather
+    # turns on near-ties a prompt's rounding moves: once "Sunny, 21 degrees", once a refusal)
+    assert first.usage is not None and second.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens + 15
 
 
 def test_json_schema_output_parses_against_its_schema(oai):
