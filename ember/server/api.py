@@ -7,10 +7,17 @@ ignored. Only request bodies: responses and routes are the server's."""
 import base64
 import binascii
 import json
-import math
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    ValidationError,
+    model_validator,
+)
 
 from ember.envconfig import parse_keep_alive
 from ember.errors import EmberError
@@ -127,13 +134,9 @@ def _token_ids(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     try:
-        bias = {int(k): v for k, v in value.items()}
+        return {int(k): v for k, v in value.items()}
     except ValueError:
         raise ValueError("logit_bias keys must be token ids (integers as strings)") from None
-    # JSON has no infinity (Python's decoder makes one of 1e999), nor can the runner's request
-    if any(isinstance(v, float) and not math.isfinite(v) for v in bias.values()):
-        raise ValueError("logit_bias values must be finite numbers")
-    return bias
 
 
 def parse_arguments(value: Any) -> Any:
@@ -153,7 +156,8 @@ Think = Annotated[bool | str, BeforeValidator(_think)]
 Format = Annotated[str | dict[str, Any] | None, BeforeValidator(_format)]
 Strings = Annotated[list[str], BeforeValidator(_strings)]
 Arguments = Annotated[dict[str, Any], BeforeValidator(parse_arguments)]
-LogitBias = Annotated[dict[int, float], BeforeValidator(_token_ids)]
+# finite: JSON has no infinity (Python's decoder makes one of 1e999), nor can the runner's request
+LogitBias = Annotated[dict[int, FiniteFloat], BeforeValidator(_token_ids)]
 
 
 class Body(BaseModel):

@@ -112,7 +112,7 @@ def read_vocabulary(metadata: Mapping[str, Any]) -> Vocabulary:
     if add_bos and bos_id is None:
         raise VocabularyError("tokenizer.ggml.add_bos_token is set but there is no bos_token_id")
     add_eos = bool(_get(metadata, "add_eos_token", bool, default=is_bert))
-    eos_ids = _read_eos_ids(metadata, tokens) | _control_ends(tokens, types)
+    eos_ids = _read_eos_ids(metadata, tokens, types)
     if add_eos and eos_id is None:
         raise VocabularyError("tokenizer.ggml.add_eos_token is set but there is no eos_token_id")
     return Vocabulary(
@@ -231,7 +231,10 @@ def _read_id(metadata: Mapping[str, Any], name: str, size: int) -> int | None:
     return int(value)
 
 
-def _read_eos_ids(metadata: Mapping[str, Any], tokens: Sequence[str]) -> frozenset[int]:
+def _read_eos_ids(
+    metadata: Mapping[str, Any], tokens: Sequence[str], types: np.ndarray
+) -> frozenset[int]:
+    """Every id that ends generation: the file's, and those llama.cpp and Ollama add by text."""
     ids: set[int] = set()
     eos_id = _read_id(metadata, "eos_token_id", len(tokens))
     if eos_id is not None:
@@ -256,6 +259,7 @@ def _read_eos_ids(metadata: Mapping[str, Any], tokens: Sequence[str]) -> frozens
     if isinstance(architecture, str) and architecture.startswith("gemma"):
         with contextlib.suppress(ValueError):
             ids.add(tokens.index(_GEMMA_END_OF_TURN))
+    ids.update(_control_ends(tokens, types))
     ids.update(_harmony_ends(tokens, ids))
     return frozenset(ids)
 
@@ -267,9 +271,9 @@ def _read_eos_ids(metadata: Mapping[str, Any], tokens: Sequence[str]) -> frozens
 _CONTROL_ENDS = frozenset({"<|endoftext|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"})
 
 
-def _control_ends(tokens: Sequence[str], types: np.ndarray) -> frozenset[int]:
+def _control_ends(tokens: Sequence[str], types: np.ndarray) -> set[int]:
     control = np.flatnonzero(types == TokenType.CONTROL)
-    return frozenset(int(i) for i in control if tokens[int(i)] in _CONTROL_ENDS)
+    return {int(i) for i in control if tokens[int(i)] in _CONTROL_ENDS}
 
 
 def _harmony_ends(tokens: Sequence[str], ids: set[int]) -> set[int]:
