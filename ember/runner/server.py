@@ -246,19 +246,20 @@ def _logit_bias(bias: dict[int, float], vocab_size: int) -> tuple[tuple[int, flo
 
 
 def _grammar(req: CompletionRequest, tokenizer: Tokenizer) -> Grammar | None:
-    if req.format and req.grammar:
+    if req.format is not None and req.grammar:
         raise EmberError("a completion takes a format or a grammar, not both")
     if req.grammar:
         return Grammar.from_format({"lark": req.grammar}, tokenizer)
-    return Grammar.from_format(req.format, tokenizer) if req.format else None
+    # {} is a format too: an empty schema, any JSON object as Ollama's converter makes it
+    return Grammar.from_format(req.format, tokenizer) if req.format is not None else None
 
 
 async def embedding(request: Request) -> dict[str, Any]:
     req = await _body(request, EmbeddingRequest)
     engine, tokenizer = _ready(_runner(request))
     texts = [req.content] if isinstance(req.content, str) else req.content
-    if not texts or not all(texts):
-        raise HTTPError(400, "embedding content must be a non-empty string or list of them")
+    if not texts:  # "" is an input: the tokens the vocabulary puts around a text, if any
+        raise HTTPError(400, "embedding content must be a string or a non-empty list of them")
     if isinstance(engine.model, Ranker):
         raise HTTPError(400, "this model is a reranker: it scores pairs, it does not embed")
     requests = [

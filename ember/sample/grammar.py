@@ -88,7 +88,7 @@ def grammar_text(fmt: str | dict[str, Any]) -> str:
     fmt is "json" (any JSON object, as Ollama), a JSON schema (a dict), {"regex": "<pattern>"}
     or {"lark": "<grammar>"} (a dict with exactly that one key; Python API only).
     """
-    if fmt == "json":
+    if fmt == "json" or fmt == {}:  # {}: as llama.cpp's converter (Ollama's), an object
         fmt = ANY_JSON_OBJECT
     if isinstance(fmt, str):
         raise GrammarError(f'format must be "json" or a JSON schema object, not {fmt!r}')
@@ -150,9 +150,15 @@ class Grammar:
     that starts torch's parallel work would slow the model's own thread (backend/threads.py).
     """
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_id: int) -> None:
+    def __init__(
+        self, matcher: llguidance.LLMatcher, vocab_size: int, eos_ids: frozenset[int]
+    ) -> None:
         self._matcher = matcher
-        self.vocab_size, self.eos_id = vocab_size, eos_id
+        # llguidance knows one end token (the lowest id); every other one the model may end
+        # with (<|im_end|> beside <|endoftext|>, <end_of_turn> beside <eos>) is allowed with it,
+        # as llama.cpp's grammar takes every EOG token (Ollama passes its whole EOS set)
+        self.vocab_size, self.eos_id = vocab_size, min(eos_ids)
+        self._other_ends = np.array(sorted(i for i in eos_ids if i != self.eos_id), np.int64)
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)  # packed mask
 
     @classmethod
@@ -163,7 +169,7 @@ class Grammar:
         matcher = llguidance.LLMatcher(ll, text, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid format {_short(fmt)}: {matcher.get_error()}")
-        return cls(matcher, tokenizer.vocab_size, min(tokenizer.eos_ids))
+        return cls(matcher, tokenizer.vocab_size, tokenizer.eos_ids)
 
     def mask(self) -> torch.Tensor:
         """(vocab_size,) bool: the tokens allowed next; EOS once the output is complete."""
@@ -171,6 +177,8 @@ class Grammar:
         self._matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
         # little-endian int32 words: byte k of the buffer holds tokens 8k..8k+7, lowest bit first
         allowed = np.unpackbits(bits.view(np.uint8), bitorder="little", count=self.vocab_size)
+        if allowed[self.eos_id]:
+            allowed[self._other_ends] = 1
         import torch
 
         return torch.from_numpy(allowed.view(np.bool_))

@@ -5,6 +5,7 @@ import pytest
 
 from ember.errors import EmberError
 from ember.runner.server import CompletionRequest, _grammar, _logit_bias
+from ember.sample.grammar import Grammar, grammar_text
 
 
 def test_logit_bias_ids_must_be_in_the_vocabulary() -> None:
@@ -21,3 +22,19 @@ def test_a_completion_takes_a_format_or_a_grammar() -> None:
     with pytest.raises(EmberError, match="not both"):
         _grammar(req, tokenizer=None)  # type: ignore[arg-type]
     assert _grammar(CompletionRequest(prompt="x"), tokenizer=None) is None  # type: ignore[arg-type]
+
+
+def test_an_empty_schema_is_a_format_any_json_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`"format": {}` constrains (Ollama's converter makes any JSON object of it); only a missing
+    format leaves the answer free."""
+    seen: list[object] = []
+
+    def from_format(cls: type, fmt: object, tokenizer: object) -> str:
+        seen.append(fmt)
+        return "grammar"
+
+    monkeypatch.setattr(Grammar, "from_format", classmethod(from_format))
+    req = CompletionRequest(prompt="x", format={})
+    assert _grammar(req, tokenizer=None) == "grammar"  # type: ignore[arg-type,comparison-overlap]
+    assert seen == [{}]
+    assert grammar_text({}) == grammar_text("json")

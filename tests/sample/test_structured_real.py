@@ -130,3 +130,17 @@ def test_fifty_sampled_generations_all_satisfy_the_schema(real_llm: Any) -> None
         assert violations(value, SCHEMA) == [], (seed, result.text)
         assert result.done_reason == "stop", (seed, result.text)
     assert len({r.text for r in results}) > 25  # temperature 1.0 really varies the answers
+
+
+@pytest.mark.parametrize("name", ["smollm2:135m", "qwen2.5-coder:0.5b"])  # Gemma 3's is a base
+def test_an_open_ended_format_ends_with_the_token_the_model_ends_its_turn_with(
+    real_llm: Any, name: str
+) -> None:
+    """An integer may always go on with another digit: the answer ends only when the model ends
+    its turn, with <|im_end|>, which the grammar must allow beside the lowest end id
+    (<|endoftext|>) that llguidance knows."""
+    options = {"temperature": 0, "num_predict": 24}
+    question = "What is 6 times 7? Answer with the number only."
+    result = real_llm(name).generate(question, format={"type": "integer"}, options=options)
+    assert result.done_reason == "stop", result.text
+    assert len(result.text) < 8 and int(result.text) >= 0
