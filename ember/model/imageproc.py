@@ -8,15 +8,21 @@ import warnings
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from ember.errors import EmberError
 
 MAX_IMAGE_BYTES = 100 << 20
+MAX_ASPECT = 16  # resize_and_crop resizes a whole image up to this long side : short side
 
 
 class ImageError(EmberError, ValueError):
     """Bytes that are not an image Pillow can decode safely."""
+
+
+# what Ollama decodes (Go's image package with webp registered); Pillow's other plugins stay
+# out: EPS hands the bytes to Ghostscript, and every plugin more is more untrusted-input parser
+FORMATS = ("PNG", "JPEG", "GIF", "WEBP")
 
 
 def decode_image(data: bytes) -> Image.Image:
@@ -26,10 +32,12 @@ def decode_image(data: bytes) -> Image.Image:
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
-            image = Image.open(io.BytesIO(data))
+            image = Image.open(io.BytesIO(data), formats=FORMATS)
             image.load()
         except (Image.DecompressionBombWarning, Image.DecompressionBombError):
             raise ImageError("the image has too many pixels") from None
+        except UnidentifiedImageError:
+            raise ImageError("the image is not a PNG, JPEG, GIF or WebP image") from None
         except (OSError, ValueError, SyntaxError, EOFError) as e:
             raise ImageError(f"the image cannot be decoded: {e}") from None
     return image
@@ -72,9 +80,15 @@ def resize_and_crop(
     short, long = sorted((width, height))
     new_long = int(size * long / short)
     new = (size, new_long) if width <= height else (new_long, size)
-    resized = rgb.resize(new, resample=resample)
     top, left = (new[1] - size) // 2, (new[0] - size) // 2
-    return resized.crop((left, top, left + size, top + size))
+    if long <= MAX_ASPECT * short:
+        return rgb.resize(new, resample=resample).crop((left, top, left + size, top + size))
+    # a long thin image's whole resized copy would be gigabytes (1 x 400,000 pixels): resize the
+    # square's source region alone (the same filter, scale and centres; Pillow may take the two
+    # passes in the other order, so values can differ by a few levels)
+    sx, sy = width / new[0], height / new[1]
+    box = (left * sx, top * sy, (left + size) * sx, (top + size) * sy)
+    return rgb.resize((size, size), resample=resample, box=box)
 
 
 def fit_longest_edge(width: int, height: int, longest_edge: int, unit: int) -> tuple[int, int]:

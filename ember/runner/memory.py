@@ -107,9 +107,10 @@ def reserve(
 
 
 def worst_case_image() -> bytes:
-    """Ollama's worst-case image: a 2048 × 2048 gray bitmap."""
+    """Ollama's worst-case image: a 2048 × 2048 gray one (a PNG: the formats decoded are
+    Ollama's four)."""
     out = io.BytesIO()
-    Image.new("L", (2048, 2048), 128).save(out, format="BMP")
+    Image.new("L", (2048, 2048), 128).save(out, format="PNG")
     return out.getvalue()
 
 
