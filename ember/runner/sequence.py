@@ -15,7 +15,7 @@ from ember.runner.inputcache import Slot, without_cut
 from ember.runner.stop import StopMatcher
 from ember.sample.grammar import Grammar
 from ember.sample.sampler import Sampler
-from ember.tokenizer import Tokenizer
+from ember.tokenizer import Tokenizer, Vocabulary
 
 # done_reason values, as the runner reports them (Ollama's DoneReason 0, 1, 2)
 STOP, LENGTH, CLOSED = "stop", "length", "closed"
@@ -104,6 +104,17 @@ def truncate(inputs: list[int], num_ctx: int, num_keep: int, same_batch: dict[in
     return end - num_keep
 
 
+def cut_embedding(inputs: list[int], num_ctx: int, vocab: Vocabulary) -> None:
+    """Cut an embedding's inputs to num_ctx keeping the start of its text and the tokens the
+    vocabulary puts around it (BERT's [CLS] and [SEP]; the end token that last-token pooling
+    reads), as Ollama's text cut to fit and encoded again."""
+    opening = int(vocab.add_bos and vocab.bos_id is not None and inputs[0] == vocab.bos_id)
+    closing = int(vocab.add_eos and vocab.eos_id is not None and inputs[-1] == vocab.eos_id)
+    if num_ctx <= opening + closing:  # Ollama's words
+        raise InputTooLongError("input after truncation exceeds maximum context length")
+    del inputs[num_ctx - closing : len(inputs) - closing]
+
+
 def keep_whole_groups(num_keep: int, same_batch: dict[int, int], num_ctx: int) -> int:
     """num_keep moved off the inside of a same_batch group (an image's span): to its end, so
     the image is kept whole, unless that leaves nothing to discard; then to its start."""
@@ -136,7 +147,7 @@ class Sequence:
         self.num_keep = keep_whole_groups(num_keep, same_batch, num_ctx)
         image_hashes = dict(request.image_hashes)
         if len(inputs) > num_ctx and request.embedding and request.truncate:
-            del inputs[num_ctx:]  # an embedding keeps the start of its text, as Ollama's
+            cut_embedding(inputs, num_ctx, tokenizer.vocabulary)
         if len(inputs) > num_ctx:
             if not request.truncate:
                 raise InputTooLongError(

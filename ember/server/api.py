@@ -362,7 +362,7 @@ class ChatRequest(Generation):
 class EmbedRequest(Named):
     input: Strings = Field(default_factory=list)  # "" and [] both: no input
     truncate: bool | None = None
-    dimensions: Int | None = Field(None, ge=1)
+    dimensions: Int | None = None  # cuts only from 1 to the vector's length, as Ollama's
     keep_alive: KeepAlive | None = None
     options: RequestOptions | None = None
 

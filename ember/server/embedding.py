@@ -63,12 +63,9 @@ def check_can_embed(name: str, plan: Plan) -> None:
 
 
 def normalize(vector: list[float], dimensions: int | None = None) -> list[float]:
-    """vector cut to its first `dimensions` values (when given), then scaled to unit length."""
-    if dimensions is not None:
-        if dimensions > len(vector):
-            raise APIError(
-                400, f"dimensions ({dimensions}) exceeds the embedding length ({len(vector)})"
-            )
+    """vector cut to its first `dimensions` values, then scaled to unit length. As Ollama's,
+    `dimensions` of 0 or less, or of the vector's length or more, leaves it whole."""
+    if dimensions is not None and 0 < dimensions < len(vector):
         vector = vector[:dimensions]
     if not all(math.isfinite(x) for x in vector):
         raise APIError(500, "the embedding has NaN or infinite values")

@@ -302,8 +302,13 @@ class CompletionRequest(Sampling):
         return data
 
 
+def _inputs(value: Any) -> Any:
+    # one string is one input, "" too (Ollama's middleware makes it [""]); only [] is no input
+    return [value] if isinstance(value, str) else value
+
+
 class EmbeddingsRequest(Body):
     model: str
-    input: Strings
-    dimensions: Int | None = Field(None, ge=1)
+    input: Annotated[list[str], BeforeValidator(_inputs)]
+    dimensions: Int | None = None  # as /api/embed's: only one under the vector's length cuts
     encoding_format: Literal["float", "base64"] = "float"

@@ -145,6 +145,13 @@ def test_embeddings_float_and_base64(client):
     assert r.status_code == 400
 
 
+def test_an_empty_string_is_one_input_as_in_ollamas_middleware(client):
+    r = client.post("/v1/embeddings", json={"model": "fake", "input": ""})
+    assert r.status_code == 200 and len(r.json()["data"]) == 1
+    r = client.post("/v1/embeddings", json={"model": "fake", "input": ["a", ""]})
+    assert r.status_code == 200 and len(r.json()["data"]) == 2
+
+
 def test_models(client):
     data = client.get("/v1/models").json()["data"]
     assert {m["id"] for m in data} >= {"fake", "tooly"}

@@ -232,6 +232,12 @@ def test_embed_normalises_and_cuts_dimensions(client):
     assert r.json()["embeddings"] == [[1.0, 0.0]]
     r = client.post("/api/embed", json={"model": "fake", "input": []})
     assert r.json()["embeddings"] == []
+    (whole,) = client.post("/api/embed", json={"model": "fake", "input": "ab"}).json()["embeddings"]
+    for dimensions in (0, -1, len(whole), 99):  # as Ollama's: only 1 to the length - 1 cut
+        body = {"model": "fake", "input": "ab", "dimensions": dimensions}
+        assert client.post("/api/embed", json=body).json()["embeddings"] == [whole]
+    r = client.post("/api/embed", json={"model": "fake", "input": ["ab", ""]})
+    assert len(r.json()["embeddings"]) == 2  # "" is an input in a list (alone: none)
 
 
 def test_legacy_embeddings_are_not_normalised(client):
