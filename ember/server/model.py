@@ -19,7 +19,13 @@ from ember.gguf import GGUFError, GGUFFile
 from ember.pooling import POOLING_RANK
 from ember.server.errors import APIError, not_found
 from ember.server.harmony import uses_harmony
-from ember.server.prompt import ChatTemplate, FillInMiddle, Message, fill_in_middle
+from ember.server.prompt import (
+    IMAGE_TOKENS,
+    ChatTemplate,
+    FillInMiddle,
+    Message,
+    fill_in_middle,
+)
 from ember.server.thinking import ThinkingTags, infer_tags
 from ember.server.tools import ToolCallFormat, can_use_tools, tool_call_format
 from ember.server.vision import runs_vision
@@ -244,6 +250,9 @@ def _served(facts: GGUFFacts, *, template: str | None, system: str, **fields: An
         system=system,
         messages=fields.pop("messages"),
         fim=facts.fim,
+        # as Ollama's chatPrompt: an image counts only where a projector file goes with the
+        # model; a tower inside the model's own file (gemma3's, Ollama's own engine) counts 0
+        image_tokens=IMAGE_TOKENS if fields.get("projector_paths") else 0,
     )
     tags, has_tools, tool_format = _template_facts(source)
     harmony = uses_harmony(facts.architecture, source)

@@ -18,7 +18,7 @@ PLAIN_TEMPLATE = (
     "{% for m in messages %}{% if not loop.first %}{{ '\\n\\n' }}{% endif %}{{ m['content'] }}"
     "{% endfor %}"
 )
-IMAGE_TOKENS = 768  # what Ollama counts for an image when it truncates a chat
+IMAGE_TOKENS = 768  # what Ollama counts for an image of a projector file's model in a chat
 
 
 class PromptError(EmberError):

@@ -1,10 +1,12 @@
 """A file's own vision tower shows as the vision capability only where Ember runs it: Ollama's
 single files of Gemma 3n and Nemotron-H hold towers Ember lacks, and serve text."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from ember.server.model import GGUFFacts, _served
 from ember.server.model_show import capabilities
 from ember.server.vision import VISION_ARCHS, runs_vision
 
@@ -31,3 +33,17 @@ def test_each_listed_architecture_builds_its_vision() -> None:
                       "mllama"}  # fmt: skip
     for arch in VISION_ARCHS:
         assert _ARCHS[arch].__module__.rsplit(".", 1)[-1] in vision_modules, arch
+
+
+@pytest.mark.parametrize(("projectors", "counted"), [((), 0), ((Path("mmproj.gguf"),), 768)])
+def test_an_image_counts_in_chat_truncation_only_with_a_projector_file(
+    projectors: tuple[Path, ...], counted: int
+) -> None:
+    """Ollama's chatPrompt: 768 tokens an image where a projector file goes with the model, none
+    where the tower is in the model's own file (its engine's single files)."""
+    facts = GGUFFacts("gemma3", None, "", "", 0, "Q4_K_M", "270M", None, has_vision=True)
+    stored = {"name": "m", "parameters": {}, "digest": "", "size": 0, "modified_at": 0}
+    model = _served(facts, template=None, system="", messages=(), path=Path("m.gguf"),
+                    projector_paths=projectors, details={}, **stored)  # fmt: skip
+    assert "vision" in model.capabilities
+    assert model.template.image_tokens == counted
