@@ -270,6 +270,9 @@ def _add_value_layers(
     ]
 
     def put(media_type: str, data: bytes, *, replace: bool) -> None:
+        if len(data) > MAX_TEXT_BLOB:  # the most a stored model's reader takes
+            kind = media_type.rsplit(".", 1)[-1]
+            raise CreateError(f"the {kind} is larger than {MAX_TEXT_BLOB >> 20} MiB")
         if replace:
             out[:] = [x for x in out if x.media_type != media_type]
         existed = store.has_blob(Digest(hashlib.sha256(data).hexdigest()))

@@ -17,7 +17,6 @@ from ember.store.names import ModelName
 from ember.store.store import Store
 
 MAX_TEXT_BLOB = 16 << 20  # config, template, system, license, params, messages
-_ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +202,9 @@ def _params(store: Store, layer: mt.Layer) -> dict[str, Any]:
 def _messages(store: Store, layer: mt.Layer) -> tuple[dict[str, str], ...]:
     value = _json(store, layer)
     ok = isinstance(value, list) and all(
-        isinstance(m, dict) and m.get("role") in _ROLES and isinstance(m.get("content", ""), str)
+        # any role, as create stores them (Ollama's too); templates decide what each means
+        isinstance(m, dict) and isinstance(m.get("role"), str) and m["role"]
+        and isinstance(m.get("content", ""), str)
         for m in value
     )
     if not ok:

@@ -115,6 +115,13 @@ def test_create_from_a_model_inherits_and_overrides(store: Store, tiny_gguf: Pat
     assert get_model(store, "base").system == "base system"  # the base is untouched
 
 
+def test_messages_of_any_role_are_read_back_as_stored(store: Store, tiny_gguf: Path) -> None:
+    """As Ollama's create: the roles are stored as sent (the template decides what they mean)."""
+    messages = [{"role": "developer", "content": "Be terse."}, {"role": "robot", "content": ""}]
+    create(store, "roles", files={"tiny.gguf": upload(store, tiny_gguf)}, messages=messages)
+    assert get_model(store, "roles").messages == tuple(messages)
+
+
 def test_rendered_modelfile_parses_back(store: Store, tiny_gguf: Path) -> None:
     digest = upload(store, tiny_gguf)
     create(
@@ -174,6 +181,8 @@ def test_replacing_a_model_prunes_its_unused_layers(store: Store, tiny_gguf: Pat
         ({"files": {"x.gguf": "DIGEST"}, "quantize": "q8_0"}, CreateError, "only supported"),
         ({"files": {"x.gguf": "DIGEST"}, "quantize": "q2_k"}, CreateError, "unsupported"),
         ({"from_": "missing"}, ModelNotFoundError, "not found"),
+        # what get_model reads back (16 MiB) is what create takes
+        ({"files": {"x.gguf": "DIGEST"}, "system": "A" * (17 << 20)}, CreateError, "16 MiB"),
     ],
 )
 def test_bad_requests_change_nothing(
