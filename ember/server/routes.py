@@ -128,7 +128,9 @@ async def rerank_documents(request: Request) -> dict[str, Any]:
 
 @router.get("/api/ps")
 async def ps(request: Request) -> dict[str, Any]:
-    return {"models": [_running(loaded) for loaded in state_of(request).scheduler.running()]}
+    # as Ollama's PsHandler: the latest to expire first
+    running = sorted(state_of(request).scheduler.running(), key=lambda r: -r.expires_at)
+    return {"models": [_running(loaded) for loaded in running]}
 
 
 def _running(loaded: Loaded) -> dict[str, Any]:

@@ -112,6 +112,17 @@ class Shape:
         )
 
 
+MIN_CTX = 4  # as Ollama's scheduler: a smaller num_ctx loads 4
+
+
+def bounded_ctx(num_ctx: int, context_length: int) -> int:
+    """The num_ctx a model loads with: as Ollama's, never more than it was trained for (when
+    its file says) nor less than MIN_CTX."""
+    if context_length > 0:
+        num_ctx = min(num_ctx, context_length)
+    return max(num_ctx, MIN_CTX)
+
+
 @dataclass(frozen=True, slots=True)
 class Defaults:
     """What a load uses for what the request left out."""
@@ -123,9 +134,7 @@ class Defaults:
     multiuser_cache: bool = False
 
     def complete(self, shape: Shape, context_length: int) -> Shape:
-        num_ctx = shape.num_ctx or self.num_ctx
-        if context_length > 0:  # as Ollama: never more than the model was trained for
-            num_ctx = min(num_ctx, context_length)
+        num_ctx = bounded_ctx(shape.num_ctx or self.num_ctx, context_length)
         num_batch = min(shape.num_batch or self.num_batch, num_ctx)  # as Ollama
         num_thread = self.num_thread if shape.num_thread is None else shape.num_thread
         return replace(shape, num_ctx=num_ctx, num_batch=num_batch, num_thread=num_thread)
@@ -244,6 +253,8 @@ class Scheduler:
         self, shape: Shape, info: Any, context_length: int, keep_alive: float | None
     ) -> Loaded:
         keep_alive = self.keep_alive if keep_alive is None else keep_alive
+        if shape.num_ctx is not None:  # what it loads with is what it matches
+            shape = replace(shape, num_ctx=bounded_ctx(shape.num_ctx, context_length))
         least_ctx = self.defaults.complete(shape, context_length).num_ctx or 0
         loaded = self._ready(shape, info, least_ctx)
         if loaded is not None:  # no await since the check: nothing retired it in between

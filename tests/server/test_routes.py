@@ -277,3 +277,12 @@ def test_a_requests_go_template_renders_its_prompt_and_a_bad_one_is_400(client):
     assert r.json() == {"error": "the Go template does not parse: unclosed action"}
     r = client.post("/api/generate", json=body | {"template": "{{ .Prompt | nosuch }}"})
     assert r.status_code == 400 and '"nosuch" not defined' in r.json()["error"]
+
+
+def test_ps_lists_the_latest_to_expire_first(client):
+    """As Ollama's PsHandler (and so `ollama ps`): ordered by expires_at, latest first."""
+    for name, keep_alive in (("fake", "5m"), ("tooly", "1h"), ("other", "10m")):
+        body = {"model": name, "stream": False, "keep_alive": keep_alive}
+        assert client.post("/api/generate", json=body).json()["done_reason"] == "load"
+    ps = client.get("/api/ps").json()["models"]
+    assert [m["name"] for m in ps] == ["tooly", "other", "fake"]

@@ -61,6 +61,22 @@ def test_leaving_out_num_ctx_reuses_a_larger_size_but_another_size_reloads():
     run(test)
 
 
+def test_a_num_ctx_past_the_models_bounds_reuses_the_runner_it_loaded():
+    """num_ctx 100,000 on a model trained for 8,192 loads 8,192, and num_ctx 1 loads 4 (as
+    Ollama's): asking the same again must not reload."""
+
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter)
+        for num_ctx, loaded in ((100_000, 8192), (100_000, 8192), (1, 4), (2, 4)):
+            lease = await s.acquire(Shape(A, num_ctx=num_ctx), keep_alive=None, context_length=8192)
+            assert lease.loaded.num_ctx == loaded
+            lease.release()
+        assert len(starter.runners) == 2
+
+    run(test)
+
+
 def test_leaving_out_num_ctx_reloads_a_smaller_size_another_request_asked_for():
     """An embedding call's num_ctx 64 must not cut the next chat, which leaves it out, to 64
     cells: it gets the default context (1024 here), as a load would give it."""
@@ -106,6 +122,9 @@ def test_num_ctx_is_cut_to_the_trained_context_and_num_batch_to_num_ctx():
     assert (shape.num_ctx, shape.num_batch) == (128, 128)
     # a request asking num_batch 512 with num_ctx 128 matches what that load gave
     assert Shape(A, num_ctx=128, num_batch=512).matches(shape)
+    # as Ollama's scheduler, a num_ctx under 4 loads 4
+    shape = Defaults(num_ctx=4096, num_batch=512).complete(Shape(A, num_ctx=1), 8192)
+    assert (shape.num_ctx, shape.num_batch) == (4, 4)
 
 
 def test_keep_alive_zero_unloads_when_the_request_ends():
