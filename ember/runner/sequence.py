@@ -151,8 +151,9 @@ class Sequence:
         if len(inputs) > num_ctx:
             if not request.truncate:
                 raise InputTooLongError(
-                    f"the input length ({len(inputs)} tokens) exceeds the context length "
-                    f"({num_ctx} tokens)"
+                    # Ollama's words first: its clients and tests match them
+                    f"the input length exceeds the context length ({len(inputs)} tokens, "
+                    f"{num_ctx} allowed)"
                 )
             cut = truncate(inputs, num_ctx, self.num_keep, same_batch)
             del inputs[self.num_keep : self.num_keep + cut]

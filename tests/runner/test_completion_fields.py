@@ -1,9 +1,12 @@
 """The runner's completion request: a grammar beside format (never both), logit_bias ids checked
-against the vocabulary."""
+against the vocabulary; an embedding's inputs cut to the context."""
+
+from types import SimpleNamespace
 
 import pytest
 
 from ember.errors import EmberError
+from ember.runner.sequence import InputTooLongError, cut_embedding
 from ember.runner.server import CompletionRequest, _grammar, _logit_bias
 from ember.sample.grammar import Grammar, grammar_text
 
@@ -38,3 +41,16 @@ def test_an_empty_schema_is_a_format_any_json_object(monkeypatch: pytest.MonkeyP
     assert _grammar(req, tokenizer=None) == "grammar"  # type: ignore[arg-type,comparison-overlap]
     assert seen == [{}]
     assert grammar_text({}) == grammar_text("json")
+
+
+def test_an_embeddings_cut_keeps_the_tokens_around_its_text() -> None:
+    bert = SimpleNamespace(add_bos=True, bos_id=101, add_eos=True, eos_id=102)
+    inputs = [101, 7, 8, 9, 102]
+    cut_embedding(inputs, 4, bert)  # type: ignore[arg-type]
+    assert inputs == [101, 7, 8, 102]
+    plain = SimpleNamespace(add_bos=False, bos_id=1, add_eos=False, eos_id=2)
+    inputs = [7, 8, 9, 2]  # an end token the vocabulary did not add is text: cut as text
+    cut_embedding(inputs, 2, plain)  # type: ignore[arg-type]
+    assert inputs == [7, 8]
+    with pytest.raises(InputTooLongError, match=r"^input after truncation exceeds maximum"):
+        cut_embedding([101, 7, 102], 2, bert)  # type: ignore[arg-type]

@@ -128,7 +128,7 @@ def test_without_shift_a_full_context_ends_with_length(make):
 def test_long_prompt_is_truncated_after_num_keep_or_refused(make):
     engine, model = make(num_ctx=8, num_batch=8)
     prompt = list(range(12))
-    with pytest.raises(InputTooLongError, match="exceeds the context length"):
+    with pytest.raises(InputTooLongError, match=r"^the input length exceeds the context length"):
         engine.submit(Request(prompt, opts(), truncate=False))
     _, done = collect(engine.submit(Request(prompt, opts(num_predict=1, num_keep=3))))
     assert done.prompt_eval_count == 8
