@@ -30,6 +30,8 @@ from ember.server.metrics import RequestCounter
 from ember.server.model import Models
 from ember.server.scheduler import Defaults, Runner, Scheduler
 from ember.server.state import ServerState
+from ember.store import Store
+from ember.store.errors import StoreError
 
 log = logging.getLogger("ember.server")
 
@@ -174,6 +176,7 @@ def serve() -> int:
     app = build()
     where = address.hostport + (" (https)" if tls else "")
     log_startup(log, address=where, version=__version__)
+    prune_store()
     config = uvicorn.Config(
         app,
         log_config=None,
@@ -182,6 +185,21 @@ def serve() -> int:
     )
     uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def prune_store() -> None:
+    """As Ollama's serve: the blobs no model uses go at start (what a failed create uploaded,
+    what a replaced model left), unless EMBER_NOPRUNE; those of the last hour stay, as a create
+    or pull in another process may not have written its manifest yet."""
+    if envconfig.no_prune():
+        return
+    try:
+        removed = Store(envconfig.models_dir()).prune()
+    except (OSError, StoreError) as err:
+        log.warning("the model store was not pruned", extra={"error": str(err)})
+        return
+    if removed:
+        log.info("pruned unused blobs", extra={"count": len(removed)})
 
 
 def listen(host: str, port: int) -> socket.socket:
