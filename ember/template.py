@@ -100,6 +100,14 @@ def render_chat(
         raise TemplateError(f"the chat template failed: {str(e).splitlines()[0]}") from None
 
 
+def check_jinja(template: str) -> None:
+    """Raises TemplateError when a Jinja template does not parse (it is not rendered)."""
+    try:
+        _jinja().add_template("template", template)
+    except Exception as e:  # minijinja's TemplateError; its first line names the fault
+        raise TemplateError(f"the chat template does not parse: {str(e).splitlines()[0]}") from None
+
+
 @functools.lru_cache(maxsize=64)
 def _parsed_go(source: str) -> GoTemplate:
     return GoTemplate(source)

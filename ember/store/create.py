@@ -32,6 +32,7 @@ from ember.store.names import Digest, ModelName
 from ember.store.quantize import quantize
 from ember.store.quantmix import FILE_TYPES
 from ember.store.store import Store, as_name
+from ember.template import TemplateError, check_jinja
 
 Progress = dict[str, Any]
 QUANTIZE_TYPES = tuple(FILE_TYPES)
@@ -146,10 +147,13 @@ def _check_request(request: CreateRequest) -> None:
     normalize_parameters(request.parameters or {})
     _messages(request.messages or [])
     _licenses(request.license)
-    if request.template and is_go_template(request.template):
-        try:  # as Ollama's create parses a TEMPLATE: a bad one is refused, not stored
-            GoTemplate(request.template)
-        except GoTemplateError as e:
+    if request.template:  # as Ollama's create parses a TEMPLATE: a bad one is refused
+        try:
+            if is_go_template(request.template):
+                GoTemplate(request.template)
+            else:
+                check_jinja(request.template)
+        except (GoTemplateError, TemplateError) as e:
             raise CreateError(f"template error: {e}") from None
 
 

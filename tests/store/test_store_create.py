@@ -181,6 +181,8 @@ def test_replacing_a_model_prunes_its_unused_layers(store: Store, tiny_gguf: Pat
         ({"files": {"x.gguf": "DIGEST"}, "quantize": "q8_0"}, CreateError, "only supported"),
         ({"files": {"x.gguf": "DIGEST"}, "quantize": "q2_k"}, CreateError, "unsupported"),
         ({"from_": "missing"}, ModelNotFoundError, "not found"),
+        ({"files": {"x.gguf": "DIGEST"}, "template": "{% for m in %}"}, CreateError, "parse"),
+        ({"files": {"x.gguf": "DIGEST"}, "template": "{{ if .System }}"}, CreateError, "template"),
         # what get_model reads back (16 MiB) is what create takes
         ({"files": {"x.gguf": "DIGEST"}, "system": "A" * (17 << 20)}, CreateError, "16 MiB"),
     ],
