@@ -183,8 +183,11 @@ HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenize
 
 def _upload_directory(client: Client, path: Path, source: str) -> dict[str, str]:
     weights = sorted(path.glob("*.safetensors"))
-    if not weights:
-        raise CLIError(f"FROM {source}: the folder has no .safetensors files")
+    if not weights:  # as Ollama's filesForModel: a folder of GGUF files is those files
+        ggufs = sorted(path.glob("*.gguf"))
+        if not ggufs:
+            raise CLIError(f"FROM {source}: the folder has no .safetensors or .gguf files")
+        return {f.name: client.upload_blob(f) for f in ggufs}
     files = weights + [path / n for n in HF_FILES if (path / n).is_file()]
     named = {f.name: f for f in files}
     for module in _module_folders(path):  # sentence-transformers' Pooling and Dense modules
@@ -232,10 +235,9 @@ def format_show(shown: dict[str, Any], *, verbose: bool = False) -> str:
     sections.append(("Capabilities", [(c, "") for c in shown.get("capabilities", [])]))
     params = [tuple(line.split(None, 1)) for line in shown.get("parameters", "").splitlines()]
     sections.append(("Parameters", [(p[0], p[1] if len(p) > 1 else "") for p in params]))
-    if shown.get("system"):
-        sections.append(("System", [(_first_line(shown["system"]), "")]))
-    if shown.get("license"):
-        sections.append(("License", [(_first_line(shown["license"]), "")]))
+    for title, key in (("System", "system"), ("License", "license")):
+        if shown.get(key):
+            sections.append((title, [(line, "") for line in _head(shown[key], 2)]))
     if verbose:
         metadata = sorted((shown.get("model_info") or {}).items())
         sections.append(("Metadata", [(k, _shown_value(v)) for k, v in metadata]))
@@ -259,8 +261,10 @@ def _shown_value(value: Any) -> str:
     return str(value)
 
 
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else ""
+def _head(text: str, n: int) -> list[str]:
+    """The first n non-empty lines, stripped, and "..." when more follow (Ollama's head)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[:n] + ["..."] * (len(lines) > n)
 
 
 def show_part(client: Client, model: str, part: str | None, *, verbose: bool = False) -> str:

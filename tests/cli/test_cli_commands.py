@@ -60,6 +60,19 @@ def test_create_from_a_relative_path_in_the_modelfiles_folder(
     assert created.returncode == 0, created.stderr
 
 
+def test_create_from_a_folder_of_a_gguf_file(ember: Ember, tmp_path: Path, tiny_gguf: Path) -> None:
+    """As Ollama's filesForModel: a folder without safetensors weights gives its GGUF files."""
+    write_modelfile(tmp_path / "work", tiny_gguf)
+    (tmp_path / "work" / "Modelfile").write_text("FROM .\n")
+    created = ember("create", "tiny", cwd=tmp_path / "work")
+    assert created.returncode == 0, created.stderr
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "Modelfile").write_text("FROM .\n")
+    refused = ember("create", "x", cwd=tmp_path / "empty")
+    assert refused.returncode != 0 and one_line_error(refused.stderr)
+    assert "the folder has no .safetensors or .gguf files" in refused.stderr
+
+
 def test_errors_are_one_line_and_nonzero(ember: Ember, tmp_path: Path, tiny_gguf: Path) -> None:
     bad = tmp_path / "Bad"
     bad.write_text("PARAMETER temperature hot\n")
@@ -245,3 +258,14 @@ def test_push_to_a_loopback_registry(
         assert pushed.returncode == 0, pushed.stderr
         assert "pushing manifest" in pushed.stderr and "success" in pushed.stderr
         assert ("me", "tiny", "v1") in registry.manifests
+
+
+def test_show_prints_two_lines_of_system_and_license_then_an_ellipsis() -> None:
+    """As Ollama's `show` (its head(s, 2)): blank lines skipped, "..." when more follow."""
+    from ember.cli.commands import format_show
+
+    shown = {"system": "You are a pirate.\n\nSpeak in rhymes.", "license": "one\ntwo\n three\n"}
+    text = format_show(shown)
+    system = text.split("  System\n", 1)[1].split("\n\n", 1)[0]
+    assert system.split() == ["You", "are", "a", "pirate.", "Speak", "in", "rhymes."]
+    assert text.split("  License\n", 1)[1].split() == ["one", "two", "..."]
