@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ember.store.errors import RegistryError
+from ember.store.names import is_valid_part
 
 Resolver = Callable[[str, int], list[str]]  # (host, port) -> its addresses
 
@@ -50,10 +51,11 @@ def check_allowed(url: httpx.URL, allowed: Sequence[str]) -> None:
 def named_host(text: str) -> str | None:
     """The host a model name names, or None: the first part of `host/namespace/model`, or of
     `host/model` when it holds a '.' or ':' (as Docker reads `example.com/model`; Ollama's
-    names would call it a namespace, and an invalid one)."""
+    names would call it a namespace, and an invalid one). Not a host at all (`../x`): None, so
+    the name's own parse says what is wrong."""
     parts = text.split("://", 1)[-1].split("/")
     if len(parts) >= 3 or (len(parts) == 2 and any(c in parts[0] for c in ".:")):
-        return parts[0]
+        return parts[0] if is_valid_part("host", parts[0]) else None
     return None
 
 

@@ -304,7 +304,9 @@ def format_parameters(params: Mapping[str, Any]) -> str:
     lines = []
     for name, value in sorted(params.items()):
         for item in value if isinstance(value, list) else [value]:
-            shown = _go_value(item) if not isinstance(item, str) else json.dumps(item)
+            # a string as Go's %#v quotes it: printable Unicode as itself, not \u escapes
+            quoted = json.dumps(item, ensure_ascii=False) if isinstance(item, str) else None
+            shown = quoted or _go_value(item)
             lines.append(f"{name:<30} {shown}")
     return "\n".join(lines)
 

@@ -22,11 +22,12 @@ from typing import BinaryIO
 
 from ember.errors import ModelNotFoundError
 from ember.store.blobs import READ_CHUNK, BlobInfo, BlobWriter
-from ember.store.errors import BlobSizeError, StoreError
+from ember.store.errors import BlobSizeError, InvalidNameError, StoreError
 from ember.store.manifest import MAX_MANIFEST_BYTES, Manifest
 from ember.store.names import Digest, ModelName, is_valid_part
 
 _LOCK_NAME = "store.lock"
+MAX_FILE_NAME = 255  # bytes: the longest file or folder name Linux file systems take
 _PART_KINDS = ("host", "namespace", "model", "tag")
 
 
@@ -82,7 +83,12 @@ class Store:
         return self.blob_path(digest).is_file()
 
     def manifest_path(self, name: ModelName | str) -> Path:
-        return self._inside(self.manifests_dir.joinpath(*as_name(name).parts))
+        parts = as_name(name).parts
+        # Ollama's rules allow a 350-character host, a folder name here: past what a file
+        # system names (255 bytes) it is a bad name, not an OSError (Ollama answers a 500)
+        if any(len(part.encode()) > MAX_FILE_NAME for part in parts):
+            raise InvalidNameError(f"invalid model name: a part is longer than {MAX_FILE_NAME}")
+        return self._inside(self.manifests_dir.joinpath(*parts))
 
     # ------------------------------------------------------------ blobs
 

@@ -75,6 +75,8 @@ def test_allow_list_entries_match_host_and_port(url: str, allowed: list[str], ex
         ("evil.example/library/x", "evil.example"),
         ("https://evil.example/ns/x", "evil.example"),
         ("registry.ollama.ai/library/x", "registry.ollama.ai"),
+        ("../x", None),  # no host: an invalid name (a 400), not a refused registry (403)
+        ("../../x", None),
     ],
 )
 def test_the_host_a_model_name_names(name: str, host: str | None) -> None:

@@ -330,3 +330,8 @@ def test_format_parameters_as_ollama_show() -> None:
         f'{"stop":<30} "x"',
         f"{'temperature':<30} 0.7",
     ]
+    # Go's %#v keeps printable Unicode as it is
+    assert format_parameters({"stop": ["ünï", "日本"]}).splitlines() == [
+        f'{"stop":<30} "ünï"',
+        f'{"stop":<30} "日本"',
+    ]

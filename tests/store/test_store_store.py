@@ -14,6 +14,7 @@ from ember.store import (
     BlobSizeError,
     Digest,
     InvalidDigestError,
+    InvalidNameError,
     Layer,
     Manifest,
     ManifestError,
@@ -323,3 +324,11 @@ def test_a_symlink_out_of_the_store_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="outside the model store"):
         store.write_manifest("m", Manifest(config, ()))
     assert files_under(outside) == []
+
+
+def test_a_valid_name_too_long_for_a_folder_is_an_invalid_name(store: Store) -> None:
+    """Ollama's rules allow a 350-character host; a folder name stops at 255 bytes."""
+    name = "h" * 300 + "/ns/m:t"
+    for attempt in (lambda: store.manifest_path(name), lambda: store.delete(name)):
+        with pytest.raises(InvalidNameError, match="longer than 255"):
+            attempt()
