@@ -170,7 +170,7 @@ def _lines(first: list[Progress], items: Iterator[Progress]) -> Iterator[bytes]:
 
 
 def _line(item: Progress) -> bytes:
-    return (json.dumps(item, ensure_ascii=False) + "\n").encode()
+    return (json.dumps(item, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
 # ---------------------------------------------------------------- list, show, copy, delete

@@ -81,8 +81,13 @@ async def respond(
     return StreamingResponse(lines, media_type="application/x-ndjson")
 
 
+def compact(value: Any) -> str:
+    """JSON as Go's encoder writes it (and FastAPI's non-streamed answers): no spaces."""
+    return json.dumps(value, separators=(",", ":"))
+
+
 def _ndjson(value: dict[str, Any]) -> str:
-    return json.dumps(value) + "\n"
+    return compact(value) + "\n"
 
 
 async def first_chunk(request: Request, chunks: AsyncGenerator[T, None]) -> T:
@@ -123,7 +128,7 @@ def sse_response(chunks: AsyncGenerator[Chunk, None], error_body: ErrorBody) -> 
     """OpenAI's server-sent events: `data: {json}` lines, then `data: [DONE]`."""
 
     def event(value: dict[str, Any]) -> str:
-        return f"data: {json.dumps(value)}\n\n"
+        return f"data: {compact(value)}\n\n"
 
     lines = _lines(chunks, event, lambda err: event(error_body(err)), "data: [DONE]\n\n")
     return StreamingResponse(lines, media_type="text/event-stream")
@@ -136,7 +141,7 @@ def event_stream_response(
     lines, no [DONE]; an error becomes the events on_error gives."""
 
     def event(value: dict[str, Any]) -> str:
-        return f"event: {value['type']}\ndata: {json.dumps(value)}\n\n"
+        return f"event: {value['type']}\ndata: {compact(value)}\n\n"
 
     lines = _lines(events, event, lambda err: "".join(event(e) for e in on_error(err)))
     return StreamingResponse(lines, media_type="text/event-stream")

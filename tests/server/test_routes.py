@@ -68,6 +68,7 @@ def test_generate_streams_ndjson_ending_with_the_final_chunk(client):
     assert "".join(c["response"] for c in chunks) == "Hello there friend"
     assert [c["done"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
     assert chunks[-1]["eval_count"] == 3
+    assert r.text.startswith('{"model":"fake","created_at":')  # compact, as Go's encoder
 
 
 def test_chat_streams_messages_and_logprobs(client):
