@@ -112,12 +112,17 @@ def _number(name: str, value: Any) -> float:
     return number
 
 
+MAX_THREADS = 1024
+
+
 def _validated(o: Options) -> Options:
     for name in ("num_ctx", "num_batch"):
         if getattr(o, name) < 1:
             raise OptionsError(f"option {name!r} must be at least 1, got {getattr(o, name)}")
-    if o.num_thread < 0:
-        raise OptionsError(f"option 'num_thread' must be >= 0, got {o.num_thread}")
+    if not 0 <= o.num_thread <= MAX_THREADS:  # past it a load failed with no reason given
+        raise OptionsError(
+            f"option 'num_thread' must be within [0, {MAX_THREADS}], got {o.num_thread}"
+        )
     if o.repeat_last_n < -1:
         raise OptionsError(
             f"option 'repeat_last_n' must be >= -1 (-1: num_ctx, 0: off), got {o.repeat_last_n}"

@@ -25,7 +25,8 @@ def test_given_options_override_defaults():
         ({"typical_p": 0}, "typical_p must be within"),
         ({"typical_p": 1.5}, "typical_p must be within"),
         ({"repeat_last_n": -2}, "repeat_last_n' must be >= -1"),
-        ({"num_thread": -1}, "num_thread' must be >= 0"),
+        ({"num_thread": -1}, r"num_thread' must be within \[0, 1024\]"),
+        ({"num_thread": 100_000}, r"num_thread' must be within \[0, 1024\]"),
         # what JSON cannot carry to Ollama's Go types: a 400 there, never a 500 here
         ({"temperature": float("inf")}, "temperature' must be a finite number"),
         ({"repeat_penalty": float("nan")}, "repeat_penalty' must be a finite number"),

@@ -54,7 +54,11 @@ def prompt_inputs(
     pieces = _TAG.split(prompt)  # text, id, text, id, ..., text
     limit, count = getattr(model, "max_images", None), len(pieces) // 2  # mllama: 1, as Ollama
     if limit is not None and count > limit:
-        raise EmberError(f"this model only supports {limit} image(s) while {count} were requested")
+        if limit == 1:  # Ollama's words for mllama
+            raise EmberError(
+                "this model only supports one image while more than one image requested"
+            )
+        raise EmberError(f"this model only supports {limit} images while {count} were requested")
     for i, piece in enumerate(pieces):
         if i % 2 == 0:
             out.tokens += tokenizer.encode(piece, add_special=i == 0) if piece or i == 0 else []
