@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ember import disconnect
 from ember.server.errors import APIError
 
 log = logging.getLogger("ember.server")
@@ -36,24 +37,11 @@ def error_response(err: APIError, body: ErrorBody = native_error) -> JSONRespons
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
     """work's result; if the client goes away first, work is cancelled and 499 raised."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnect(request))
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, APIError):
-        await task
-    log.info("client went away", extra={"path": request.url.path})
-    raise APIError(499, "request canceled")
-
-
-async def _disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+        return await disconnect.until_disconnected(request, work)
+    except disconnect.ClientGone:
+        log.info("client went away", extra={"path": request.url.path})
+        raise APIError(499, "request canceled") from None
 
 
 async def collect(request: Request, chunks: AsyncIterator[Chunk]) -> list[Chunk]:

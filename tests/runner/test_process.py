@@ -115,15 +115,28 @@ def test_closing_the_stream_cancels_the_generation(runner, loop):
         await stream.aclose()
 
     loop.run_until_complete(first_piece_then_close())
+    assert loop.run_until_complete(wait_idle(runner)) == 0
 
-    async def wait_idle() -> int:
-        for _ in range(100):
-            if (await runner.health())["busy"] == 0:
-                return 0
-            await asyncio.sleep(0.05)
-        return (await runner.health())["busy"]
 
-    assert loop.run_until_complete(wait_idle()) == 0
+async def wait_idle(runner: RunnerClient) -> int:
+    for _ in range(100):
+        if (await runner.health())["busy"] == 0:
+            return 0
+        await asyncio.sleep(0.05)
+    return int((await runner.health())["busy"])
+
+
+@pytest.mark.usefixtures("loaded")
+def test_an_abandoned_embedding_frees_the_engine(runner, loop):
+    """A caller that gives up on a big embed (the server's client went away) cancels every
+    input still queued, where they all ran on and held the model's other requests."""
+
+    async def give_up() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(runner.embedding([f"text {i}" for i in range(3000)]), 0.5)
+
+    loop.run_until_complete(give_up())
+    assert loop.run_until_complete(wait_idle(runner)) == 0
 
 
 @pytest.mark.usefixtures("loaded")
