@@ -7,8 +7,10 @@ ignored. Only request bodies: responses and routes are the server's."""
 import base64
 import binascii
 import json
+import re
 from typing import Annotated, Any, TypeVar
 
+import pydantic_core
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -36,14 +38,64 @@ class RequestError(EmberError):
 T = TypeVar("T", bound=BaseModel)
 
 
-def parse_body(model: type[T], body: bytes) -> T:
-    """The request model of a JSON body; RequestError with one short line if it is not one."""
+def parse_body(model: type[T], body: bytes | str) -> T:
+    """The request model of a JSON body; RequestError with one short line if it is not one.
+
+    As Go's decoder: NaN and Infinity are not JSON (pydantic's parser takes them), and a lone
+    UTF-16 surrogate escape or a byte that is not UTF-8 reads as U+FFFD (pydantic's refuses
+    them; a front end that cut a string inside an emoji sends one)."""
+    if isinstance(body, str):  # what a route built itself
+        body = body.encode()
     if not body.strip():
         raise RequestError("missing request body")
     try:
-        return model.model_validate_json(body, strict=True)
+        parsed = model.model_validate_json(body, strict=True)
     except ValidationError as err:
-        raise RequestError(validation_message(err), _param(err)) from None
+        repaired = _repaired(body) if err.errors()[0]["type"] == "json_invalid" else None
+        if repaired is None:
+            raise RequestError(validation_message(err), _param(err)) from None
+        try:
+            return model.model_validate_json(repaired, strict=True)
+        except ValidationError as again:
+            raise RequestError(validation_message(again), _param(again)) from None
+    if (b"NaN" in body or b"Infinity" in body) and _has_nan_or_infinity(body):
+        raise RequestError("invalid JSON: NaN and Infinity are not JSON numbers")
+    return parsed
+
+
+def _has_nan_or_infinity(body: bytes) -> bool:
+    try:
+        pydantic_core.from_json(body, allow_inf_nan=False)
+    except ValueError:
+        return True
+    return False
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _repaired(body: bytes) -> bytes | None:
+    """body with lone surrogates and bytes that are not UTF-8 as U+FFFD; None when it is not
+    JSON even so (or nothing needed repair)."""
+
+    def no_constants(name: str) -> None:
+        raise ValueError(name)
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return _SURROGATE.sub("\ufffd", value)
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {clean(k): clean(v) for k, v in value.items()}
+        return value
+
+    try:
+        value = json.loads(body.decode("utf-8", "replace"), parse_constant=no_constants)
+        repaired = json.dumps(clean(value), ensure_ascii=False).encode()
+    except (ValueError, RecursionError):
+        return None
+    return None if repaired == body else repaired
 
 
 def validation_message(err: ValidationError) -> str:

@@ -200,6 +200,39 @@ def test_invalid_json_says_so() -> None:
     assert error(GenerateRequest, '{"model": ').message.startswith("invalid JSON")
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"model": "m", "format": {"type": "number", "minimum": NaN}}',
+        '{"model": "m", "format": {"maximum": Infinity}}',
+        '{"model": "m", "format": {"maximum": -Infinity}}',
+    ],
+)
+def test_nan_and_infinity_are_not_json(body: str) -> None:
+    """As Go's decoder refuses them (pydantic's parser takes them; a schema holding one failed
+    with a 500 where it was written back as JSON)."""
+    message = error(GenerateRequest, body).message
+    assert message == "invalid JSON: NaN and Infinity are not JSON numbers"
+    assert parse(GenerateRequest, {"model": "m", "prompt": "NaN and Infinity"}).prompt
+
+
+@pytest.mark.parametrize(
+    ("raw", "prompt"),
+    [
+        (b'{"model": "m", "prompt": "cut \\ud83d here"}', "cut \ufffd here"),
+        (b'{"model": "m", "prompt": "\\udc00 alone"}', "\ufffd alone"),
+        (b'{"model": "m", "prompt": "pair \\ud83d\\ude00"}', "pair \U0001f600"),
+        (b'{"model": "m", "prompt": "caf\xe9"}', "caf\ufffd"),  # Latin-1, not UTF-8
+    ],
+)
+def test_lone_surrogates_and_bytes_that_are_not_utf8_read_as_replacement(
+    raw: bytes, prompt: str
+) -> None:
+    """As Go's decoder: a string cut inside an emoji by a front end's JSON.stringify still
+    makes a request (it was a 400, "unexpected end of hex escape")."""
+    assert parse_body(GenerateRequest, raw).prompt == prompt
+
+
 def test_error_names_the_param() -> None:
     assert (
         error(GenerateRequest, {"model": "m", "options": {"top_k": "x"}}).param == "options.top_k"
