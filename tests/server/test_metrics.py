@@ -106,6 +106,14 @@ def test_a_short_run_moves_the_counters_and_fills_the_histograms(client, starter
     assert value(after, "ember_kv_cache_cells", model="fake") == 2 * 4096
 
 
+def test_a_method_of_the_clients_own_is_counted_as_other(client) -> None:
+    """The method is a label: each made-up one was a series of its own, without bound."""
+    for i in range(3):
+        client.request(f"X{i}" * 50, "/api/tags")
+    methods = {dict(labels).get("method") for _, labels in scrape(client)}
+    assert "OTHER" in methods and not any(m and m.startswith("X0") for m in methods)
+
+
 def test_a_dead_runner_started_again_is_counted(client, starter) -> None:
     assert generate(client, stream=False).status_code == 200
     starter.runners[0].is_alive = False  # killed between two requests
