@@ -123,7 +123,16 @@ class Models:
     def _from_store(self, stored: Any) -> ServedModel:
         facts = self.facts(stored.model_path)
         template = stored.template
-        messages = tuple(Message(m["role"], m.get("content", "")) for m in stored.messages)
+        messages = tuple(
+            Message(
+                m["role"],
+                m.get("content", ""),
+                tool_calls=tuple(m.get("tool_calls", ())),
+                thinking=m.get("thinking", ""),
+                tool_name=m.get("tool_name", ""),
+            )
+            for m in stored.messages
+        )
         details = stored.details.to_json()
         return _served(
             facts,

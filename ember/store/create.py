@@ -27,7 +27,7 @@ from ember.store.modelfile import (
     parameter_types,
     typed_parameter,
 )
-from ember.store.models import MAX_TEXT_BLOB, read_config
+from ember.store.models import MAX_TEXT_BLOB, read_config, stored_message
 from ember.store.names import Digest, ModelName
 from ember.store.quantize import quantize
 from ember.store.quantmix import FILE_TYPES
@@ -360,11 +360,13 @@ def _typed(name: str, value: Any, kind: Any) -> Any:
     raise CreateError(f"parameter '{name}' has the wrong type: {value!r}")
 
 
-def _messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    out = []
-    for m in messages:
-        role, content = m.get("role"), m.get("content", "")
-        if not isinstance(role, str) or not role or not isinstance(content, str):
-            raise CreateError("each message needs a role and a string content")
-        out.append({"role": role, "content": content})
-    return out
+def _messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as stored: role, content, and thinking, tool calls and tool name where
+    given (as Ollama's, so a model's example of a tool call keeps its call)."""
+    out = [stored_message(m) for m in messages]
+    if any(m is None for m in out):
+        raise CreateError(
+            "each message needs a role, string content, thinking and tool_name, "
+            "and tool_calls as a list of calls"
+        )
+    return [m for m in out if m is not None]

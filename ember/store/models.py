@@ -81,7 +81,7 @@ class StoredModel:
     system: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)  # Modelfile PARAMETERs, typed
     license: tuple[str, ...] = ()
-    messages: tuple[dict[str, str], ...] = ()
+    messages: tuple[dict[str, Any], ...] = ()
 
 
 def list_models(store: Store) -> list[ModelEntry]:
@@ -199,14 +199,34 @@ def _params(store: Store, layer: mt.Layer) -> dict[str, Any]:
     return value
 
 
-def _messages(store: Store, layer: mt.Layer) -> tuple[dict[str, str], ...]:
+# what a stored message keeps beside its role, as Ollama's api.Message (images aside)
+MESSAGE_TEXTS = ("content", "thinking", "tool_name")
+
+
+def stored_message(m: Any) -> dict[str, Any] | None:
+    """A message as a messages layer holds it, or None when m is not one. Any role, as create
+    stores them (Ollama's too): the template decides what each means."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
+        return None
+    out: dict[str, Any] = {"role": m["role"], "content": ""}
+    for key in MESSAGE_TEXTS:
+        if m.get(key) is not None:
+            if not isinstance(m[key], str):
+                return None
+            out[key] = m[key]
+    calls = m.get("tool_calls")
+    if calls:
+        if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls
+        ):
+            return None
+        out["tool_calls"] = calls
+    return out
+
+
+def _messages(store: Store, layer: mt.Layer) -> tuple[dict[str, Any], ...]:
     value = _json(store, layer)
-    ok = isinstance(value, list) and all(
-        # any role, as create stores them (Ollama's too); templates decide what each means
-        isinstance(m, dict) and isinstance(m.get("role"), str) and m["role"]
-        and isinstance(m.get("content", ""), str)
-        for m in value
-    )
-    if not ok:
+    messages = [stored_message(m) for m in value] if isinstance(value, list) else [None]
+    if any(m is None for m in messages):
         raise ManifestError(f"messages layer {layer.digest} is not a list of messages")
-    return tuple({"role": m["role"], "content": m.get("content", "")} for m in value)
+    return tuple(m for m in messages if m is not None)

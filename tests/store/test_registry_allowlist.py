@@ -231,4 +231,4 @@ def test_the_default_registry_pulls_while_another_is_refused(
     client.app.state.catalogue_install = install  # type: ignore[attr-defined]
     resp = client.post("/api/pull", json={"model": "smollm2:135m"})
     assert resp.status_code == 200 and len(installs) == 1
-    assert resp.text.splitlines()[0] == '{"status": "pulling manifest"}'
+    assert resp.text.splitlines()[0] == '{"status":"pulling manifest"}'

@@ -122,6 +122,22 @@ def test_messages_of_any_role_are_read_back_as_stored(store: Store, tiny_gguf: P
     assert get_model(store, "roles").messages == tuple(messages)
 
 
+def test_messages_keep_their_thinking_tool_calls_and_tool_name(
+    store: Store, tiny_gguf: Path
+) -> None:
+    """As Ollama's create stores api.Message: a model's example of a tool call keeps its call."""
+    call = {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "thinking": "hmm", "tool_calls": [call]},
+        {"role": "tool", "content": "20C", "tool_name": "get_weather"},
+    ]
+    create(store, "calls", files={"tiny.gguf": upload(store, tiny_gguf)}, messages=messages)
+    assert get_model(store, "calls").messages == tuple(messages)
+    with pytest.raises(CreateError, match="tool_calls as a list of calls"):
+        create(store, "bad", from_="calls", messages=[{"role": "assistant", "tool_calls": "x"}])
+
+
 def test_rendered_modelfile_parses_back(store: Store, tiny_gguf: Path) -> None:
     digest = upload(store, tiny_gguf)
     create(
