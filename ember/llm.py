@@ -139,6 +139,8 @@ class LLM:
         the output: "json", a JSON schema, {"regex": ...} or {"lark": ...}. logprobs adds each
         generated token's log probability, with the top_logprobs (0-20) most likely ones."""
         opts = Options.parse(options)
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int):
+            raise TypeError(f"top_logprobs must be an int, got {top_logprobs!r}")
         if not 0 <= top_logprobs <= 20:
             raise ValueError(f"top_logprobs must be within [0, 20], got {top_logprobs}")
         grammar = Grammar.from_format(format, self.tokenizer) if format is not None else None

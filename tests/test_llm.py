@@ -161,3 +161,6 @@ def test_logprobs_of_each_token_with_the_top_ones(real_llm):
         assert values == sorted(values, reverse=True)
         assert lp.top[0] == (lp.token, lp.logprob)  # greedy: the chosen one is the most likely
     assert llm.generate("Hi", options={"num_predict": 2}).logprobs == []
+    for bad in (True, 2.5, "3"):  # refused at the call, not in the engine's loop
+        with pytest.raises(TypeError, match="top_logprobs must be an int"):
+            llm.generate("Hi", options={"num_predict": 2}, top_logprobs=bad)

@@ -206,7 +206,13 @@ class Engine:
                 self._start_cached(seq)
             parts = self.scheduler.next_batch(self._active)
             if parts:
-                self._step(parts)
+                try:
+                    self._step(parts)
+                except Exception as err:  # whatever a step raises ends its sequences, not
+                    log.exception("a step failed")  # the loop: its callers would wait forever
+                    for seq in {id(p.seq): p.seq for p in parts}.values():
+                        if seq in self._active:
+                            self._fail(seq, f"the step failed: {err}")
         for seq in [*self._active, *self._waiting]:
             seq.fail("the model was unloaded")
 

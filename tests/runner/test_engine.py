@@ -282,6 +282,17 @@ def test_a_failing_forward_ends_its_sequences_not_the_loop(make):
     assert text == "bb"
 
 
+def test_a_failure_after_the_forward_ends_its_sequence_not_the_loop(make):
+    """A bad top_logprobs from the Python API killed the loop thread in the sampler's log
+    probabilities, and every caller of the engine waited forever."""
+    engine, _ = make()
+    broken = Request([0], opts(num_predict=2), logprobs=True, top_logprobs=2.5)  # type: ignore[arg-type]
+    _, done = collect(engine.submit(broken))
+    assert done.done_reason == "error" and "step failed" in (done.error or "")
+    text, _ = collect(engine.submit(Request([0], opts(num_predict=1))))
+    assert text == "bb"
+
+
 def test_closing_ends_waiting_requests_with_an_error(make):
     engine, _ = make()
     seq = engine.submit(Request([0], opts(num_predict=10**6)))
