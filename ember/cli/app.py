@@ -228,10 +228,10 @@ def create(
 
 
 @app.command("list")
-def list_() -> None:
-    """List models."""
+def list_(prefix: Annotated[str, typer.Argument()] = "") -> None:
+    """List models (those whose name starts with PREFIX)."""
     with Client() as client:
-        print(commands.list_models(client))
+        print(commands.list_models(client, prefix))
 
 
 app.command("ls", hidden=True)(list_)
@@ -263,10 +263,10 @@ def show(
 
 
 @app.command()
-def ps() -> None:
-    """List running models."""
+def ps(prefix: Annotated[str, typer.Argument()] = "") -> None:
+    """List running models (those whose name starts with PREFIX)."""
     with Client() as client:
-        print(commands.list_running(client))
+        print(commands.list_running(client, prefix))
 
 
 @app.command()

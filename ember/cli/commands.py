@@ -13,57 +13,76 @@ from ember.cli.progress import show_progress
 
 
 def human_bytes(num: float) -> str:
-    """Sizes as Ollama prints them (decimal units): 98 MB, 1.1 GB."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if num < 1000 or unit == "TB":
-            text = f"{num:.1f}" if unit in ("GB", "TB") and num < 10 else f"{num:.0f}"
-            return f"{text} {unit}"
-        num /= 1000
-    return f"{num:.0f} TB"
+    """Sizes as Ollama's format.HumanBytes prints them (decimal units, truncated): 475 MB,
+    5.5 MB, 1 GB."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if num >= size:
+            value = num / size
+            if value >= 10 or value == int(value):
+                return f"{int(value)} {unit}"
+            return f"{math.floor(value * 10) / 10:.1f} {unit}"
+    return f"{int(num)} B"
 
 
-def ago(timestamp: str) -> str:
-    """ "3 minutes ago" for an ISO time."""
+def human_time(timestamp: str, zero: str = "Never") -> str:
+    """An ISO time as Ollama's format.HumanTime says it: "4 hours ago", "29 seconds from now",
+    "Forever" past twenty years ahead."""
     try:
         then = datetime.fromisoformat(timestamp)
     except (TypeError, ValueError):
-        return ""
-    seconds = (datetime.now(UTC) - then).total_seconds()
-    for size, unit in ((86400 * 365, "year"), (86400 * 30, "month"), (86400 * 7, "week")):
-        if seconds >= size:
-            return _plural(int(seconds // size), unit)
-    for size, unit in ((86400, "day"), (3600, "hour"), (60, "minute")):
-        if seconds >= size:
-            return _plural(int(seconds // size), unit)
-    return "Less than a minute ago" if seconds >= 1 else "Less than a second ago"
+        return zero
+    delta = (datetime.now(UTC) - then).total_seconds()
+    if int(delta / 3600) // 24 // 365 < -20:
+        return "Forever"
+    return f"{_duration(-delta)} from now" if delta < 0 else f"{_duration(delta)} ago"
 
 
-def _plural(count: int, unit: str) -> str:
-    if count == 1:
-        return f"{'An' if unit == 'hour' else 'A'} {unit} ago"
-    return f"{count} {unit}s ago"
+def _duration(seconds: float) -> str:
+    """Ollama's humanDuration: "Less than a second", "About a minute", "3 days"."""
+    if int(seconds) < 1:
+        return "Less than a second"
+    if int(seconds) < 60:
+        return "1 second" if int(seconds) == 1 else f"{int(seconds)} seconds"
+    minutes = int(seconds / 60)
+    if minutes < 60:
+        return "About a minute" if minutes == 1 else f"{minutes} minutes"
+    hours = math.floor(seconds / 3600 + 0.5)  # Go's math.Round: halves away from zero
+    if hours == 1:
+        return "About an hour"
+    for limit, unit, per in ((48, "hours", 1), (24 * 14, "days", 24), (24 * 60, "weeks", 24 * 7)):
+        if hours < limit:
+            return f"{hours // per} {unit}"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24 // 30} months"
+    return f"{int(seconds / 3600) // 24 // 365} years"
 
 
 def table(rows: list[list[str]]) -> str:
-    """Columns padded as Go's tabwriter pads them (three spaces between)."""
+    """Columns padded as Ollama's tables pad them (four spaces between)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "   ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+        "    ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
     )
 
 
-def list_models(client: Client) -> str:
+def list_models(client: Client, prefix: str = "") -> str:
+    """`ember list [PREFIX]`: the models whose name starts with prefix (any case), as Ollama's."""
     models = client.request("GET", "/api/tags")["models"]
     rows = [["NAME", "ID", "SIZE", "MODIFIED"]]
     for m in models:
-        rows.append([m["name"], m["digest"][:12], human_bytes(m["size"]), ago(m["modified_at"])])
+        if m["name"].lower().startswith(prefix.lower()):
+            size, modified = human_bytes(m["size"]), human_time(m["modified_at"])
+            rows.append([m["name"], m["digest"][:12], size, modified])
     return table(rows)
 
 
-def list_running(client: Client) -> str:
+def list_running(client: Client, prefix: str = "") -> str:
+    """`ember ps [PREFIX]`: Ollama's columns, then Ember's slots in use and KV cache type."""
     models = client.request("GET", "/api/ps")["models"]
-    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "KV CACHE", "UNTIL"]]
+    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL", "SLOTS", "KV CACHE"]]
     for m in models:
+        if not m["name"].startswith(prefix):
+            continue
         vram, size = m.get("size_vram", 0), m.get("size", 0)
         processor = "100% GPU" if size and vram >= size else "100% CPU"
         if 0 < vram < size:
@@ -71,7 +90,7 @@ def list_running(client: Client) -> str:
         until = _until(m.get("expires_at", ""))
         context = str(m.get("context_length", ""))
         rows.append(
-            [m["name"], m["digest"][:12], human_bytes(size), processor, context, *_slots(m), until]
+            [m["name"], m["digest"][:12], human_bytes(size), processor, context, until, *_slots(m)]
         )
     return table(rows)
 
@@ -89,19 +108,20 @@ def _until(timestamp: str) -> str:
         then = datetime.fromisoformat(timestamp)
     except (TypeError, ValueError):
         return ""
-    seconds = (then - datetime.now(UTC)).total_seconds()
-    if seconds > 100 * 365 * 86400:
-        return "Forever"
-    if seconds <= 0:
+    if then < datetime.now(UTC):
         return "Stopping..."
-    minutes = math.ceil(seconds / 60)
-    return f"{minutes} minutes from now" if minutes > 1 else "About a minute from now"
+    return human_time(timestamp)
 
 
 def stop(client: Client, model: str) -> None:
-    if not _is_running(client, model):
-        raise CLIError(f'couldn\'t find model "{model}" to stop')
-    client.request("POST", "/api/generate", {"model": model, "keep_alive": 0})
+    """As Ollama's: an unload request, whether it runs or not; only a model that does not
+    exist is an error."""
+    try:
+        client.request("POST", "/api/generate", {"model": model, "keep_alive": 0})
+    except CLIError as err:
+        if "not found" in str(err):
+            raise CLIError(f'couldn\'t find model "{model}" to stop') from None
+        raise
 
 
 def unload(client: Client, model: str) -> None:

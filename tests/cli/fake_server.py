@@ -94,9 +94,7 @@ class FakeServer:
         async def generate(request: Request) -> Response:
             body = await self._record(request, "/api/generate")
             if not body.get("prompt") and not body.get("images"):
-                reason = "unload" if body.get("keep_alive") == 0 else "load"
-                (self.loaded.discard if reason == "unload" else self.loaded.add)(body["model"])
-                return JSONResponse(self._final(body, reason))
+                return await self._load_or_unload(request, body)
             self.loaded.add(body["model"])
             text = self._answer(body["prompt"], body, body.get("images"))
             return self._stream(body, text, chat=False)
@@ -158,6 +156,15 @@ class FakeServer:
         temperature = (body.get("options") or {}).get("temperature")
         seen = f", {len(images)} images" if images else ""
         return f"You said: {prompt.strip()} (temperature {temperature}{seen})"
+
+    async def _load_or_unload(self, request: Request, body: dict[str, Any]) -> Response:
+        reason = "unload" if body.get("keep_alive") == 0 else "load"
+        if reason == "unload" and body["model"] not in self.loaded:
+            shown = await model_routes.show(request)  # a model not stored: its 404
+            if shown.status_code == 404:
+                return shown
+        (self.loaded.discard if reason == "unload" else self.loaded.add)(body["model"])
+        return JSONResponse(self._final(body, reason))
 
     @staticmethod
     def _final(body: dict[str, Any], reason: str) -> dict[str, Any]:

@@ -176,16 +176,19 @@ def test_ps_and_stop(ember: Ember, fake: FakeServer) -> None:
     assert ember("run", "tiny", "hi").returncode == 0
     ember("run", "tiny", stdin="")  # an empty prompt loads the model
     listed = ember("ps").stdout.splitlines()
-    header = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "KV CACHE", "UNTIL"]
-    assert re.split(r"\s{2,}", listed[0]) == header  # columns three spaces apart
+    header = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL", "SLOTS", "KV CACHE"]
+    assert re.split(r"\s{4,}", listed[0]) == header  # Ollama's columns four spaces apart
     assert listed[1].startswith("tiny ") and "100% CPU" in listed[1]
-    assert listed[1].split()[6:9] == ["4096", "1/4", "q8_0"]  # context, slots, KV cache type
-    assert "Forever" in listed[1]
+    # context, until, then Ember's own: slots in use and the KV cache type
+    assert listed[1].split()[6:10] == ["4096", "Forever", "1/4", "q8_0"]
+    assert ember("ps", "ti").stdout == ember("ps").stdout  # a name prefix, as Ollama's
+    assert len(ember("ps", "other").stdout.splitlines()) == 1
     assert ember("stop", "tiny").returncode == 0
     assert fake.bodies("/api/generate")[-1] == {"model": "tiny", "keep_alive": 0}
     assert len(ember("ps").stdout.splitlines()) == 1
     stopped = ember("stop", "other")
     assert stopped.returncode == 1 and 'couldn\'t find model "other"' in stopped.stderr
+    assert ember("stop", "tiny").returncode == 0  # stored, not running: as Ollama, no error
 
 
 def test_rm_of_a_running_model_stops_it_first(ember: Ember, fake: FakeServer) -> None:
@@ -269,3 +272,30 @@ def test_show_prints_two_lines_of_system_and_license_then_an_ellipsis() -> None:
     system = text.split("  System\n", 1)[1].split("\n\n", 1)[0]
     assert system.split() == ["You", "are", "a", "pirate.", "Speak", "in", "rhymes."]
     assert text.split("  License\n", 1)[1].split() == ["one", "two", "..."]
+
+
+@pytest.mark.parametrize(
+    ("size", "shown"),
+    [(475_850_312, "475 MB"), (999_600_000, "999 MB"), (5_500_000, "5.5 MB"), (1_500, "1.5 KB"),
+     (1_000_000_000, "1 GB"), (1_990_000_000, "1.9 GB"), (999, "999 B")],
+)  # fmt: skip
+def test_sizes_as_ollamas_human_bytes(size: int, shown: str) -> None:
+    from ember.cli.commands import human_bytes
+
+    assert human_bytes(size) == shown
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(-30.5, "30 seconds from now"), (-5400, "About an hour from now"),
+     (-3599.5, "59 minutes from now"), (-86400, "24 hours from now"),
+     (0.2, "Less than a second ago"), (70, "About a minute ago"), (3 * 86400, "3 days ago"),
+     (20 * 86400, "2 weeks ago"), (-30 * 365 * 86400, "Forever")],
+)  # fmt: skip
+def test_times_as_ollamas_human_time(seconds: float, shown: str) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from ember.cli.commands import human_time
+
+    then = datetime.now(UTC) - timedelta(seconds=seconds)
+    assert human_time(then.isoformat()) == shown
