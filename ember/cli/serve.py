@@ -89,8 +89,7 @@ def _spawn() -> subprocess.Popen[bytes]:
             start_new_session=True,  # the server outlives this command and its Ctrl-C
             env=os.environ.copy(),
         )
-    (path.parent / "server.pid").write_text(f"{process.pid}\n")
-    return process
+    return process  # the server writes server.pid itself once it listens
 
 
 def _last_log_line() -> str:

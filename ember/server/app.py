@@ -7,6 +7,7 @@ Settings are read here, from envconfig, once; the rest of the server gets them a
 import contextlib
 import importlib
 import logging
+import os
 import socket
 import ssl
 from collections.abc import AsyncIterator
@@ -171,6 +172,7 @@ def serve() -> int:
         check_tls(tls)
     address = envconfig.host()
     sock = listen(address.host or "0.0.0.0", address.port)
+    write_pid()
     setup_logging()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # every runner call is not news
     app = build()
@@ -185,6 +187,17 @@ def serve() -> int:
     )
     uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def write_pid() -> None:
+    """This server's pid beside the model store (server.pid, what stops a background one),
+    written once it listens: a start that lost the port to another server writes nothing."""
+    path = envconfig.models_dir().parent / "server.pid"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{os.getpid()}\n")
+    except OSError as err:
+        log.warning("server.pid was not written", extra={"error": str(err)})
 
 
 def prune_store() -> None:

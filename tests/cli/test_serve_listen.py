@@ -18,7 +18,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_a_port_in_use_is_a_one_line_error(monkeypatch, capsys) -> None:
+def test_a_port_in_use_is_a_one_line_error(monkeypatch, capsys, home) -> None:
+    (home / "server.pid").write_text("4242\n")  # the server that holds the port
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         monkeypatch.setenv("EMBER_HOST", f"127.0.0.1:{port}")
@@ -26,6 +27,8 @@ def test_a_port_in_use_is_a_one_line_error(monkeypatch, capsys) -> None:
     captured = capsys.readouterr()
     assert captured.err == f"Error: listen tcp 127.0.0.1:{port}: bind: address already in use\n"
     assert captured.out == ""
+    # a start that lost the port leaves the running server's pid (a race of two `ember run`)
+    assert (home / "server.pid").read_text() == "4242\n"
 
 
 def test_an_address_not_of_this_machine_is_a_one_line_error(monkeypatch, capsys) -> None:
