@@ -107,25 +107,44 @@ def _print_stream(
 
 
 def print_timings(final: dict[str, Any], err: TextIO = sys.stderr) -> None:
-    """Ollama's --verbose summary, from the last record's counts and nanosecond durations."""
-
-    def seconds(key: str) -> str:
-        return f"{final.get(key, 0) / 1e9:.6f}s"
-
-    def rate(count_key: str, duration_key: str) -> str:
-        count, duration = final.get(count_key, 0), final.get(duration_key, 0)
-        return f"{count / (duration / 1e9):.2f} tokens/s" if duration else "-"
-
-    lines = [
-        ("total duration", seconds("total_duration")),
-        ("load duration", seconds("load_duration")),
-        ("prompt eval count", f"{final.get('prompt_eval_count', 0)} token(s)"),
-        ("prompt eval duration", seconds("prompt_eval_duration")),
-        ("prompt eval rate", rate("prompt_eval_count", "prompt_eval_duration")),
-        ("eval count", f"{final.get('eval_count', 0)} token(s)"),
-        ("eval duration", seconds("eval_duration")),
-        ("eval rate", rate("eval_count", "eval_duration")),
-    ]
+    """Ollama's --verbose summary (Metrics.Summary): each line only where its value is above
+    zero, durations as Go prints them."""
+    counts = {key: int(final.get(key) or 0) for key in _TIMED}
+    lines = []
+    for name, key in (("total duration", "total_duration"), ("load duration", "load_duration")):
+        if counts[key] > 0:
+            lines.append((name, go_duration(counts[key])))
+    for what, prefix in (("prompt eval", "prompt_eval_"), ("eval", "eval_")):
+        count, duration = counts[prefix + "count"], counts[prefix + "duration"]
+        if count > 0:
+            lines.append((f"{what} count", f"{count} token(s)"))
+        if duration > 0:
+            lines.append((f"{what} duration", go_duration(duration)))
+            lines.append((f"{what} rate", f"{count / (duration / 1e9):.2f} tokens/s"))
     for name, value in lines:
         err.write(f"{name + ':':<22}{value}\n")
     err.flush()
+
+
+_TIMED = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
+          "eval_count", "eval_duration")  # fmt: skip
+
+
+def go_duration(ns: int) -> str:
+    """A duration in nanoseconds as Go's time.Duration prints it: 271.006ms, 100µs, 1m6.9s."""
+    if ns < 1000:
+        return f"{ns}ns" if ns else "0s"
+    if ns < 1_000_000:
+        return _decimal(ns, 1000) + "µs"
+    if ns < 1_000_000_000:
+        return _decimal(ns, 1_000_000) + "ms"
+    hours, rest = divmod(ns, 3_600_000_000_000)
+    minutes, rest = divmod(rest, 60_000_000_000)
+    head = f"{hours}h{minutes}m" if hours else f"{minutes}m" if minutes else ""
+    return head + _decimal(rest, 1_000_000_000) + "s"
+
+
+def _decimal(value: int, unit: int) -> str:
+    whole, fraction = divmod(value, unit)
+    digits = str(fraction).rjust(len(str(unit)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}" if digits else str(whole)

@@ -299,3 +299,24 @@ def test_times_as_ollamas_human_time(seconds: float, shown: str) -> None:
 
     then = datetime.now(UTC) - timedelta(seconds=seconds)
     assert human_time(then.isoformat()) == shown
+
+
+@pytest.mark.parametrize(
+    ("ns", "shown"),
+    [(0, "0s"), (999, "999ns"), (1500, "1.5µs"), (100_000, "100µs"), (271_006_000, "271.006ms"),
+     (5_000_000_000, "5s"), (66_907_794_100, "1m6.9077941s"), (3_600_000_000_000, "1h0m0s")],
+)  # fmt: skip
+def test_verbose_durations_as_go_prints_them(ns: int, shown: str) -> None:
+    from ember.cli.chat import go_duration
+
+    assert go_duration(ns) == shown
+
+
+def test_verbose_leaves_out_what_is_zero_as_ollamas_summary() -> None:
+    import io
+
+    from ember.cli.chat import print_timings
+
+    out = io.StringIO()
+    print_timings({"total_duration": 271_006_000, "prompt_eval_count": 10, "eval_count": 0}, out)
+    assert out.getvalue() == "total duration:       271.006ms\nprompt eval count:    10 token(s)\n"
