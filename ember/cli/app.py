@@ -182,9 +182,9 @@ def _think(value: str | None) -> bool | str | None:
     level = value.strip().lower()
     if level in ("true", "false"):
         return level == "true"
-    if level in ("high", "medium", "low"):
+    if level in ("high", "medium", "low", "max"):
         return level
-    must = "must be true, false, high, medium, or low"
+    must = "must be true, false, high, medium, low, or max"
     raise CLIError(f'invalid value for --think: "{value}" ({must})')
 
 

@@ -120,7 +120,8 @@ def test_text_that_is_not_utf8_is_sent_with_replacements(ember: Ember, fake: Fak
 def test_run_think_takes_a_level_or_stands_alone(ember: Ember, fake: FakeServer) -> None:
     # as Ollama's: --think alone is true and leaves the next word to the prompt; a level
     # comes with "="; --nothink is false
-    for flags, think in ((["--think", "hi"], True), (["--think=high", "hi"], "high")):
+    levels = [(["--think", "hi"], True), (["--think=high", "hi"], "high")]
+    for flags, think in [*levels, (["--think=max", "hi"], "max")]:
         result = ember("run", "tiny", *flags)
         assert result.returncode == 0, result.stderr
         assert fake.bodies("/api/generate")[-1]["think"] == think
@@ -129,7 +130,8 @@ def test_run_think_takes_a_level_or_stands_alone(ember: Ember, fake: FakeServer)
     assert fake.bodies("/api/generate")[-1]["think"] is False
     result = ember("run", "tiny", "--think=maybe", "hi")
     assert result.returncode != 0 and one_line_error(result.stderr)
-    assert 'invalid value for --think: "maybe"' in result.stderr
+    must = "(must be true, false, high, medium, low, or max)"
+    assert f'invalid value for --think: "maybe" {must}' in result.stderr
 
 
 def test_run_of_an_embedding_model_prints_the_vector(ember: Ember, fake: FakeServer) -> None:
