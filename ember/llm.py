@@ -194,7 +194,8 @@ def _result(done: Done, text: str, seq: Sequence, logprobs: list[TokenLogprob]) 
         text=text,
         tokens=list(seq.generated),
         done_reason=done.done_reason,
-        prompt_eval_count=done.prompt_eval_count,
+        # the whole prompt, a cached prefix included, as Ollama and the server report it
+        prompt_eval_count=done.prompt_count,
         prompt_eval_duration=done.prompt_eval_duration,
         eval_count=done.eval_count,
         eval_duration=done.eval_duration,

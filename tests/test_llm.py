@@ -22,6 +22,9 @@ def test_raw_greedy_generation_follows_the_reference(real_llm, reference):
     assert result.prompt_eval_count == len(ref["prompt_ids"])
     assert result.eval_count == 12 and result.done_reason == "length"
     assert result.prompt_eval_duration > 0 and result.eval_duration > 0
+    # the same prompt again, from the cache: still the whole prompt, as Ollama counts it
+    again = llm.generate(ref["prompt_text"], raw=True, options={**GREEDY, "num_predict": 12})
+    assert again.prompt_eval_count == len(ref["prompt_ids"])
 
 
 def test_chat_template_wraps_the_prompt(real_llm, reference):
