@@ -56,6 +56,9 @@ class LLM:
         self, model: str, *, num_threads: int | None = None, num_parallel: int = 4
     ) -> None:
         start = time.perf_counter_ns()
+        for name, value in (("num_parallel", num_parallel), ("num_threads", num_threads or 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if num_threads:
             torch.set_num_threads(num_threads)
         self.path = resolve_model(model)
@@ -93,10 +96,17 @@ class LLM:
             return self._engine
 
     def close(self) -> None:
+        """Ends the engine (its KV cache and thread); a later call makes a new one."""
         with self._lock:
             if self._engine is not None:
                 self._engine.close()
                 self._engine = None
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special=add_special)
@@ -138,7 +148,11 @@ class LLM:
         `result` attribute holds the GenerateResult once it is exhausted. format constrains
         the output: "json", a JSON schema, {"regex": ...} or {"lark": ...}. logprobs adds each
         generated token's log probability, with the top_logprobs (0-20) most likely ones."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
         opts = Options.parse(options)
+        if format == "":  # as Ollama's: "" (like null) is no format
+            format = None
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int):
             raise TypeError(f"top_logprobs must be an int, got {top_logprobs!r}")
         if not 0 <= top_logprobs <= 20:

@@ -84,6 +84,27 @@ def test_bad_options_fail_before_generation(real_llm):
         llm.generate("hi", options={"top_k": -3})
 
 
+def test_bad_arguments_are_clear_errors(real_llm):
+    llm = real_llm("smollm2:135m")
+    for prompt in (None, b"hi"):
+        with pytest.raises(TypeError, match="prompt must be a str"):
+            llm.generate(prompt)
+    # as Ollama's: "" is no format
+    assert llm.generate("Hi", format="", options={"num_predict": 2}).eval_count == 2
+    for bad in (0, 1.5, "2", True):
+        with pytest.raises(ValueError, match="num_parallel must be a positive int"):
+            LLM("smollm2:135m", num_parallel=bad)
+
+
+def test_an_llm_closes_as_a_context_manager(real_llm):
+    from ember.options import Options
+
+    with LLM("smollm2:135m", num_parallel=1) as llm:
+        assert llm.generate("Hi", options={"num_predict": 1}).eval_count == 1
+        engine = llm.engine_for(Options())
+    assert llm._engine is None and engine.busy() == 0
+
+
 def test_unknown_model_names_the_problem():
     with pytest.raises(ModelNotFoundError, match="nosuchmodel"):
         LLM("nosuchmodel:1b")

@@ -94,10 +94,12 @@ def grammar_text(fmt: str | dict[str, Any]) -> str:
         raise GrammarError(f'format must be "json" or a JSON schema object, not {fmt!r}')
     if not isinstance(fmt, dict):
         raise GrammarError(f"format must be a string or a dict, not {type(fmt).__name__}")
-    if len(fmt) == 1 and isinstance(fmt.get("regex"), str):
-        return llguidance.LLMatcher.grammar_from_regex(fmt["regex"])
-    if len(fmt) == 1 and isinstance(fmt.get("lark"), str):
-        return llguidance.LLMatcher.grammar_from_lark(fmt["lark"])
+    for key, compile_ in (("regex", llguidance.LLMatcher.grammar_from_regex),
+                          ("lark", llguidance.LLMatcher.grammar_from_lark)):  # fmt: skip
+        if key in fmt:  # no JSON Schema keyword: never read as a schema
+            if len(fmt) != 1 or not isinstance(fmt[key], str):
+                raise GrammarError(f'a {key} format is {{"{key}": "<text>"}} and nothing else')
+            return compile_(fmt[key])
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps(closed_objects(fmt)),

@@ -175,6 +175,8 @@ def test_regex_and_lark_formats(tokenizer: Tokenizer) -> None:
         ({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}, "nope"),
         ({"regex": "[a-"}, "regex"),
         ({"lark": "start: foo"}, "foo"),
+        ({"regex": "a", "lark": 'start: "a"'}, "and nothing else"),  # was read as a schema
+        ({"regex": "a", "type": "string"}, "and nothing else"),
         ("xml", "json"),
         (["json"], "dict"),
     ],
