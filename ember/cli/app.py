@@ -127,7 +127,7 @@ def run(
         model,
         options=options,
         format=_format(format),
-        keep_alive=keepalive,
+        keep_alive=keepalive or None,  # "" is unset, as Ollama's
         think=False if nothink else _think(think),
         hide_thinking=hidethinking,
         verbose=verbose,

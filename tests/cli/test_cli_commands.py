@@ -117,6 +117,13 @@ def test_text_that_is_not_utf8_is_sent_with_replacements(ember: Ember, fake: Fak
     assert fake.bodies("/api/generate")[-1]["prompt"] == "caf\ufffd latin1"
 
 
+def test_run_keepalive_is_sent_as_given_and_empty_is_unset(ember: Ember, fake: FakeServer) -> None:
+    assert ember("run", "tiny", "--keepalive", "10m", "hi").returncode == 0
+    assert fake.bodies("/api/generate")[-1]["keep_alive"] == "10m"
+    assert ember("run", "tiny", "--keepalive", "", "hi").returncode == 0
+    assert "keep_alive" not in fake.bodies("/api/generate")[-1]
+
+
 def test_run_think_takes_a_level_or_stands_alone(ember: Ember, fake: FakeServer) -> None:
     # as Ollama's: --think alone is true and leaves the next word to the prompt; a level
     # comes with "="; --nothink is false
