@@ -25,7 +25,7 @@ from ember.errors import OptionsError
 from ember.runner.client import RunnerClient
 from ember.server import anthropic, api_schema, middleware, openai, responses, routes
 from ember.server.api import RequestError
-from ember.server.errors import APIError, anthropic_error, is_anthropic_path
+from ember.server.errors import APIError, error_body
 from ember.server.logging import log_startup, setup_logging
 from ember.server.metrics import RequestCounter
 from ember.server.model import Models
@@ -129,11 +129,7 @@ def build(state: ServerState | None = None) -> ASGIApp:
 
 
 def _body(request: Request, status: int, message: str, param: str | None = None) -> JSONResponse:
-    if is_anthropic_path(request.url.path):
-        return JSONResponse(anthropic_error(status, message), status_code=status)
-    if request.url.path.startswith("/v1/"):
-        return JSONResponse(openai.error_body(status, message, param), status_code=status)
-    return JSONResponse({"error": message}, status_code=status)
+    return JSONResponse(error_body(request.url.path, status, message, param), status_code=status)
 
 
 async def _api_error(request: Request, err: APIError) -> JSONResponse:

@@ -49,3 +49,18 @@ def anthropic_error(status: int, message: str) -> dict[str, object]:
     fallback = "invalid_request_error" if 400 <= status < 500 else "api_error"
     kind = _ANTHROPIC_TYPES.get(status, fallback)
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def openai_error(status: int, message: str, param: str | None = None) -> dict[str, object]:
+    """OpenAI's error object."""
+    kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+def error_body(path: str, status: int, message: str, param: str | None = None) -> dict[str, object]:
+    """The error object of the API path belongs to: Anthropic's, OpenAI's (/v1/) or Ollama's."""
+    if is_anthropic_path(path):
+        return anthropic_error(status, message)
+    if path.startswith("/v1/"):
+        return openai_error(status, message, param)
+    return {"error": message}

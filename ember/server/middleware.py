@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ember.envconfig import HostAddress
-from ember.server.errors import anthropic_error, is_anthropic_path
+from ember.server.errors import error_body
 
 Headers = Sequence[tuple[bytes, bytes]]
 
@@ -44,9 +44,9 @@ def install(
 async def send_error(
     send: Send, status: int, message: str, headers: Headers = (), *, path: str = ""
 ) -> None:
-    """A complete JSON error response {"error": message} (Anthropic's shape on its paths)."""
-    error = anthropic_error(status, message) if is_anthropic_path(path) else {"error": message}
-    body = json.dumps(error).encode()
+    """A complete JSON error response: {"error": message}, or Anthropic's or OpenAI's object on
+    their paths (the routes' own errors take the same shapes)."""
+    body = json.dumps(error_body(path, status, message)).encode()
     start = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": status, "headers": [*start, *headers]})
     await send({"type": "http.response.body", "body": body})

@@ -25,7 +25,7 @@ from ember.server.api import (
     RerankRequest,
 )
 from ember.server.api_schema import json_body
-from ember.server.errors import APIError
+from ember.server.errors import APIError, openai_error
 from ember.server.image_urls import Fetched, fetch_images
 from ember.server.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
 from ember.server.routes import body_of, state_of
@@ -36,13 +36,8 @@ Chunk = dict[str, Any]
 _FINGERPRINT = "fp_ember"
 
 
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
-
-
 def _stream_error(err: APIError) -> dict[str, Any]:
-    return error_body(err.status, err.message)
+    return openai_error(err.status, err.message)
 
 
 # --- /v1/chat/completions ---

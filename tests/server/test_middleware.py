@@ -178,6 +178,16 @@ def test_api_key_required_on_every_route() -> None:
         assert "Authorization: Bearer" in response.json()["error"]
 
 
+def test_a_refusal_on_an_openai_path_is_openais_error_object() -> None:
+    """The openai client reads error.message; the routes' own errors had this shape already."""
+    response = client(api_key="s3cret").post("/v1/chat/completions", content=b"{}")
+    assert response.status_code == 401
+    error = response.json()["error"]
+    assert error["type"] == "api_error" and "Authorization: Bearer" in error["message"]
+    anthropic = client(api_key="s3cret").post("/v1/messages", content=b"{}").json()
+    assert anthropic["type"] == "error"  # Anthropic's own shape on its paths
+
+
 @pytest.mark.parametrize("value", ["Bearer wrong", "s3cret", "Basic s3cret", "Bearer s3cret2"])
 def test_wrong_keys_are_refused(value: str) -> None:
     response = client(api_key="s3cret").get("/", headers={"Authorization": value})
