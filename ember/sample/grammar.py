@@ -159,7 +159,7 @@ class Grammar:
         # llguidance knows one end token (the lowest id); every other one the model may end
         # with (<|im_end|> beside <|endoftext|>, <end_of_turn> beside <eos>) is allowed with it,
         # as llama.cpp's grammar takes every EOG token (Ollama passes its whole EOS set)
-        self.vocab_size, self.eos_id = vocab_size, min(eos_ids)
+        self.vocab_size, self.eos_id, self.end_ids = vocab_size, min(eos_ids), eos_ids
         self._other_ends = np.array(sorted(i for i in eos_ids if i != self.eos_id), np.int64)
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)  # packed mask
 

@@ -103,7 +103,7 @@ def random_walk(grammar: Grammar, gen: torch.Generator, max_tokens: int = 400) -
     out: list[int] = []
     while not grammar.is_done():
         weights = grammar.mask().float()
-        weights[grammar.eos_id] = 0.0  # walk on while anything but EOS is allowed
+        weights[sorted(grammar.end_ids)] = 0.0  # walk on while anything but an end is allowed
         token = int(torch.multinomial(weights, 1, generator=gen))
         grammar.accept(token)
         out.append(token)
@@ -150,7 +150,7 @@ def test_json_format_random_walk_parses(tokenizer: Tokenizer) -> None:
             allowed = grammar.mask().nonzero().flatten().tolist()
             closing = [t for t in allowed if t in closers]
             token = rng.choice(closing if closing and rng.random() < len(tokens) / 40 else allowed)
-            if token == grammar.eos_id:
+            if token in tokenizer.eos_ids:
                 break
             grammar.accept(token)
             tokens.append(token)
