@@ -81,8 +81,8 @@ class QueueFullError(EmberError):
 @dataclass(frozen=True, slots=True)
 class Shape:
     """The settings a runner process is loaded with; a request leaves out (None) what it does
-    not set, and a loaded runner matches those: any num_batch and num_thread, and a context of
-    at least the one a load would give it (least_ctx)."""
+    not set, and a loaded runner matches those: any num_thread, and a context of at least the
+    one a load would give it (least_ctx). The scheduler sets num_batch to its default first."""
 
     model_path: str
     num_ctx: int | None = None
@@ -255,6 +255,9 @@ class Scheduler:
         keep_alive = self.keep_alive if keep_alive is None else keep_alive
         if shape.num_ctx is not None:  # what it loads with is what it matches
             shape = replace(shape, num_ctx=bounded_ctx(shape.num_ctx, context_length))
+        if shape.num_batch is None:  # the default, as Ollama's: another batch size rounds a
+            # prompt's logits otherwise, so a seed would not give its text again
+            shape = replace(shape, num_batch=self.defaults.num_batch)
         least_ctx = self.defaults.complete(shape, context_length).num_ctx or 0
         loaded = self._ready(shape, info, least_ctx)
         if loaded is not None:  # no await since the check: nothing retired it in between

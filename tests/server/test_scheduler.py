@@ -61,6 +61,30 @@ def test_leaving_out_num_ctx_reuses_a_larger_size_but_another_size_reloads():
     run(test)
 
 
+def test_leaving_out_num_batch_wants_the_default_one():
+    """A runner another request loaded with num_batch 8 rounds a prompt's logits otherwise than
+    the default's, so a seed would not give its text again: as Ollama's, it reloads."""
+
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter)
+        lease = await s.acquire(Shape(A, num_batch=8), keep_alive=None)
+        lease.release()
+        lease = await s.acquire(Shape(A), keep_alive=None)
+        assert len(starter.runners) == 2 and lease.loaded.shape.num_batch == 256
+        lease.release()
+        lease = await s.acquire(Shape(A, num_batch=256), keep_alive=None)  # the same
+        lease.release()
+        # a context under the default batch cuts it: the same as leaving it out
+        for shape in (Shape(A, num_ctx=128), Shape(A, num_ctx=128, num_batch=512)):
+            lease = await s.acquire(shape, keep_alive=None)
+            assert lease.loaded.shape.num_batch == 128
+            lease.release()
+        assert len(starter.runners) == 3
+
+    run(test)
+
+
 def test_a_num_ctx_past_the_models_bounds_reuses_the_runner_it_loaded():
     """num_ctx 100,000 on a model trained for 8,192 loads 8,192, and num_ctx 1 loads 4 (as
     Ollama's): asking the same again must not reload."""
