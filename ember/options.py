@@ -50,12 +50,15 @@ class Options:
         return _validated(replace(base or cls(), **values))
 
     def sampling(self) -> SamplingParams:
+        # out-of-range values are brought into range, not refused, as Ollama's sampler does
+        # (temperature < 0 is greedy, top_k <= 0 no limit, top_p and min_p clamped to [0, 1]);
+        # typical_p outside (0, 1) is off, as llama.cpp's (>= 1) and Ollama's omitted 0
         return SamplingParams(
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            typical_p=self.typical_p,
+            temperature=max(self.temperature, 0.0),
+            top_k=max(self.top_k, 0),
+            top_p=min(max(self.top_p, 0.0), 1.0),
+            min_p=min(max(self.min_p, 0.0), 1.0),
+            typical_p=self.typical_p if 0.0 < self.typical_p < 1.0 else 1.0,
             # Ollama's -1: the whole context window
             repeat_last_n=self.num_ctx if self.repeat_last_n == -1 else self.repeat_last_n,
             repeat_penalty=self.repeat_penalty,
@@ -90,8 +93,8 @@ def _coerce(name: str, value: Any, kind: Any) -> Any:
 
 
 def _integer(name: str, value: Any) -> int:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
+    if isinstance(value, float) and math.isfinite(value):
+        value = int(value)  # toward zero, as Go's int64(float64) in Ollama's Options.FromMap
     if isinstance(value, bool) or not isinstance(value, int):
         raise OptionsError(f"option {name!r} must be an integer, got {value!r}")
     if value not in _INT_RANGE:
@@ -132,5 +135,5 @@ def _validated(o: Options) -> Options:
             raise OptionsError(
                 f"option {name!r} must be within [0, {MAX_DRAFT}], got {getattr(o, name)}"
             )
-    o.sampling()  # validates the sampling values (typical_p, repeat_penalty, top_p, ...)
+    o.sampling()  # validates the sampling values it does not clamp (repeat_penalty, ...)
     return o

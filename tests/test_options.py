@@ -20,10 +20,7 @@ def test_given_options_override_defaults():
         ({"num_predict": True}, "must be an integer"),
         ({"stop": [1, 2]}, "list of strings"),
         ({"num_ctx": 0}, "at least 1"),
-        ({"top_p": 2}, "top_p must be within"),
         ({"repeat_penalty": 0}, "repeat_penalty must be > 0"),
-        ({"typical_p": 0}, "typical_p must be within"),
-        ({"typical_p": 1.5}, "typical_p must be within"),
         ({"repeat_last_n": -2}, "repeat_last_n' must be >= -1"),
         ({"num_thread": -1}, r"num_thread' must be within \[0, 1024\]"),
         ({"num_thread": 100_000}, r"num_thread' must be within \[0, 1024\]"),
@@ -39,6 +36,28 @@ def test_given_options_override_defaults():
 def test_bad_options_get_clear_errors(given, message):
     with pytest.raises(OptionsError, match=message):
         Options.parse(given)
+
+
+@pytest.mark.parametrize(
+    ("given", "field", "value"),
+    [  # as Ollama's NewSampler and Options.FromMap take them
+        ({"temperature": -1}, "temperature", 0.0),
+        ({"top_k": -1}, "top_k", 0),
+        ({"top_p": 1.5}, "top_p", 1.0),
+        ({"top_p": -0.5}, "top_p", 0.0),
+        ({"min_p": 2}, "min_p", 1.0),
+        ({"typical_p": 0}, "typical_p", 1.0),
+        ({"typical_p": 1.5}, "typical_p", 1.0),
+        ({"typical_p": -3}, "typical_p", 1.0),
+    ],
+)
+def test_out_of_range_sampling_values_are_brought_into_range(given, field, value):
+    assert getattr(Options.parse(given).sampling(), field) == value
+
+
+def test_fractional_integer_options_are_cut_toward_zero():
+    o = Options.parse({"num_predict": 3.7, "top_k": 2.5, "seed": -42.9})
+    assert (o.num_predict, o.top_k, o.seed) == (3, 2, -42)
 
 
 def test_options_must_be_a_mapping():

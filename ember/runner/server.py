@@ -229,7 +229,7 @@ async def completion(request: Request) -> StreamingResponse:
             grammar=grammar,
             shift=req.shift,
             truncate=req.truncate,
-            logprobs=req.logprobs or req.top_logprobs > 0,
+            logprobs=req.logprobs,  # top_logprobs alone asks for none, as Ollama
             top_logprobs=req.top_logprobs,
             logit_bias=_logit_bias(req.logit_bias, tokenizer.vocab_size),
         )

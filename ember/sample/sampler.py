@@ -1,5 +1,5 @@
 """Token sampling: penalties over the recent tokens, then greedy at temperature 0, else top_k,
-temperature, softmax, typical_p, top_p, min_p and a seeded draw. Grammars live in grammar.py."""
+typical_p, temperature, softmax, top_p, min_p and a seeded draw. Grammars live in grammar.py."""
 
 import math
 from collections import Counter, deque
@@ -22,7 +22,7 @@ class Sampler:
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
         self.generator = torch.Generator()
-        if params.seed >= 0:
+        if params.seed != -1:  # Ollama's: any other seed, negative ones too, is a seed
             self.generator.manual_seed(params.seed)
         else:
             self.generator.seed()
@@ -131,14 +131,16 @@ def candidates(logits: torch.Tensor, p: SamplingParams) -> tuple[torch.Tensor, t
 def truncate(
     values: torch.Tensor, ids: torch.Tensor, p: SamplingParams
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """From the top_k logits (descending) and their ids: temperature, softmax, typical_p, top_p
-    and min_p; the ids kept, with their probabilities."""
+    """From the top_k logits (descending) and their ids: typical_p, temperature, softmax, top_p
+    and min_p; the ids kept, with their probabilities. typical_p reads the distribution before
+    temperature, as llama.cpp's chain does (Ollama's engine has no typical_p); the rest follow
+    Ollama's order."""
+    if p.typical_p < 1.0:
+        ids, values = typical(ids, values, p.typical_p)
     probs = torch.softmax(values / max(p.temperature, 1e-7), dim=-1)
     # checked before the filters, which would drop NaN rows to nothing (Ollama's message)
     if not bool(torch.isfinite(probs.sum())):
         raise ValueError("logits sum to NaN")
-    if p.typical_p < 1.0:
-        ids, probs = typical(ids, probs, p.typical_p)
     if p.top_p < 1.0:
         # keep the smallest prefix whose cumulative probability exceeds top_p
         before = probs.cumsum(0) - probs
@@ -151,19 +153,21 @@ def truncate(
 
 
 def typical(
-    ids: torch.Tensor, probs: torch.Tensor, mass: float
+    ids: torch.Tensor, values: torch.Tensor, mass: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Locally typical sampling (llama.cpp's typical sampler): the tokens whose surprise
-    -log p is closest to the entropy, until their probabilities sum past mass. The kept ones come
-    back in their descending-probability order, renormalized (llama.cpp's top_p softmaxes again)."""
+    """Locally typical sampling (llama.cpp's typical sampler) over logits (descending): the
+    tokens whose surprise -log p is closest to the entropy, until their probabilities sum past
+    mass. The kept ids and logits come back in their descending order."""
+    probs = torch.softmax(values, dim=-1)
+    if not bool(torch.isfinite(probs.sum())):
+        return ids, values  # truncate's check names it
     entropy = -torch.special.xlogy(probs, probs).sum()
     shifted = (-probs.log() - entropy).abs()
     order = shifted.argsort(stable=True)
     past = (probs[order].cumsum(0) > mass).nonzero()
     last = int(past[0]) + 1 if past.numel() else order.numel()
-    keep = order[:last].sort().values  # positions in probs, so still descending
-    kept = probs[keep]
-    return ids[keep], kept / kept.sum()
+    keep = order[:last].sort().values  # positions in values, so still descending
+    return ids[keep], values[keep]
 
 
 def logprobs(logits: torch.Tensor, token: int, top_n: int) -> tuple[float, list[tuple[int, float]]]:

@@ -71,7 +71,7 @@ def _native_chat(req: ChatCompletionRequest, fetched: Fetched) -> ChatRequest:
         options=RequestOptions.model_validate(req.ollama_options()),
         stream=req.stream,
         think=req.ollama_think(),
-        logprobs=req.logprobs or req.top_logprobs > 0,
+        logprobs=bool(req.logprobs),  # top_logprobs alone asks for none, as Ollama
         top_logprobs=req.top_logprobs,
         logit_bias=req.logit_bias,
         keep_alive=req.keep_alive,

@@ -78,6 +78,15 @@ def test_completion_streams_pieces_then_a_final_record(runner, loop):
 
 
 @pytest.mark.usefixtures("loaded")
+def test_top_logprobs_without_logprobs_asks_for_none(runner, loop):
+    # Ollama computes them only when logprobs is true
+    opts = {"temperature": 0, "num_predict": 3}
+    out = loop.run_until_complete(records(runner, "hello", options=opts, top_logprobs=3))
+    assert out[-1]["eval_count"] > 0
+    assert not any(r.get("logprobs") for r in out)
+
+
+@pytest.mark.usefixtures("loaded")
 def test_same_prompt_twice_reuses_the_cache(runner, loop):
     opts = {"temperature": 0, "num_predict": 3}
     first = loop.run_until_complete(records(runner, "the cat sat on the mat", options=opts))
@@ -92,7 +101,7 @@ def test_same_prompt_twice_reuses_the_cache(runner, loop):
 @pytest.mark.usefixtures("loaded")
 def test_bad_requests_get_400_with_a_message(runner, loop):
     cases = [
-        ({"options": {"top_k": -1}}, "top_k"),
+        ({"options": {"repeat_penalty": 0}}, "repeat_penalty"),
         ({"options": {"bogus": 1}}, "unknown option"),
         ({"format": "yaml"}, "format"),
         ({"top_logprobs": 21}, "top_logprobs"),

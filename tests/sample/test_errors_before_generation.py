@@ -29,11 +29,11 @@ def llm(real_llm: Any, monkeypatch: pytest.MonkeyPatch) -> LLM:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"top_k": -1}, "top_k must be >= 0"),
-        ({"top_p": 1.5}, "top_p must be within"),
-        ({"top_p": -0.1}, "top_p must be within"),
-        ({"min_p": 2}, "min_p must be within"),
-        ({"temperature": -0.5}, "temperature must be >= 0"),
+        ({"repeat_penalty": 0}, "repeat_penalty must be > 0"),
+        ({"repeat_last_n": -2}, "repeat_last_n' must be >= -1"),
+        ({"top_k": "many"}, "top_k' must be an integer"),
+        ({"temperature": "hot"}, "temperature' must be a number"),
+        ({"num_ctx": 0}, "num_ctx' must be at least 1"),
     ],
 )
 @pytest.mark.parametrize("stream", [False, True])

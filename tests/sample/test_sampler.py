@@ -186,9 +186,19 @@ QUARTERS = torch.tensor([0.5, 0.25, 0.125, 0.125])
     ],
 )
 def test_typical_keeps_the_tokens_nearest_the_entropy(mass, ids, probs):
-    kept_ids, kept = typical(torch.arange(4), QUARTERS, mass)
+    kept_ids, kept = typical(torch.arange(4), QUARTERS.log(), mass)
     assert kept_ids.tolist() == ids
-    assert torch.allclose(kept, torch.tensor(probs))
+    assert torch.allclose(kept.softmax(-1), torch.tensor(probs))
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 3.0])
+def test_typical_p_reads_the_distribution_before_temperature(temperature):
+    # llama.cpp's chain: typical_p, then temperature; the set is the untempered one's
+    params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, typical_p=0.5)
+    ids, probs = candidates(QUARTERS.log(), params)
+    assert ids.tolist() == [0, 1]
+    ratio = 2.0 ** (1 / temperature)  # p0 / p1 = 2 before temperature
+    assert float(probs[0] / probs[1]) == pytest.approx(ratio, rel=1e-5)
 
 
 def test_typical_p_sits_after_softmax_before_top_p():
