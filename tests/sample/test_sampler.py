@@ -68,8 +68,9 @@ def test_min_p_drops_tokens_below_fraction_of_best():
     assert ids.tolist() == [1, 2, 0]
 
 
-def test_seed_repeats_the_same_draws():
-    params = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, seed=42)
+@pytest.mark.parametrize("seed", [42, 0, -2])  # Ollama's: only -1 is random
+def test_seed_repeats_the_same_draws(seed):
+    params = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, seed=seed)
     a = [Sampler(params).sample(LOGITS) for _ in range(1)]
     draws = [Sampler(params) for _ in range(2)]
     seq = [[s.sample(LOGITS) for _ in range(50)] for s in draws]
