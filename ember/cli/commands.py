@@ -10,6 +10,7 @@ from typing import Any
 
 from ember.cli.client import Client, CLIError
 from ember.cli.progress import show_progress
+from ember.weightfiles import model_safetensors
 
 
 def human_bytes(num: float) -> str:
@@ -202,7 +203,7 @@ HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenize
 
 
 def _upload_directory(client: Client, path: Path, source: str) -> dict[str, str]:
-    weights = sorted(path.glob("*.safetensors"))
+    weights = model_safetensors(path.glob("*.safetensors"))
     if not weights:  # as Ollama's filesForModel: a folder of GGUF files is those files
         ggufs = sorted(path.glob("*.gguf"))
         if not ggufs:

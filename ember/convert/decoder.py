@@ -2,7 +2,7 @@
 config implies (checked before anything is written), and the common hyperparameters."""
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -76,11 +76,20 @@ class TextDecoder:
         self.ffn = c.int("intermediate_size")
         self.vocab_size = c.int("vocab_size", maximum=1 << 22)
         self.is_tied = c.bool("tie_word_embeddings", config.bool("tie_word_embeddings", True))
+        # configs differ in its default (HF's base config ties, Llama's and Qwen2's do not):
+        # where the file leaves it out, the checkpoint decides (settle_head)
+        self.says_tied = any(k.get("tie_word_embeddings") is not None for k in (c, config))
         if self.num_heads % self.num_kv_heads:
             raise ConvertError("num_attention_heads must be a multiple of num_key_value_heads")
 
     def text_config(self, config: HFConfig) -> HFConfig:
         return config
+
+    def settle_head(self, names: Iterable[str]) -> None:
+        """Where config.json does not say whether the head is tied, a saved lm_head is the
+        head, and none means token_embd is (as Ollama's converter writes what it finds)."""
+        if not self.says_tied:
+            self.is_tied = not any(n.endswith("lm_head.weight") for n in names)
 
     # ------------------------------------------------------------ names and shapes
 

@@ -11,6 +11,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ember.errors import EmberError
+from ember.weightfiles import model_safetensors
 
 MAX_JSON_BYTES = 64 << 20  # tokenizer.json of a 256k vocabulary is ~35 MB
 MAX_TENSORS = 1 << 16
@@ -99,7 +100,7 @@ class Tensors:
     """The tensors of every *.safetensors file of a directory, by name."""
 
     def __init__(self, directory: Path) -> None:
-        files = sorted(directory.glob("*.safetensors"))
+        files = model_safetensors(directory.glob("*.safetensors"))
         if not files:
             raise ConvertError("the model directory has no .safetensors files")
         self._handles: list[Any] = []

@@ -124,6 +124,7 @@ def convert_directory(
     config = HFConfig(read_json(directory / "config.json") or {})
     decoder = converter_for(config)
     tensors = Tensors(directory)
+    decoder.settle_head(tensors)
     files = decoder.directory_metadata(directory)  # first: it may name tensors of other files
     plan = _plan(decoder, tensors)
     meta = _general(decoder, plan, name) | decoder.metadata() | files

@@ -114,7 +114,7 @@ def create_model(store: Store, name: ModelName | str, request: CreateRequest) ->
     else:
         raise CreateError("neither 'from' or 'files' was specified")
     wanted = _check_quantize(request.quantize, info) if request.quantize else None
-    if wanted is not None:
+    if wanted is not None and wanted != info.file_type:  # already that type: kept, as Ollama
         layers, info = yield from _quantize(store, layers, info, wanted, created)
     config = _config(request, info, inherited=inherited)
     layers, statuses = _add_value_layers(store, layers, request, created)

@@ -1,6 +1,6 @@
 """Quantizing a GGUF model from F32, F16 or BF16 tensors to a llama.cpp file type (Q8_0,
-Q4_K_M, Q4_K_S), each tensor to the type quantmix chooses, with Ember's K-quant encoders and
-gguf-py's Q8_0, Q5_0 and Q5_1 ones (all as llama.cpp's reference C).
+Q4_K_M, Q4_K_S, or F32, F16, BF16), each tensor to the type quantmix chooses, with Ember's
+K-quant encoders and gguf-py's Q8_0, Q5_0, Q5_1 and BF16 ones (all as llama.cpp's reference C).
 
 The metadata is copied byte for byte from the source (already validated by Ember's reader)
 except general.file_type; kept tensors are copied. The output is streamed into a BlobWriter,
@@ -30,9 +30,10 @@ _ENCODERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.Q5_K: kquants.quantize_q5_k,
     GGMLType.Q6_K: kquants.quantize_q6_k,
     GGMLType.F16: partial(np.asarray, dtype=np.float16),
+    GGMLType.F32: partial(np.asarray, dtype=np.float32),
     **{
         t: partial(quants.quantize, qtype=GGMLQuantizationType(t))
-        for t in (GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q5_1)
+        for t in (GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.BF16)
     },
 }
 

@@ -1,5 +1,6 @@
 """The type of each tensor in a model quantized to Q8_0, Q4_K_M or Q4_K_S: llama.cpp's
-llama_tensor_get_type (src/llama-quant.cpp) for these file types, which Ollama ports too."""
+llama_tensor_get_type (src/llama-quant.cpp) for these file types, which Ollama ports too; or
+converted to F32, F16 or BF16 (Ollama's other --quantize types), every weight matrix alike."""
 
 import re
 from collections.abc import Iterable
@@ -7,9 +8,13 @@ from dataclasses import dataclass
 
 from ember.gguf import BLOCK_SIZES, GGMLType, GGUFFile, TensorInfo
 
-FILE_TYPES = {"Q8_0": 7, "Q4_K_M": 15, "Q4_K_S": 14}  # llama_ftype, as in general.file_type
+# llama_ftype, as in general.file_type; in the order of Ollama's message, BF16 added
+FILE_TYPES = {"F32": 0, "F16": 1, "BF16": 32, "Q4_K_S": 14, "Q4_K_M": 15, "Q8_0": 7}
 SOURCE_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-_DEFAULT = {"Q8_0": GGMLType.Q8_0, "Q4_K_S": GGMLType.Q4_K, "Q4_K_M": GGMLType.Q4_K}
+_DEFAULT = {
+    "F32": GGMLType.F32, "F16": GGMLType.F16, "BF16": GGMLType.BF16,
+    "Q8_0": GGMLType.Q8_0, "Q4_K_S": GGMLType.Q4_K, "Q4_K_M": GGMLType.Q4_K,
+}  # fmt: skip
 # Rows that are no whole number of 256-value K-quant blocks take a 32-value type instead.
 _FALLBACK = {
     GGMLType.Q4_K: GGMLType.Q5_0,
@@ -68,6 +73,8 @@ def _quantizable(info: TensorInfo) -> bool:
 def _mixed_type(name: str, row: int, mix: _Mix) -> GGMLType:
     """llama_tensor_get_type_impl for the three file types (Falcon's and 70B's rules left out)."""
     default = _DEFAULT[mix.file_type]
+    if default in SOURCE_TYPES:  # llama.cpp mixes types only for a quantized file type
+        return default
     k_mix = default != GGMLType.Q8_0
     if name == _OUTPUT or (mix.tied_output and name in _TOKEN_EMBD):
         return GGMLType.Q6_K if k_mix and row % BLOCK_SIZES[default][0] == 0 else GGMLType.Q8_0

@@ -101,6 +101,36 @@ def test_llama3_rope_scaling_becomes_rope_freqs(tmp_path):
     assert (ember_logits(path, PROMPT) - hf_logits(hf, PROMPT)).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])  # a saved lm_head, a tied one
+def test_a_config_silent_on_tying_follows_the_checkpoint(converted, tmp_path, arch):
+    """Llama's and Qwen2's configs untie by default where HF's base config ties: without the
+    key, a saved lm_head is the head (it had been dropped: the model answered garbage)."""
+    _, hf, saved = converted[arch]
+    source = tmp_path / "silent"
+    shutil.copytree(saved, source)
+    config = json.loads((source / "config.json").read_text())
+    del config["tie_word_embeddings"]
+    (source / "config.json").write_text(json.dumps(config))
+    convert_directory(source, tmp_path / "out.gguf")
+    with GGUFFile.open(tmp_path / "out.gguf") as f:
+        assert ("output.weight" in f.tensors) is (arch == "qwen2")
+    assert (ember_logits(tmp_path / "out.gguf", PROMPT) - hf_logits(hf, PROMPT)).abs().max() < 1e-4
+
+
+def test_model_safetensors_are_taken_over_consolidated_ones(converted, tmp_path):
+    """Mistral's folders hold the weights twice, model*.safetensors and consolidated.safetensors
+    (its own names): as Ollama's create, the first are the model."""
+    from safetensors.torch import save_file
+
+    _, hf, saved = converted["qwen2"]
+    source = tmp_path / "both"
+    shutil.copytree(saved, source)
+    save_file({"layers.0.attention.wk.weight": torch.zeros(4, 4)},
+              str(source / "consolidated.safetensors"))  # fmt: skip
+    convert_directory(source, tmp_path / "out.gguf")
+    assert (ember_logits(tmp_path / "out.gguf", PROMPT) - hf_logits(hf, PROMPT)).abs().max() < 1e-4
+
+
 # ---------------------------------------------------------------- untrusted directories
 
 

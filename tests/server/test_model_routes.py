@@ -403,6 +403,16 @@ def test_ollama_client_creates_a_q4_k_m_model(served: ollama.Client, tmp_path: P
     assert shown.modelinfo is not None and shown.modelinfo["general.file_type"] == 15
     f16 = served.show("tiny:f16").details
     assert f16 is not None and f16.quantization_level == "F16"
+    # Ollama's float types: a conversion; the model's own type: nothing done
+    progress = list(served.create("tiny:bf16", from_="tiny:f16", quantize="bf16", stream=True))
+    assert "quantizing F16 model to BF16" in [p.status for p in progress]
+    shown = served.show("tiny:bf16")
+    assert shown.details is not None and shown.details.quantization_level == "BF16"
+    assert shown.modelinfo is not None and shown.modelinfo["general.file_type"] == 32
+    progress = list(served.create("tiny:same", from_="tiny:f16", quantize="F16", stream=True))
+    assert not any(p.status.startswith("quantizing") for p in progress if p.status)
+    same = served.show("tiny:same").details
+    assert same is not None and same.quantization_level == "F16"
 
 
 @pytest.mark.e2e

@@ -100,6 +100,13 @@ def test_q8_0_makes_every_weight_matrix_q8_0() -> None:
     assert {t for n, t in chosen.items() if "norm" not in n} == {GGMLType.Q8_0}
 
 
+@pytest.mark.parametrize("file_type", ["F32", "F16", "BF16"])
+def test_a_float_file_type_gives_every_weight_matrix_that_type(file_type: str) -> None:
+    chosen = types(model(4, tied=True), file_type)
+    assert {t for n, t in chosen.items() if "norm" not in n} == {GGMLType[file_type]}
+    assert chosen["output_norm.weight"] == F32
+
+
 def test_eight_experts_bump_attention_as_llama_cpp() -> None:
     gguf = model(8)
     gguf.metadata["llama.expert_count"] = 8
