@@ -19,11 +19,15 @@ if TYPE_CHECKING:  # torch loads where a mask is made: the server checks formats
     import torch
 
 # Compact separators as json.dumps writes them, no free whitespace: models write this form
-# naturally, and unbounded whitespace would let a model pad the output forever.
+# naturally, and unbounded whitespace would let a model pad the output forever. Lenient: a
+# keyword or format llguidance does not implement (uniqueItems, "format": "binary", which
+# Pydantic writes for set and bytes fields) is not enforced rather than refused, as llama.cpp's
+# converter, Ollama's, skips what it does not know; a schema that is wrong is still refused.
 JSON_OPTIONS: dict[str, Any] = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
+    "lenient": True,
 }
 
 # Ollama's format "json" is any JSON object (its grammar's root is an object).

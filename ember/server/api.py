@@ -7,6 +7,7 @@ ignored. Only request bodies: responses and routes are the server's."""
 import base64
 import binascii
 import json
+import math
 from typing import Annotated, Any
 
 from pydantic import (
@@ -29,8 +30,13 @@ from ember.server.prompt import Message
 
 
 def _integral(value: Any) -> Any:
-    # JSON clients send 4096.0 for an integer option; Ollama's options accept it
+    # JSON clients send 4096.0 for an integer; Go's decoder takes it
     return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _toward_zero(value: Any) -> Any:
+    # an integer option sent as 3.7 is 3: Ollama's Options.FromMap casts JSON's float64 to int
+    return int(value) if isinstance(value, float) and math.isfinite(value) else value
 
 
 def _base64(value: Any) -> Any:
@@ -100,6 +106,7 @@ def parse_arguments(value: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_integral)]
+OptionInt = Annotated[int, BeforeValidator(_toward_zero)]
 Image = Annotated[bytes, BeforeValidator(_base64)]
 KeepAlive = Annotated[float, BeforeValidator(_keep_alive)]  # seconds; math.inf: forever
 Think = Annotated[bool | str, BeforeValidator(_think)]
@@ -144,27 +151,27 @@ class RequestOptions(Body):
 
     model_config = ConfigDict(extra="allow")
 
-    num_ctx: Int | None = None
-    num_batch: Int | None = None
-    num_gpu: Int | None = None
-    main_gpu: Int | None = None
+    num_ctx: OptionInt | None = None
+    num_batch: OptionInt | None = None
+    num_gpu: OptionInt | None = None
+    main_gpu: OptionInt | None = None
     use_mmap: bool | None = None
-    num_thread: Int | None = None
-    num_keep: Int | None = None
-    seed: Int | None = None
-    num_predict: Int | None = None
-    top_k: Int | None = None
+    num_thread: OptionInt | None = None
+    num_keep: OptionInt | None = None
+    seed: OptionInt | None = None
+    num_predict: OptionInt | None = None
+    top_k: OptionInt | None = None
     top_p: float | None = None
     min_p: float | None = None
     typical_p: float | None = None
-    repeat_last_n: Int | None = None
+    repeat_last_n: OptionInt | None = None
     temperature: float | None = None
     repeat_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     stop: Strings | None = None
-    draft_ngram: Int | None = None
-    draft_num_predict: Int | None = None
+    draft_ngram: OptionInt | None = None
+    draft_num_predict: OptionInt | None = None
     draft_model: str | None = None
 
     def given(self) -> dict[str, Any]:

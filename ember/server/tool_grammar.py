@@ -74,9 +74,8 @@ def arguments_schema(tool: Tool) -> dict[str, Any]:
     }
 
 
-# the compact separators of structured outputs (JSON_OPTIONS), inside the Lark grammar; lenient:
-# a keyword or format llguidance does not implement is not enforced, rather than a failure
-_GUIDANCE = {**JSON_OPTIONS, "lenient": True}
+# the compact separators and leniency of structured outputs, inside the Lark grammar
+_GUIDANCE = JSON_OPTIONS
 
 
 def _def_name(index: int) -> str:

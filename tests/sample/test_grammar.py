@@ -278,3 +278,21 @@ def test_closing_leaves_the_input_and_all_of_members_alone() -> None:
     closed = closed_objects({"type": "array", "items": {"properties": {"a": {}}}})
     assert closed["items"]["additionalProperties"] is False
     assert closed_objects({"type": "object"}) == {"type": "object"}  # "json": any object
+
+
+def test_what_pydantic_writes_for_sets_and_bytes_is_taken_and_the_rest_enforced(tokenizer) -> None:
+    """uniqueItems (a set field) and "format": "binary" (bytes) are not implemented by
+    llguidance: as llama.cpp's converter (Ollama's) skips them, they are not enforced, where
+    they had made the whole format a 400; the types around them still are."""
+    fmt = {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+            "blob": {"type": "string", "format": "binary"},
+        },
+        "required": ["tags", "blob"],
+    }
+    assert accepts(fmt, '{"tags": ["a", "a"], "blob": "xyz"}', tokenizer)
+    assert not accepts(fmt, '{"tags": [1], "blob": "xyz"}', tokenizer)
+    with pytest.raises(GrammarError, match="minItems"):  # a wrong schema is still refused
+        Grammar.from_format({"type": "array", "minItems": 5, "maxItems": 2}, tokenizer)

@@ -126,6 +126,12 @@ def test_chat_message_to_prompt() -> None:
     assert tool["function"]["name"] == "f" and tool["type"] == "function"
 
 
+def test_an_integer_option_sent_as_a_fraction_is_cut_toward_zero():
+    # Ollama's Options.FromMap casts JSON's float64 to int; top-level integers stay strict
+    r = GenerateRequest.model_validate({"model": "m", "options": {"seed": -1.5, "num_ctx": 2048.7}})
+    assert r.options is not None and (r.options.seed, r.options.num_ctx) == (-1, 2048)
+
+
 ERRORS = [
     # (model, body, message)
     (GenerateRequest, {"prompt": "x"}, "model is required"),
@@ -138,8 +144,8 @@ ERRORS = [
     ),
     (
         GenerateRequest,
-        {"model": "m", "options": {"num_ctx": 1.5}},
-        'invalid value for "options.num_ctx": input should be a valid integer (got 1.5)',
+        {"model": "m", "options": {"num_ctx": "big"}},
+        'invalid value for "options.num_ctx": input should be a valid integer (got "big")',
     ),
     (
         GenerateRequest,
