@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncGenerator
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from ember.errors import EmberError
 from ember.runner.client import RunnerError
@@ -125,7 +125,7 @@ def _checked_chat(state: ServerState, req: ChatRequest) -> tuple[Plan, ChatReque
     check_capabilities(
         req.model, plan.model, think=req.think, tools=tools, images=images, what="chat"
     )
-    return plan, req
+    return plan, thinking_by_default(req, plan.model)
 
 
 async def rendered(state: ServerState, req: GenerateRequest | ChatRequest) -> Chunk:
@@ -133,7 +133,7 @@ async def rendered(state: ServerState, req: GenerateRequest | ChatRequest) -> Ch
     if isinstance(req, ChatRequest):
         plan, req = _checked_chat(state, req)
     else:
-        plan = _checked_generate(state, req)
+        plan, req = _checked_generate(state, req)
     async with state.lease(plan, req.keep_alive) as lease:
         if isinstance(req, ChatRequest):
             prompt = await _chat_prompt(lease, plan, req)
@@ -147,7 +147,12 @@ async def rendered(state: ServerState, req: GenerateRequest | ChatRequest) -> Ch
     return {"model": req.model, "created_at": now(), **empty, "done": False, "_debug_info": info}
 
 
-def _checked_generate(state: ServerState, req: GenerateRequest) -> Plan:
+_Request = TypeVar("_Request", GenerateRequest, ChatRequest)
+
+
+def _checked_generate(
+    state: ServerState, req: GenerateRequest
+) -> tuple[Plan, GenerateRequest]:
     plan = state.plan(req.model, req.options)
     images = bool(req.images)
     check_capabilities(
@@ -157,12 +162,20 @@ def _checked_generate(state: ServerState, req: GenerateRequest) -> Plan:
         raise APIError(400, "raw mode does not support template, system, or context")
     if req.suffix and "insert" not in plan.model.capabilities:
         raise unsupported(req.model, "insert")
-    return plan
+    return plan, thinking_by_default(req, plan.model)
+
+
+def thinking_by_default(req: _Request, model: ServedModel) -> _Request:
+    """A thinking model asked nothing of think thinks, as Ollama's handlers set think=true (a
+    Go template's .Think had read false, where Jinja templates and the parser thought)."""
+    if req.think is None and "thinking" in model.capabilities:
+        return req.model_copy(update={"think": True})
+    return req
 
 
 async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[Chunk, None]:
     start = time.perf_counter_ns()
-    plan = _checked_generate(state, req)
+    plan, req = _checked_generate(state, req)
     if not req.prompt and not req.images:
         reason, load_ns = await load_or_unload(state, plan, req.keep_alive)
         yield _final({"response": ""}, req.model, reason, start, load_ns)

@@ -280,6 +280,16 @@ def test_a_requests_go_template_renders_its_prompt_and_a_bad_one_is_400(client):
     assert r.status_code == 400 and '"nosuch" not defined' in r.json()["error"]
 
 
+@pytest.mark.parametrize(("think", "rendered"), [(None, "T true"), (False, "F true")])
+def test_a_thinking_model_asked_nothing_of_think_thinks(client, think, rendered):
+    """As Ollama's handlers set think=true for a thinking model: a Go template's .Think had
+    read false, so the model was told not to think while the parser waited for thinking."""
+    template = "{{ if .Think }}T{{ else }}F{{ end }} {{ .IsThinkSet }}"
+    body = {"model": "thinker", "prompt": "why", "template": template, "_debug_render_only": True}
+    r = client.post("/api/generate", json=body | ({} if think is None else {"think": think}))
+    assert r.json()["_debug_info"]["rendered_template"] == rendered
+
+
 def test_ps_lists_the_latest_to_expire_first(client):
     """As Ollama's PsHandler (and so `ollama ps`): ordered by expires_at, latest first."""
     for name, keep_alive in (("fake", "5m"), ("tooly", "1h"), ("other", "10m")):
