@@ -37,6 +37,7 @@ class CausalCache:
         self.layer = 0
         self.stores: dict[int, LayerStore] = {}
         self.num_cells = 0
+        self.capacity = 0  # tokens a sequence may hold (num_ctx)
         self.trims = False  # whether cells out of every query's window are freed
         self.cell_pos = np.full(0, -1, dtype=np.int64)
         self.cell_seqs = np.zeros(0, dtype=np.int64)  # bit mask of the sequences of a cell
@@ -70,6 +71,7 @@ class CausalCache:
         self.num_cells = self.cells_for(
             max_sequences=max_sequences, capacity=capacity, max_batch=max_batch
         )
+        self.capacity = capacity
         self.trims = self.num_cells < max_sequences * capacity
         self.cell_pos = np.full(self.num_cells, -1, dtype=np.int64)
         self.cell_seqs = np.zeros(self.num_cells, dtype=np.int64)

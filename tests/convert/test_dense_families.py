@@ -2,6 +2,7 @@
 classes): logits equal HF's, incremental decode equals a prefill, two sequences in one batch
 equal each alone, and the GGUF loads under its own architecture name."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,29 @@ def test_show_reports_completion_for_each_family(converted, family):
         "tools",
         "thinking",
     ]  # type: ignore[arg-type]
+
+
+def test_longrope_past_the_original_context_takes_the_long_factors(converted):
+    """A cache larger than the original 64 positions rotates with the long factors, as llama.cpp
+    picks them by n_ctx; transformers takes them for a sequence past 64 tokens: 80 tokens over a
+    cache of 128 equal it (in one batch and stepped), and over the short factors do not."""
+    path, hf = converted["phi3-longrope"]
+    model, tokens = load(path), [(7 * i + 3) % 250 for i in range(80)]
+    expected = hf_logits(hf, tokens)
+
+    def logits(chunks: list[list[int]]) -> torch.Tensor:
+        cache = model.make_cache()
+        cache.init(max_sequences=1, capacity=128, max_batch=128)
+        rows, pos = [], 0
+        for chunk in chunks:
+            n = len(chunk)
+            batch = Batch(tokens=tuple(chunk), positions=tuple(range(pos, pos + n)),
+                          sequences=(0,) * n, outputs=tuple(range(n)))  # fmt: skip
+            rows.append(forward(model, cache, batch))
+            pos += len(chunk)
+        return torch.cat(rows)
+
+    assert (logits([tokens]) - expected).abs().max() < 1e-4
+    assert (logits([tokens[:70], *[[t] for t in tokens[70:]]]) - expected).abs().max() < 1e-4
+    model.options = replace(model.options, long_rope=None)  # the short factors alone
+    assert (logits([tokens]) - expected).abs().max() > 1e-2

@@ -5,8 +5,8 @@ layer.
 
 LongRoPE has two factor sets: the short ones, for contexts within the original training length,
 and the long ones beyond it. The keys in the cache are rotated once, so one set serves a whole
-model: Ember uses the short factors (llama.cpp's choice when n_ctx is within the original
-context); the long factors stay in the file unused.
+cache: as llama.cpp's (Ollama runs phi3 there), the long factors where a sequence's context
+(the cache's capacity, num_ctx) is larger than the original context, else the short ones.
 """
 
 from dataclasses import dataclass
@@ -35,14 +35,26 @@ class Phi3Options:
     window: int  # 0: none
     context_length: int
     attn_factor: float  # LongRoPE's: scales the rotated dimensions of q and k
-    rope: RoPE
+    rope: RoPE  # with LongRoPE's short factors
+    long_rope: RoPE | None  # with its long factors (None: the file has none)
+    original_context: int  # the context the short factors serve
+
+    def rope_for(self, cache: Cache) -> RoPE:
+        """The RoPE of a cache: the long factors past the original context, as llama.cpp."""
+        capacity = getattr(cache, "capacity", 0)
+        if self.long_rope is not None and capacity > self.original_context:
+            return self.long_rope
+        return self.rope
 
     @classmethod
     def from_config(cls, c: Config, w: Weights) -> "Phi3Options":
         hidden, num_heads = c.uint("embedding_length"), c.uint("attention.head_count")
         head_dim = c.uint("attention.key_length", hidden // num_heads)
         rope_dim = c.uint("rope.dimension_count", head_dim)
-        factors = w.optional("rope_factors_short.weight", (rope_dim // 2,))
+        short, long = (w.optional(f"rope_factors_{kind}.weight", (rope_dim // 2,))
+                       for kind in ("short", "long"))  # fmt: skip
+        base = c.float("rope.freq_base", 10000.0)
+        context = c.uint("context_length", 4096, maximum=1 << 28)
         return cls(
             num_layers=c.uint("block_count", maximum=1024),
             hidden=hidden,
@@ -52,9 +64,13 @@ class Phi3Options:
             ffn=c.uint("feed_forward_length"),
             eps=c.float("attention.layer_norm_rms_epsilon", 1e-5),
             window=c.uint("attention.sliding_window", 0, maximum=1 << 28),
-            context_length=c.uint("context_length", 4096, maximum=1 << 28),
+            context_length=context,
             attn_factor=c.float("rope.scaling.attn_factor", 1.0),
-            rope=RoPE(rope_dim, c.float("rope.freq_base", 10000.0), True, 1.0, factors),
+            rope=RoPE(rope_dim, base, True, 1.0, short),
+            long_rope=None if long is None else RoPE(rope_dim, base, True, 1.0, long),
+            original_context=c.uint(
+                "rope.scaling.original_context_length", context, maximum=1 << 28
+            ),
         )
 
 
@@ -78,8 +94,8 @@ class Block:
         outputs: torch.Tensor | None,
     ) -> torch.Tensor:
         q, k, v = self.attn_qkv(rms_norm(x, self.attn_norm, o.eps)).split(self.splits, dim=-1)
-        q = o.rope.apply(q.unflatten(-1, (o.num_heads, o.head_dim)), *rope)
-        k = o.rope.apply(k.unflatten(-1, (o.num_kv_heads, o.head_dim)), *rope)
+        q = o.rope.apply(q.unflatten(-1, (o.num_heads, o.head_dim)), *rope)  # (either set's
+        k = o.rope.apply(k.unflatten(-1, (o.num_kv_heads, o.head_dim)), *rope)  # angles)
         v = v.unflatten(-1, (o.num_kv_heads, o.head_dim))
         h = attention(q, k, v, cache, scale=o.head_dim**-0.5)
         if outputs is not None:
@@ -102,10 +118,11 @@ class Phi3:
         self.output = w.output_head(self.vocab_size, o.hidden)
 
     def make_cache(self) -> Cache:
-        return CausalCache(window=self.options.window or None, shift=self.shift)
+        def shift(layer: int, key: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+            return self.options.rope_for(cache).shift(key, delta)
 
-    def shift(self, layer: int, key: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        return self.options.rope.shift(key, delta)
+        cache = CausalCache(window=self.options.window or None, shift=shift)
+        return cache
 
     def forward(self, batch: Batch, cache: Cache) -> torch.Tensor:
         return self.logits(self.hidden(batch, cache))
@@ -116,7 +133,7 @@ class Phi3:
     def hidden(self, batch: Batch, cache: Cache) -> torch.Tensor:
         o = self.options
         x = self.token_embd.lookup(torch.tensor(batch.tokens))  # (T, C)
-        cos, sin = o.rope.cos_sin(torch.tensor(batch.positions))
+        cos, sin = o.rope_for(cache).cos_sin(torch.tensor(batch.positions))
         rope = (cos * o.attn_factor, sin * o.attn_factor)  # a shift re-rotates without it
         outputs = torch.tensor(batch.outputs, dtype=torch.long)
         for i, block in enumerate(self.blocks):
