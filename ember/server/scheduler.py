@@ -252,7 +252,6 @@ class Scheduler:
     async def _hold_runner(
         self, shape: Shape, info: Any, context_length: int, keep_alive: float | None
     ) -> Loaded:
-        keep_alive = self.keep_alive if keep_alive is None else keep_alive
         if shape.num_ctx is not None:  # what it loads with is what it matches
             shape = replace(shape, num_ctx=bounded_ctx(shape.num_ctx, context_length))
         if shape.num_batch is None:  # the default, as Ollama's: another batch size rounds a
@@ -306,6 +305,7 @@ class Scheduler:
             if loaded is None:
                 return False
             loaded.keep_alive = 0.0
+            loaded.expires_at = time.time()  # as Ollama's /api/ps shows an expiring model
             if loaded.refs == 0:
                 await self._close(loaded)
             return True
@@ -365,6 +365,7 @@ class Scheduler:
                 await runner.close()
                 raise
             loaded = Loaded(shape, runner, parallel, info, kv_bytes=int(result.get("kv_bytes", 0)))
+            loaded.keep_alive = self.keep_alive
             loaded.kv_cache_type = str(result.get("kv_cache_type", self.defaults.kv_cache_type))
             loaded.slots = asyncio.Semaphore(parallel)
             self.loaded[shape.model_path] = loaded
@@ -411,10 +412,11 @@ class Scheduler:
         finally:
             self._draining = False
 
-    def _hold(self, loaded: Loaded, keep_alive: float) -> None:
+    def _hold(self, loaded: Loaded, keep_alive: float | None) -> None:
         loaded.refs += 1
-        loaded.keep_alive = keep_alive
-        loaded.expires_at = time.time() + keep_alive
+        if keep_alive is not None:  # as Ollama's: a request that sets none leaves the model's
+            loaded.keep_alive = keep_alive  # (a pin with -1, an unload with 0) as it was
+        loaded.expires_at = time.time() + loaded.keep_alive
         if loaded.timer is not None:
             loaded.timer.cancel()
             loaded.timer = None

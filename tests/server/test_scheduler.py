@@ -3,6 +3,7 @@ the queue limit, dead runners, and the parallel fallback when memory is short.""
 
 import asyncio
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -184,6 +185,30 @@ def test_a_new_request_cancels_the_expiry_of_an_idle_model():
         lease = await s.acquire(Shape(A), keep_alive=None)
         await asyncio.sleep(0.15)
         assert starter.runners[0].alive() and len(starter.runners) == 1
+        lease.release()
+
+    run(test)
+
+
+def test_a_request_without_keep_alive_leaves_the_models_as_it_was():
+    """As Ollama's scheduler: a pin (-1) stays after a request that sets none, and an unload
+    asked for (0) while another request runs still happens once the model is idle."""
+
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter, num_parallel=2)
+        (await s.acquire(Shape(A), keep_alive=math.inf)).release()
+        (await s.acquire(Shape(A), keep_alive=None)).release()
+        assert s.running()[0].keep_alive == math.inf
+        busy = await s.acquire(Shape(A), keep_alive=None)
+        await s.unload(A)
+        assert s.running()[0].expires_at <= time.time()  # /api/ps shows it expiring
+        (await s.acquire(Shape(A), keep_alive=None)).release()
+        busy.release()
+        await settle()
+        assert not starter.runners[0].alive() and s.running() == []
+        lease = await s.acquire(Shape(A), keep_alive=None)  # a new load: the default
+        assert lease.loaded.keep_alive == 300.0
         lease.release()
 
     run(test)
