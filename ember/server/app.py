@@ -161,6 +161,9 @@ def check_tls(tls: envconfig.TLSFiles) -> None:
         ) from None
 
 
+SHUTDOWN_GRACE = 3  # seconds that requests in flight have to end once the server is stopped
+
+
 def serve() -> int:
     """Runs the server on EMBER_HOST until interrupted; HTTPS with EMBER_TLS_CERT/KEY."""
     tls = envconfig.tls_files()  # before anything starts: one of the two alone is an error
@@ -178,6 +181,9 @@ def serve() -> int:
     config = uvicorn.Config(
         app,
         log_config=None,
+        # a stop does not wait for generations that may run for hours: after a moment for
+        # short answers, the rest are cut, as Ollama closes its connections at once
+        timeout_graceful_shutdown=SHUTDOWN_GRACE,
         ssl_certfile=str(tls.cert) if tls else None,
         ssl_keyfile=str(tls.key) if tls else None,
     )

@@ -8,6 +8,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -427,3 +428,22 @@ def test_a_thinking_models_format_holds_after_its_thinking(client):
         assert set(answer) == {"name", "age"} and isinstance(answer["age"], int)
         assert r.done_reason == "stop"
     client.delete("smol-think:1")
+
+
+def test_a_stop_ends_the_server_soon_though_a_stream_runs_on(tmp_path: Path) -> None:
+    """SIGTERM with a generation in flight that would run for minutes: the server exits after
+    its grace (it had waited for every stream to end), its runner with it."""
+    require(MODEL)
+    s = Server(tmp_path)
+    client = ollama.Client(host=s.url, timeout=120)
+    counting = {"num_predict": 100_000, "temperature": 0}  # greedy counting runs for minutes
+    stream = client.generate(MODEL, "1, 2, 3, 4, 5, 6, 7, 8,", raw=True, stream=True,
+                             options=counting)  # fmt: skip
+    next(iter(stream))  # generating
+    runners = s.runner_pids()
+    start = time.monotonic()
+    s.process.terminate()
+    s.process.wait(60)
+    assert time.monotonic() - start < 15
+    assert runners and not any(psutil.pid_exists(pid) for pid in runners)
+    s.log.close()
