@@ -64,6 +64,7 @@ class TextDecoder:
     expert_names: ClassVar[re.Pattern[str] | None] = None
     expert_kinds: ClassVar[dict[str, str]] = {}
     router_bias: ClassVar[re.Pattern[str] | None] = None
+    says_tied = True  # whether config.json says if the head is tied (encoders: nothing to settle)
 
     def __init__(self, config: HFConfig) -> None:
         self.config = config
