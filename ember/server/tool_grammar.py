@@ -63,19 +63,15 @@ def call_schema(tools: Sequence[Tool], arguments_key: str = "arguments") -> dict
         _def_name(i): _rebased(closed_objects(t.function.parameters or {"type": "object"}), i)
         for i, t in enumerate(tools)
     }
-    return {**schema, "$defs": defs, "x-guidance": _GUIDANCE}
+    return {**schema, "$defs": defs, "x-guidance": JSON_OPTIONS}
 
 
 def arguments_schema(tool: Tool) -> dict[str, Any]:
     """The JSON schema of one tool's arguments alone (lenient as call_schema's)."""
     return {
         **closed_objects(tool.function.parameters or {"type": "object"}),
-        "x-guidance": _GUIDANCE,
+        "x-guidance": JSON_OPTIONS,
     }
-
-
-# the compact separators and leniency of structured outputs, inside the Lark grammar
-_GUIDANCE = JSON_OPTIONS
 
 
 def _def_name(index: int) -> str:
