@@ -55,7 +55,8 @@ def render_go_fill(template: GoTemplate, prompt: str, suffix: str, think: bool |
 def _think_values(think: bool | str | None) -> dict[str, Any]:
     return {
         "Think": think is not None and think is not False,
-        "ThinkLevel": think if isinstance(think, str) else "",
+        # Ollama's ThinkValue.String: true is the default level
+        "ThinkLevel": think if isinstance(think, str) else ("medium" if think else ""),
         "IsThinkSet": think is not None,
     }
 
@@ -109,9 +110,9 @@ def _tool_call(index: int, call: dict[str, Any]) -> GoStruct:
     )
 
 
-def _tools(tools: list[dict[str, Any]] | None) -> GoList | None:
-    if not tools:
-        return None
+def _tools(tools: list[dict[str, Any]] | None) -> GoList:
+    if not tools:  # Go's nil slice: false, length 0, and its JSON null
+        return GoList([], "null")
     items = [_tool(t) for t in tools]
     return GoList(items, "[" + ",".join(t.json for t in items) + "]")
 
@@ -119,11 +120,13 @@ def _tools(tools: list[dict[str, Any]] | None) -> GoList | None:
 def _tool(tool: dict[str, Any]) -> GoStruct:
     fn = tool.get("function") or {}
     params = fn.get("parameters") or {}
-    props = params.get("properties") or {}
-    named = {name: _property(p) for name, p in sorted(props.items()) if isinstance(p, dict)}
+    props = params.get("properties")
+    named = {name: _property(p) for name, p in sorted((props or {}).items()) if isinstance(p, dict)}
     properties = GoMap(
         named, "{" + ",".join(f"{json.dumps(k)}:{v.json}" for k, v in named.items()) + "}"
     )
+    # a tool without properties has a nil map: it prints {} but is null in the tool's JSON
+    properties_json = properties if isinstance(props, dict) else GoMap({}, "null")
     parameters = GoStruct(
         {
             "Type": params.get("type", ""),
@@ -137,7 +140,7 @@ def _tool(tool: dict[str, Any]) -> GoStruct:
             **{"$defs": params.get("$defs")},
             items=params.get("items"),
             required=params.get("required") or None,
-            properties=properties,
+            properties=properties_json,
         ),
     )
     function = GoStruct(

@@ -281,7 +281,7 @@ def test_messages_runs_of_one_role_are_merged_and_systems_joined() -> None:
 def test_think_values() -> None:
     source = "{{ .Think }} {{ .ThinkLevel }} {{ .IsThinkSet }}{{ range .Messages }}{{ end }}"
     assert chat(source, CHAT) == "false  false"
-    assert chat(source, CHAT, think=True) == "true  true"
+    assert chat(source, CHAT, think=True) == "true medium true"  # Ollama's default level
     assert chat(source, CHAT, think=False) == "false  true"
     assert chat(source, CHAT, think="high") == "true high true"
 
@@ -320,6 +320,21 @@ def test_tools_print_as_ollamas_json_and_range_as_fields() -> None:
     )
     assert fields == "get_weather: city=string/string unit=[string null]/string | null"
     assert chat("{{ if .Tools }}tools{{ end }}{{ range .Messages }}{{ end }}", CHAT) == ""
+    # no tools is Go's nil slice: length 0, printed and marshalled as null
+    nil_tools = "{{ len .Tools }} {{ .Tools }} {{ json .Tools }}{{ range .Messages }}{{ end }}"
+    assert chat(nil_tools, CHAT) == "0 null null"
+
+
+def test_a_tool_without_properties_has_null_ones_in_its_json() -> None:
+    bare = {"type": "function", "function": {"name": "now", "description": "The time"}}
+    empty = {"type": "function", "function": {"name": "now", "parameters": {"properties": {}}}}
+    source = "{{ .Tools }}{{ range .Tools }}|{{ .Function.Parameters.Properties }}{{ end }}"
+    source += "{{ range .Messages }}{{ end }}"
+    assert chat(source, CHAT, tools=[bare]) == (
+        '[{"type":"function","function":{"name":"now","description":"The time",'
+        '"parameters":{"type":"","properties":null}}}]|{}'
+    )
+    assert '"properties":{}' in chat(source, CHAT, tools=[empty])
 
 
 def test_tool_calls_and_results_reach_the_template() -> None:
