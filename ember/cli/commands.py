@@ -10,6 +10,7 @@ from typing import Any
 
 from ember.cli.client import Client, CLIError
 from ember.cli.progress import show_progress
+from ember.gofuncs import go_format
 from ember.weightfiles import model_safetensors
 
 
@@ -251,6 +252,7 @@ def format_show(shown: dict[str, Any], *, verbose: bool = False) -> str:
         ("context length", info.get(f"{arch}.context_length", "")),
         ("embedding length", info.get(f"{arch}.embedding_length", "")),
         ("quantization", details.get("quantization_level", "")),
+        ("requires", shown.get("requires", "")),
     ]
     sections = [("Model", [(k, str(v)) for k, v in facts if v != ""])]
     sections.append(("Capabilities", [(c, "") for c in shown.get("capabilities", [])]))
@@ -276,10 +278,29 @@ def format_show(shown: dict[str, Any], *, verbose: bool = False) -> str:
 
 
 def _shown_value(value: Any) -> str:
-    """A metadata value in a line: a long list (a vocabulary) as its first items and a count."""
-    if isinstance(value, list) and len(value) > 4:
-        return f"[{' '.join(map(str, value[:3]))} ...+{len(value) - 3} more]"
-    return str(value)
+    """A metadata value as Ollama's show prints it: JSON's numbers as Go's float64 (%g), null
+    as <nil>, a list as the items that fit in 10 columns and a count of the rest."""
+    if value is None:
+        return "<nil>"
+    if not isinstance(value, list):
+        return go_format(_as_float64(value))
+    items = [go_format(_as_float64(x), False) for x in value]
+    width, shown = 1, 0
+    for i, item in enumerate(items):
+        width += len(item) + 2 * (i > 0)
+        if width > 10 and i > 0:
+            break
+        shown += 1
+    more = f" ...+{len(items) - shown} more" if shown < len(items) else ""
+    return f"[{' '.join(items[:shown])}{more}]"
+
+
+def _as_float64(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, list):
+        return [_as_float64(x) for x in value]
+    return value
 
 
 def _head(text: str, n: int) -> list[str]:

@@ -5,6 +5,7 @@ input, /set, /show, /load, /save, /clear, /bye. Ctrl-C stops an answer, not the 
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prompt_toolkit import PromptSession
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
@@ -201,7 +202,11 @@ class Repl:
         if part not in SHOW_PARTS:
             print(f"Usage:\n  /show {' | '.join(SHOW_PARTS)}")
             return
-        shown = self.client.request("POST", "/api/show", {"model": self.session.model})
+        # the session's system and parameters, as Ollama's: they join /show modelfile's
+        body: dict[str, Any] = {"model": self.session.model, "options": self.session.options}
+        if self.session.system:
+            body["system"] = self.session.system
+        shown = self.client.request("POST", "/api/show", body)
         if part == "info":
             print(commands.format_show(shown))
             return
@@ -232,7 +237,9 @@ class Repl:
         if self.session.options:
             body["parameters"] = self.session.options
         if self.session.messages:
-            body["messages"] = self.session.messages
+            # the model's own messages first (a new list replaces them), as Ollama's /save
+            shown = self.client.request("POST", "/api/show", {"model": self.session.model})
+            body["messages"] = list(shown.get("messages") or []) + self.session.messages
         self.client.request("POST", "/api/create", body)
         print(f"Created new model '{rest}'")
 

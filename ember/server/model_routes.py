@@ -191,7 +191,12 @@ async def show(request: Request) -> Response:
         name = parse_name(body.model)
         model = await run_in_threadpool(get_model, store_of(request), name)
         answer = await run_in_threadpool(
-            show_response, model, verbose=body.verbose, system=body.system, template=body.template
+            show_response,
+            model,
+            verbose=body.verbose,
+            system=body.system,
+            template=body.template,
+            options=body.options.given() if body.options else None,
         )
     except EmberError as e:
         return error(status_of(e), message_of(e))
@@ -274,7 +279,13 @@ def _then(first: Iterator[Progress], then: Callable[[], Iterator[Progress]]) -> 
 def _create_request(body: api.CreateRequest) -> CreateRequest:
     if body.from_:
         parse_name(body.from_)
-    messages = [{"role": m.role, "content": m.content} for m in body.messages]
+    # each message whole (thinking, tool calls, tool name), as Ollama's setMessages keeps it;
+    # images are not kept
+    messages = [
+        m.model_dump(exclude_defaults=True, exclude={"images"})
+        | {"role": m.role, "content": m.content}
+        for m in body.messages
+    ]
     return CreateRequest(
         from_=body.from_ or None,
         files=body.files or None,

@@ -2,6 +2,7 @@
 as null, as Ollama), its capabilities, and the text fields of the model (template, system,
 parameters, Modelfile, license). Reading the store is store/'s job; this only shapes answers."""
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any
@@ -88,9 +89,16 @@ def capabilities(metadata: dict[str, Any], model: StoredModel) -> list[str]:
 
 
 def show_response(
-    model: StoredModel, *, verbose: bool = False, system: str = "", template: str = ""
+    model: StoredModel,
+    *,
+    verbose: bool = False,
+    system: str = "",
+    template: str = "",
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The /api/show body; `system`/`template` given in the request replace the model's."""
+    """The /api/show body; `system`/`template` given in the request replace the model's, and
+    `options` join its parameters in `modelfile` (not in `parameters`), as Ollama's REPL shows
+    its session's Modelfile."""
     metadata: dict[str, Any] = {}
     tensors: list[dict[str, Any]] = []
     if model.model_path is not None:
@@ -100,12 +108,20 @@ def show_response(
             metadata, tensors = {}, []  # shown without model_info rather than not at all
     out: dict[str, Any] = {
         "license": "\n".join(model.license),
-        "modelfile": render_modelfile(model),
+        "modelfile": render_modelfile(
+            dataclasses.replace(
+                model,
+                system=system or model.system,
+                parameters=model.parameters | (options or {}),
+            )
+        ),
         "parameters": format_parameters(model.parameters),
         "template": template or model.template or metadata.get("tokenizer.chat_template") or "",
         "system": system or model.system or "",
         "details": model.details.to_json(),
-        "messages": list(model.messages),
+        # role and content only, as Ollama's show
+        "messages": [{"role": m["role"], "content": m["content"]} for m in model.messages],
+        "requires": model.config.get("requires") or "",
         "model_info": model_info(metadata, verbose=verbose),
         "capabilities": capabilities(metadata, model),
         "modified_at": model.modified_at.astimezone().isoformat(),

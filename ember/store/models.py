@@ -200,7 +200,7 @@ def _params(store: Store, layer: mt.Layer) -> dict[str, Any]:
 
 
 # what a stored message keeps beside its role, as Ollama's api.Message (images aside)
-MESSAGE_TEXTS = ("content", "thinking", "tool_name")
+MESSAGE_TEXTS = ("content", "thinking", "tool_name", "tool_call_id")
 
 
 def stored_message(m: Any) -> dict[str, Any] | None:

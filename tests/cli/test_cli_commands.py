@@ -283,6 +283,32 @@ def test_show_prints_two_lines_of_system_and_license_then_an_ellipsis() -> None:
     assert text.split("  License\n", 1)[1].split() == ["one", "two", "..."]
 
 
+def test_show_verbose_prints_metadata_and_requires_as_ollamas_show() -> None:
+    """Go's %t and %g (JSON numbers are float64 there), null as <nil>, a list as what fits in
+    10 columns; the requires row after quantization."""
+    from ember.cli.commands import format_show
+
+    info = {
+        "general.languages": ["en"],
+        "a.add_bos_token": False,
+        "a.freq_base": 100000.0,
+        "a.count": 134515008,
+        "a.tokens": None,
+        "a.ids": list(range(2000)),
+    }
+    text = format_show({"model_info": info, "requires": "0.14.0"}, verbose=True)
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in text.splitlines() if "." in line}
+    assert rows == {
+        "general.languages": "[en]",
+        "a.add_bos_token": "false",
+        "a.freq_base": "100000",
+        "a.count": "1.34515008e+08",
+        "a.tokens": "<nil>",
+        "a.ids": "[0 1 2 ...+1997 more]",
+        "requires": "0.14.0",
+    }
+
+
 @pytest.mark.parametrize(
     ("size", "shown"),
     [(475_850_312, "475 MB"), (999_600_000, "999 MB"), (5_500_000, "5.5 MB"), (1_500, "1.5 KB"),

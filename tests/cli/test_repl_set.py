@@ -93,3 +93,39 @@ def test_set_think_warns_of_a_model_that_cannot_think(repl: Repl, capsys) -> Non
     said = capsys.readouterr()
     assert 'warning: model "tiny" does not support thinking output' in said.err
     assert "Set 'think' mode." in said.out and repl.session.think is True
+
+
+class Recorder:
+    """A client that records what the REPL sends; /api/show answers a model with a MESSAGE."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, object]] = []
+
+    def request(self, method: str, path: str, body: object = None) -> dict[str, object]:
+        self.sent.append((path, body))
+        return {"messages": [{"role": "user", "content": "Hello"}]} if path == "/api/show" else {}
+
+
+def test_save_keeps_the_models_messages_before_the_sessions(repl: Repl, capsys) -> None:
+    repl.client = recorder = Recorder()  # type: ignore[assignment]
+    repl.session.messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hi!"},
+    ]
+    repl._command("/save saved")
+    assert "Created new model 'saved'" in capsys.readouterr().out
+    path, body = recorder.sent[-1]
+    assert path == "/api/create" and isinstance(body, dict)
+    # a create's messages replace the model's: Ollama's /save sends the model's first
+    assert body["messages"] == [{"role": "user", "content": "Hello"}, *repl.session.messages]
+
+
+def test_show_sends_the_sessions_system_and_parameters(repl: Repl, capsys) -> None:
+    repl.client = recorder = Recorder()  # type: ignore[assignment]
+    repl._command("/set system Be brief.")
+    repl._command("/set parameter seed 3")
+    repl._command("/show modelfile")
+    assert recorder.sent[-1] == (
+        "/api/show",
+        {"model": "tiny", "options": {"seed": 3}, "system": "Be brief."},
+    )

@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 
 from ember.server.model_routes import router
 from ember.server.model_show import model_info
-from ember.store import Store
+from ember.store import Store, get_model
 from ember.store.errors import BlobBusyError
 from ember.store.names import Digest
 
@@ -129,6 +129,33 @@ def test_create_from_a_stored_model_with_values(client: TestClient, tiny_gguf: P
     assert 'stop                           "<|im_end|>"' in shown["parameters"]
     assert shown["details"]["parent_model"] == "tiny:latest"
     assert "FROM " in shown["modelfile"] and "SYSTEM Answer in French." in shown["modelfile"]
+
+
+def test_create_keeps_whole_messages_and_show_merges_a_sessions_values(
+    client: TestClient, tiny_gguf: Path, store: Store
+) -> None:
+    create_tiny(client, tiny_gguf)
+    call = {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    messages = [
+        {"role": "assistant", "content": "a", "thinking": "hm", "tool_calls": [call]},
+        {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
+    ]
+    body = {"model": "ex", "from": "tiny", "messages": messages, "requires": "0.14.0"}
+    assert client.post("/api/create", json=body | {"stream": False}).status_code == 200
+    # stored whole, as Ollama's setMessages: a chat's template sees the call and its thinking
+    assert list(get_model(store, "ex").messages) == messages
+    shown = client.post("/api/show", json={"model": "ex"}).json()
+    assert shown["messages"] == [  # show gives role and content only, as Ollama's
+        {"role": "assistant", "content": "a"},
+        {"role": "tool", "content": "sunny"},
+    ]
+    assert shown["requires"] == "0.14.0"
+    # a REPL's /set system and /set parameter join the Modelfile shown, not `parameters`
+    session = {"model": "ex", "system": "Be brief.", "options": {"seed": 3, "stop": ["x"]}}
+    shown = client.post("/api/show", json=session).json()
+    assert "SYSTEM Be brief." in shown["modelfile"]
+    assert "PARAMETER seed 3" in shown["modelfile"] and "PARAMETER stop x" in shown["modelfile"]
+    assert "seed" not in shown.get("parameters", "")
 
 
 def test_show_reads_the_gguf_metadata(client: TestClient, tiny_gguf: Path) -> None:

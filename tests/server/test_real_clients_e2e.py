@@ -54,10 +54,12 @@ def oai(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", timeout=600)
 
 
-def generate(client: ollama.Client, model: str, num_batch: int) -> ollama.GenerateResponse:
+def generate(
+    client: ollama.Client, model: str, num_batch: int, last: bool = False
+) -> ollama.GenerateResponse:
     # a new num_batch reloads the runner, so no request reuses another's cached prompt; the
     # last one unloads it, so the next request (which sets no num_batch) loads the default
-    keep_alive = 0 if num_batch == 128 else None
+    keep_alive = 0 if last else None
     options = {**GREEDY, "num_batch": num_batch}
     return client.generate(model, LONG_PROMPT, options=options, keep_alive=keep_alive)
 
@@ -69,9 +71,12 @@ def test_a_long_prompt_in_any_batch_size_gives_the_tokens_of_one_big_batch(
     one_batch = generate(client, model, 2048)
     assert one_batch.prompt_eval_count is not None and one_batch.prompt_eval_count >= 2000
     assert one_batch.eval_count == GREEDY["num_predict"]
-    # batches of the decode kernels' rows (7) are ember.LLM's, below
-    for num_batch in (512, 128):
-        assert generate(client, model, num_batch).response == one_batch.response, num_batch
+    # batches of the decode kernels' rows (7) are ember.LLM's, below; 128 on SmolLM2 alone
+    # (the other two take the same steps, for the suite's time)
+    sizes = (512, 128) if model == "smollm2:135m" else (512,)
+    for num_batch in sizes:
+        got = generate(client, model, num_batch, last=num_batch == sizes[-1])
+        assert got.response == one_batch.response, num_batch
 
     messages = [{"role": "user", "content": LONG_PROMPT}]
     # the OpenAI API cannot set num_batch: the default (512) must work (the runner was
