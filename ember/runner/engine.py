@@ -309,6 +309,7 @@ class Engine:
             self._finish(seq, LENGTH)
             return
         if token in self.tokenizer.eos_ids:
+            seq.ended_on_eos = True
             self._finish(seq, STOP)
             return
         seq.generated.append(token)

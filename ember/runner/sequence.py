@@ -181,6 +181,7 @@ class Sequence:
         self.stops = StopMatcher(opts.stop)
         self.decoder = tokenizer.stream_decoder()
         self.generated: list[int] = []
+        self.ended_on_eos = False  # an end token was sampled: it counts in eval_count
         self.last_text, self.text_repeats = "", 0  # the last token's trimmed text, its run
         self.held_logprobs: list[TokenLogprob] = []  # of tokens whose text is held back
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -244,7 +245,8 @@ class Sequence:
             done_reason=reason,
             prompt_eval_count=len(self.prompt) - self.num_past,
             prompt_eval_duration=first - self.started,
-            eval_count=len(self.generated),
+            # every sampled token, the end token too, as Ollama's numPredicted
+            eval_count=len(self.generated) + self.ended_on_eos,
             eval_duration=end - first,
             embedding=embedding,
             prompt_count=len(self.prompt),

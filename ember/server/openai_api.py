@@ -190,6 +190,8 @@ class ChatCompletionRequest(Sampling):
     def _refuse_unhonoured(cls, data: Any) -> Any:
         if isinstance(data, dict):
             refuse_unhonoured(data, UNHONOURED_CHAT)
+            if not data.get("messages"):  # none, or missing: Ollama's middleware's words
+                raise RequestError("[] is too short - 'messages'", "messages")
         return data
 
     def ollama_options(self) -> dict[str, Any]:

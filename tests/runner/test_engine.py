@@ -55,7 +55,8 @@ def test_generates_the_successors(make):
 def test_end_token_stops_without_text(make):
     engine, _ = make(FakeModel(eos_after=5))
     text, done = collect(engine.submit(Request([3], opts(num_predict=50))))
-    assert (text, done.done_reason, done.eval_count) == ("eeff", "stop", 2)
+    # the end token counts in eval_count, as Ollama's numPredicted
+    assert (text, done.done_reason, done.eval_count) == ("eeff", "stop", 3)
     assert done.stop_sequence == ""  # the end token, not a stop string
 
 

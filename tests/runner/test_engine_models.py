@@ -177,7 +177,8 @@ def test_generation_goes_on_past_num_ctx(real_llm: Callable) -> None:
     finally:
         engine.close()
     # sampled: the story may end on its own, but only well past the 256-token window
-    assert done.done_reason in ("length", "stop") and done.eval_count == len(tokens) > 450
+    ended = done.done_reason == "stop"  # its end token counts too
+    assert done.done_reason in ("length", "stop") and done.eval_count == len(tokens) + ended > 450
     late = llm.detokenize(tokens[400:])  # written after at least one shift (256-token window)
     assert len(late.strip()) > 100
 

@@ -117,6 +117,11 @@ def test_errors_use_openai_error_objects(client):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = client.post("/v1/chat/completions", content=b"{")
     assert r.status_code == 400 and "message" in r.json()["error"]
+    # no messages is a 400 before any load, as Ollama's middleware
+    for empty in ({"messages": []}, {}):
+        r = client.post("/v1/chat/completions", json={"model": "fake"} | empty)
+        assert r.status_code == 400, empty
+        assert r.json()["error"]["message"] == "[] is too short - 'messages'"
 
 
 def test_completions(client, starter):
