@@ -26,7 +26,7 @@ def _path(name: str, default: str) -> Path:
     return Path(_get(name) or default).expanduser()
 
 
-def _int(name: str, default: int, *, minimum: int) -> int:
+def _int(name: str, default: int, *, minimum: int, maximum: int | None = None) -> int:
     text = _get(name)
     if not text:
         return default
@@ -36,6 +36,8 @@ def _int(name: str, default: int, *, minimum: int) -> int:
         raise OptionsError(f"{name} must be an integer, got {text!r}") from None
     if value < minimum:
         raise OptionsError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise OptionsError(f"{name} must be at most {maximum}, got {value}")
     return value
 
 
@@ -326,9 +328,13 @@ def context_length() -> int:
     return _int("EMBER_CONTEXT_LENGTH", 4096, minimum=1)
 
 
+# the KV cache's sequences at most (kvcache.causal's: a bit each in one int64)
+MAX_PARALLEL = 63
+
+
 def num_parallel() -> int:
     """Sequences a loaded model decodes at once (EMBER_NUM_PARALLEL); 0 lets the server choose."""
-    return _int("EMBER_NUM_PARALLEL", 0, minimum=0)
+    return _int("EMBER_NUM_PARALLEL", 0, minimum=0, maximum=MAX_PARALLEL)
 
 
 def max_loaded_models() -> int:

@@ -150,6 +150,11 @@ def _sprintf(fmt: str, *args: Any) -> str:
         flags, kind = m.group(1), m.group(2)
         if kind == "%":
             return "%"
+        width, _, precision = flags.lstrip("-+# 0").partition(".")
+        if len(width) > 6 and int(width) > 1_000_000:  # Go's fmt refuses such sizes
+            return "%!(BADWIDTH)"
+        if len(precision) > 6 and int(precision) > 1_000_000:
+            return "%!(BADPREC)"
         try:
             a = next(it)
         except StopIteration:

@@ -7,7 +7,7 @@ MAX_OUTPUT the text it writes. Data are Python dicts, lists, strings and numbers
 key is nil (Ollama parses with missingkey=zero) and nil prints "<no value>", as in Go."""
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ember.gofuncs import GoStruct, call, field_of, go_format, truth
@@ -79,17 +79,19 @@ class _Exec:
     def range(self, node: Branch, dot: Any) -> None:
         decl = node.pipe.decl
         value = self.pipe(node.pipe, dot, declare=False)
+        items: Iterable[tuple[Any, Any]]
         if value is None:
-            items: list[tuple[Any, Any]] = []
+            items, empty = (), True
         elif isinstance(value, dict) and not isinstance(value, GoStruct):
-            items = [(k, value[k]) for k in sorted(value)]
+            items, empty = [(k, value[k]) for k in sorted(value)], not value
         elif isinstance(value, (list, tuple)):
-            items = list(enumerate(value))
+            items, empty = enumerate(value), not value
         elif isinstance(value, int) and not isinstance(value, bool):
-            items = [(i, i) for i in range(value)]
+            # turn by turn, as Go's: `range 100000000` burns fuel, not memory
+            items, empty = ((i, i) for i in range(value)), value <= 0
         else:
             raise GoTemplateError(f"range can't iterate over {go_format(value)}")
-        if not items:
+        if empty:
             self.run(node.orelse, dot)
             return
         for key, element in items:

@@ -2,6 +2,7 @@
 values and turn rules of Ollama's Template.Execute (gochat.py)."""
 
 import datetime
+import tracemalloc
 
 import pytest
 
@@ -184,6 +185,21 @@ def test_fuel_bounds_an_untrusted_template(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(gotemplate, "MAX_OUTPUT", 1_000)
     with pytest.raises(GoTemplateError, match="too much text"):
         go("{{ range .L }}{{ $.S }}{{ end }}", L=list(range(10)), S="y" * 200)
+
+
+def test_a_range_over_a_huge_number_burns_fuel_not_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gotemplate, "FUEL", 10_000)
+    tracemalloc.start()
+    try:
+        with pytest.raises(GoTemplateError, match="out of fuel"):
+            go("{{ range $i := 1000000000000 }}{{ end }}")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    # and fmt's sizes past a million are refused, as Go's, not written out
+    assert go('{{ printf "%.999999999f" 1.0 }}') == "%!(BADPREC)"
+    assert go('{{ printf "%999999999d" 1 }}') == "%!(BADWIDTH)"
 
 
 def test_deep_nesting_is_an_error_not_a_crash() -> None:

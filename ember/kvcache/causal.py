@@ -10,10 +10,11 @@ import numpy as np
 import torch
 
 from ember.batch import Batch
+from ember.envconfig import MAX_PARALLEL
 from ember.kvcache.base import CacheFullError, ShiftFn
 from ember.kvcache.store import FLOAT_TYPES, LayerStore, kv_type_name
 
-MAX_SEQUENCES = 63  # sequence membership is a bit mask in one int64
+MAX_SEQUENCES = MAX_PARALLEL  # sequence membership is a bit mask in one int64
 
 
 class CausalCache:

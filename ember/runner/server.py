@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ember.backend.threads import in_fresh_thread
 from ember.disconnect import ClientGone, until_disconnected
+from ember.envconfig import MAX_PARALLEL
 from ember.errors import EmberError
 from ember.gguf import GGUFFile
 from ember.model import Model, Ranker, load_model
@@ -47,7 +48,7 @@ _Body = TypeVar("_Body", bound=BaseModel)
 
 class LoadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    parallel: int = Field(1, ge=1, le=63)
+    parallel: int = Field(1, ge=1, le=MAX_PARALLEL)
     batch_size: int = Field(512, ge=1)
     kv_size: int = Field(4096, ge=1)  # num_ctx × parallel, as Ollama sends it
     kv_cache_type: str = ""  # "": the engine's default (f16)

@@ -170,6 +170,7 @@ def serve() -> int:
     if tls is not None:
         check_tls(tls)
     address = envconfig.host()
+    open_store()
     sock = listen(address.host or "0.0.0.0", address.port)
     write_pid()
     setup_logging()
@@ -189,6 +190,17 @@ def serve() -> int:
     )
     uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def open_store() -> None:
+    """The model store's folders, made before anything starts: EMBER_MODELS naming a file or
+    a place that cannot be written is a one-line error, as Ollama's `mkdir ...`."""
+    root = envconfig.models_dir()
+    try:
+        Store(root)
+    except OSError as err:
+        reason = (err.strerror or str(err)).lower()
+        raise OptionsError(f"mkdir {err.filename or root}: {reason}") from None
 
 
 def write_pid() -> None:

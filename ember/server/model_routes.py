@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from ember import envconfig
@@ -328,6 +329,8 @@ async def upload_blob(request: Request, digest: str) -> Response:
         await _receive_blob(request, store, expected)
     except EmberError as e:
         return error(status_of(e), message_of(e))
+    except ClientDisconnect:  # the client left mid-upload: its temp file is gone, no one to answer
+        return Response(status_code=499)
     return Response(status_code=201)
 
 

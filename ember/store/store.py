@@ -9,6 +9,7 @@ Models are listed and resolved in models.py; this module knows paths, blobs and 
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -25,6 +26,8 @@ from ember.store.blobs import READ_CHUNK, BlobInfo, BlobWriter
 from ember.store.errors import BlobSizeError, InvalidNameError, StoreError
 from ember.store.manifest import MAX_MANIFEST_BYTES, Manifest
 from ember.store.names import Digest, ModelName, is_valid_part
+
+log = logging.getLogger(__name__)
 
 _LOCK_NAME = "store.lock"
 MAX_FILE_NAME = 255  # bytes: the longest file or folder name Linux file systems take
@@ -245,9 +248,19 @@ class Store:
             self.remove_unused_blobs(stored.manifest.digests())
 
     def remove_unused_blobs(self, candidates: Iterable[Digest]) -> list[Digest]:
-        """Removes those of `candidates` that no readable manifest names; returns them."""
+        """Removes those of `candidates` that no manifest names; returns them. While a manifest
+        cannot be read, nothing is removed (its blobs are unknown), as Ollama's serve skips its
+        prune when a manifest is corrupt: a mended manifest finds its blobs again."""
         with self.locked():
-            used = set().union(*(m.digests() for m in self.manifests().values()))
+            used: set[Digest] = set()
+            for name in self.names():
+                try:
+                    used |= self.read_manifest(name).manifest.digests()
+                except ModelNotFoundError:
+                    continue
+                except (StoreError, OSError):
+                    log.warning("unreadable manifest: no blob removed", extra={"model": str(name)})
+                    return []
             removed = []
             for digest in set(candidates) - used:
                 with contextlib.suppress(FileNotFoundError):

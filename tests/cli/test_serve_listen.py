@@ -36,3 +36,12 @@ def test_an_address_not_of_this_machine_is_a_one_line_error(monkeypatch, capsys)
     assert main(["serve"]) == 1
     err = capsys.readouterr().err
     assert err == "Error: listen tcp 192.0.2.1:11434: bind: cannot assign requested address\n"
+
+
+def test_a_store_that_cannot_be_made_is_a_one_line_error(monkeypatch, capsys, home) -> None:
+    (home / "a-file").write_text("not a folder")
+    monkeypatch.setenv("EMBER_MODELS", str(home / "a-file"))
+    monkeypatch.setenv("EMBER_HOST", "127.0.0.1:0")
+    assert main(["serve"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"Error: mkdir {home / 'a-file' / 'manifests'}: not a directory\n"

@@ -184,6 +184,7 @@ def test_keep_alive_as_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
         ("EMBER_LOAD_TIMEOUT", "5 minutes"),
         ("EMBER_CONTEXT_LENGTH", "0"),
         ("EMBER_NUM_PARALLEL", "-1"),
+        ("EMBER_NUM_PARALLEL", "64"),  # past the KV cache's sequences: at start, not at loads
         ("EMBER_MAX_QUEUE", "many"),
         ("EMBER_KV_CACHE_TYPE", "q5_1"),
     ],

@@ -569,3 +569,30 @@ def test_two_pulls_of_one_model_at_once_both_succeed(
     assert followed[-1].completed == followed[-1].total
     assert registry.blob_count(digest) == 1  # the second followed the first's download
     assert [m.model for m in ollama.Client(host=url).list().models] == ["me/tiny:latest"]
+
+
+def test_a_client_leaving_mid_upload_leaves_no_file_and_no_error(store: Store) -> None:
+    """The ASGI app is driven by hand: a part of the body, then the client's disconnect."""
+    import asyncio
+
+    app = make_app(store)
+    messages = [
+        {"type": "http.request", "body": b"x" * 100, "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "method": "POST", "path": f"/api/blobs/sha256:{'a' * 64}",
+        "headers": [(b"content-length", b"1000")], "query_string": b"", "http_version": "1.1",
+        "scheme": "http", "server": ("test", 80), "client": ("test", 1), "root_path": "",
+    }  # fmt: skip
+    asyncio.run(app(scope, receive, send))  # no exception escapes the app
+    assert sent[0]["status"] == 499
+    assert [p.name for p in store.tmp_dir.iterdir() if p.name != "store.lock"] == []

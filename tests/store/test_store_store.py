@@ -314,6 +314,24 @@ def test_prune_spares_referenced_and_recent_blobs(store: Store) -> None:
     assert get_model(store, "m").model_path is not None
 
 
+def test_no_blob_goes_while_a_manifest_cannot_be_read(store: Store) -> None:
+    """Its blobs are unknown: a prune (or a delete) keeps every blob, and the mended manifest
+    finds its model whole (Ollama's serve skips its prune on a corrupt manifest)."""
+    add_model(store, "broken", model=b"the broken one's weights")
+    add_model(store, "gone", model=b"the deleted one's weights")
+    path = store.manifest_path("broken")
+    good = path.read_bytes()
+    path.write_bytes(good[:100])
+    for blob in store.blobs_dir.iterdir():
+        os.utime(blob, (0, 0))
+    assert store.prune(grace_seconds=3600) == []
+    store.delete("gone")
+    blobs = sorted(store.blobs_dir.iterdir())
+    path.write_bytes(good)
+    assert get_model(store, "broken").model_path in blobs
+    assert store.prune(grace_seconds=3600) != []  # readable again: the deleted one's go
+
+
 def test_a_symlink_out_of_the_store_is_refused(tmp_path: Path) -> None:
     store = Store(tmp_path / "models")
     outside = tmp_path / "outside"
