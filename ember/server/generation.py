@@ -277,8 +277,11 @@ async def _rendered_chat(
     think: bool | str | None,
 ) -> Prompt:
     try:
+        # a template renders off the event loop: an untrusted one may take its fuel's seconds
         if req.truncate is False:
-            return chat_prompt(plan.model.template, messages, tools=tools, think=think)
+            return await asyncio.to_thread(
+                chat_prompt, plan.model.template, messages, tools=tools, think=think
+            )
         loop = asyncio.get_running_loop()
 
         def count(text: str) -> int:  # runs in the worker thread; the runner call on the loop
@@ -316,7 +319,7 @@ async def _generate_prompt(lease: Lease, plan: Plan, req: GenerateRequest) -> Pr
             think=think,
             context=context,
         )
-        prompt = generate_prompt(template, request)
+        prompt = await asyncio.to_thread(generate_prompt, template, request)  # as chats
         return prompt if req.raw else _harmony_answer(plan, req, prompt)
     except RunnerError as err:
         raise await runner_failure(err, lease.runner) from None
