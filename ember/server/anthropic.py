@@ -34,7 +34,7 @@ async def messages(request: Request) -> Response:
     budget = req.thinking_budget()
     fetched = await fetch_images(req.image_urls())
     native = req.native(fetched, options=req.ollama_options(), stream=req.stream)
-    chunks = generation.chat(state_of(request), native, thinking_budget=budget)
+    chunks = generation.chat(state_of(request), native, thinking_budget=budget, relax_thinking=True)
     if not req.stream:
         merged = generation.merge_chat(await collect(request, chunks))
         return JSONResponse(message(merged, req.model))

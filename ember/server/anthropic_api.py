@@ -138,10 +138,11 @@ class Conversation(Body):
         return max(1, sum(len(t) for t in texts) // 4)
 
     def ollama_think(self) -> bool | str | None:
-        """thinking as Ollama's think; without it, output_config.effort as a level (as Ollama:
-        xhigh is high); None leaves it to the model."""
-        if self.thinking is not None:
-            return self.thinking.type != "disabled"
+        """thinking as Ollama's think: enabled and disabled say it; otherwise (adaptive, none)
+        output_config.effort as a level (xhigh is high), else None leaves it to the model."""
+        kind = self.thinking.type if self.thinking else None
+        if kind in ("enabled", "disabled"):
+            return kind == "enabled"
         effort = self.output_config.effort if self.output_config else None
         return "high" if effort == "xhigh" else effort
 
@@ -285,10 +286,7 @@ def _tool_call(block: ContentBlock, where: str) -> dict[str, Any]:
 def _tool_result(
     block: ContentBlock, names: dict[str, str], where: str, fetched: Fetched
 ) -> Message:
-    name = names.get(block.tool_use_id)
-    if name is None:
-        message = f"tool_result for {block.tool_use_id!r} answers no earlier tool_use block"
-        raise RequestError(message, f"{where}.tool_use_id")
+    name = names.get(block.tool_use_id, "")  # a result of an earlier turn's call: no name
     texts: list[str] = []
     images: list[bytes] = []
     for k, part in enumerate(block.content):

@@ -231,7 +231,8 @@ class ChatMessage(Body):
 
     def to_prompt(self) -> Message:
         calls = tuple(
-            {"function": c.function.model_dump(exclude_none=True)} for c in self.tool_calls
+            {"function": c.function.model_dump(exclude_none=True)} | ({"id": c.id} if c.id else {})
+            for c in self.tool_calls
         )
         return Message(
             self.role,

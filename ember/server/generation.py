@@ -7,6 +7,7 @@ Errors are APIError: raised before the first chunk they become the response's st
 import asyncio
 import base64
 import contextlib
+import logging
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import asdict, replace
@@ -36,6 +37,8 @@ from ember.server.tool_grammar import choice_mode
 
 Chunk = dict[str, Any]
 
+log = logging.getLogger("ember.server")
+
 
 def now() -> str:
     """created_at as Ollama writes it (RFC 3339, UTC)."""
@@ -58,11 +61,16 @@ def check_capabilities(
 
 
 async def chat(
-    state: ServerState, req: ChatRequest, *, thinking_budget: int | None = None
+    state: ServerState,
+    req: ChatRequest,
+    *,
+    thinking_budget: int | None = None,
+    relax_thinking: bool = False,
 ) -> AsyncGenerator[Chunk, None]:
-    """The chunks of a chat; thinking_budget: at most that many tokens of thinking (budget.py)."""
+    """The chunks of a chat; thinking_budget: at most that many tokens of thinking (budget.py);
+    relax_thinking: as _checked_chat's."""
     start = time.perf_counter_ns()
-    plan, req = _checked_chat(state, req)
+    plan, req = _checked_chat(state, req, relax_thinking=relax_thinking)
     if not req.messages:
         reason, load_ns = await load_or_unload(state, plan, req.keep_alive)
         empty = {"role": "assistant", "content": ""}
@@ -112,10 +120,16 @@ async def count_tokens(state: ServerState, req: ChatRequest) -> int:
     return len(tokens) + plan.model.template.image_tokens * len(prompt.images)
 
 
-def _checked_chat(state: ServerState, req: ChatRequest) -> tuple[Plan, ChatRequest]:
+def _checked_chat(
+    state: ServerState, req: ChatRequest, *, relax_thinking: bool = False
+) -> tuple[Plan, ChatRequest]:
     """A chat's plan, and the request with the tools its tool_choice leaves; 400 for what the
-    model cannot do."""
+    model cannot do. relax_thinking: thinking asked of a model that cannot think is dropped,
+    not refused (Anthropic's clients ask it of every model, and Ollama relaxes it for them)."""
     plan = state.plan(req.model, req.options)
+    if relax_thinking and req.think and "thinking" not in plan.model.capabilities:
+        log.warning("the model cannot think: thinking left off", extra={"model": req.model})
+        req = req.model_copy(update={"think": None})
     images = any(m.images for m in req.messages)
     req = req.model_copy(update={"tools": req.chosen_tools()})
     tools = bool(req.tools)

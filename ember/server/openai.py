@@ -209,9 +209,10 @@ def _message(native: dict[str, Any]) -> dict[str, Any]:
 
 
 def _finish_reason(native: Chunk, has_calls: bool) -> str:
-    if has_calls:
-        return "tool_calls"
-    return "length" if native.get("done_reason") == "length" else "stop"
+    # calls relabel only a stop: a call in an answer cut short ends with length, as Ollama's
+    if native.get("done_reason") == "length":
+        return "length"
+    return "tool_calls" if has_calls else "stop"
 
 
 def usage(*natives: Chunk) -> dict[str, int]:

@@ -87,8 +87,27 @@ class ResponseFormat(Body):
         return self
 
 
+def _lower_or_float(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.lower() or "float"
+    return value
+
+
+# OpenAI's efforts and clients' own tiers past both ends of Ollama's think levels: clamped to
+# the nearest, as Ollama's thinkFromReasoningEffort
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"]
+_CLAMPED_EFFORTS = {"minimal": "low", "xhigh": "max", "ultra": "max"}
+
+
+def think_of_effort(effort: str | None) -> bool | str | None:
+    """A reasoning effort as Ollama's think: "none" turns it off, None leaves it unset."""
+    if effort is None:
+        return None
+    return False if effort == "none" else _CLAMPED_EFFORTS.get(effort, effort)
+
+
 class Reasoning(Body):
-    effort: Literal["high", "medium", "low", "max", "none"] | None = None
+    effort: Effort | None = None
 
 
 MAX_CHOICES = 8
@@ -180,7 +199,7 @@ class ChatCompletionRequest(Sampling):
     tools: list[Tool] = Field(default_factory=list)
     tool_choice: str | dict[str, Any] | None = None  # "none", "auto", "required", or a function
     parallel_tool_calls: bool = True
-    reasoning_effort: Literal["high", "medium", "low", "max", "none"] | None = None
+    reasoning_effort: Effort | None = None
     reasoning: Reasoning | None = None
     logprobs: bool = False
     top_logprobs: Int = Field(0, ge=0, le=20)
@@ -211,9 +230,10 @@ class ChatCompletionRequest(Sampling):
         return fmt.json_schema.schema_
 
     def ollama_think(self) -> bool | str | None:
-        """reasoning_effort (or reasoning.effort) as Ollama's think: "none" turns it off."""
-        effort = self.reasoning_effort or (self.reasoning.effort if self.reasoning else None)
-        return None if effort is None else False if effort == "none" else effort
+        """reasoning.effort (or reasoning_effort) as Ollama's think: the object first, as
+        Ollama's FromChatRequest."""
+        effort = (self.reasoning.effort if self.reasoning else None) or self.reasoning_effort
+        return think_of_effort(effort)
 
     def image_urls(self) -> list[ImageRef]:
         """The images named by URL (not data URIs), with where: for image_urls.fetch_images."""
@@ -287,7 +307,8 @@ def _ollama_call(call: OpenAIToolCall, index: int) -> dict[str, Any]:
         raise RequestError(str(e), f"messages[{index}].tool_calls") from None
     if not isinstance(args, dict):
         raise RequestError("tool call arguments must be a JSON object", "messages")
-    return {"function": {"name": call.function.name, "arguments": args}}
+    function = {"name": call.function.name, "arguments": args}
+    return {"id": call.id, "function": function} if call.id else {"function": function}
 
 
 class CompletionRequest(Sampling):
@@ -313,4 +334,6 @@ class EmbeddingsRequest(Body):
     model: str
     input: Annotated[list[str], BeforeValidator(_inputs)]
     dimensions: Int | None = None  # as /api/embed's: only one under the vector's length cuts
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Annotated[
+        Literal["float", "base64"], BeforeValidator(_lower_or_float)
+    ] = "float"  # any case, and "" for float, as Ollama's

@@ -22,7 +22,13 @@ from ember.server.api import (
     parse_arguments,
 )
 from ember.server.image_urls import NOTHING_FETCHED, Fetched, ImageRef, is_url
-from ember.server.openai_api import data_uri_image, openai_options, sampling_defaults
+from ember.server.openai_api import (
+    Effort,
+    data_uri_image,
+    openai_options,
+    sampling_defaults,
+    think_of_effort,
+)
 from ember.server.prompt import Message
 
 # Fields that do not change what the model writes: accepted and left aside.
@@ -36,7 +42,6 @@ _IGNORED_FIELDS = frozenset(
     }
 )
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-_EFFORTS = {"minimal": "low", "xhigh": "max"}  # OpenAI's efforts Ember's think does not name
 
 
 def _text_parts(value: Any) -> Any:
@@ -105,7 +110,7 @@ class TextConfig(Body):
 
 
 class ReasoningConfig(Body):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    effort: Effort | None = None
     summary: str | None = None  # the whole thinking is the summary
 
 
@@ -231,10 +236,7 @@ class ResponsesRequest(Body):
         return fmt.schema_ or "json"
 
     def _think(self) -> bool | str | None:
-        effort = self.reasoning.effort if self.reasoning else None
-        if effort is None:
-            return None
-        return False if effort == "none" else _EFFORTS.get(effort, effort)
+        return think_of_effort(self.reasoning.effort if self.reasoning else None)
 
 
 def _format_echo(fmt: TextFormat | None) -> dict[str, Any]:
@@ -341,7 +343,9 @@ def _with_call(messages: list[Message], item: InputItem, index: int) -> Message:
         raise RequestError(str(err), f"input[{index}].arguments") from None
     if not isinstance(arguments, dict):
         raise RequestError("function call arguments must be a JSON object", f"input[{index}]")
-    call = {"function": {"name": item.name, "arguments": arguments}}
+    call: dict[str, Any] = {"function": {"name": item.name, "arguments": arguments}}
+    if item.call_id:  # the template may show it (a call's .ID)
+        call["id"] = item.call_id
     if messages and messages[-1].role == "assistant":
         last = messages.pop()
         return replace(last, tool_calls=(*last.tool_calls, call))

@@ -358,6 +358,21 @@ def test_openai_reasoning_and_json_object() -> None:
     assert r.ollama_options()["num_predict"] == 5
 
 
+@pytest.mark.parametrize(
+    ("fields", "think"),
+    [
+        ({"reasoning_effort": "minimal"}, "low"),  # OpenAI's tiers past Ollama's, clamped
+        ({"reasoning_effort": "xhigh"}, "max"),
+        ({"reasoning_effort": "ultra"}, "max"),
+        ({"reasoning_effort": "none"}, False),
+        ({"reasoning_effort": "low", "reasoning": {"effort": "high"}}, "high"),  # the object's
+    ],
+)
+def test_openai_reasoning_efforts_as_ollamas(fields: dict[str, Any], think: object) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], **fields}
+    assert parse(ChatCompletionRequest, body).ollama_think() == think
+
+
 def test_openai_messages_become_ollamas() -> None:
     png = base64.b64encode(b"png").decode()
     r = parse(
@@ -396,7 +411,7 @@ def test_openai_messages_become_ollamas() -> None:
         Message(
             "assistant",
             "",
-            tool_calls=({"function": {"name": "look", "arguments": {"q": 1}}},),
+            tool_calls=({"id": "call_1", "function": {"name": "look", "arguments": {"q": 1}}},),
             thinking="think",
         ),
         Message("tool", "a cat", tool_name="look", tool_call_id="call_1"),
@@ -461,4 +476,7 @@ def test_openai_completion_and_embeddings() -> None:
     assert error(CompletionRequest, {"model": "m", "prompt": ["a"]}).param == "prompt"
     e = parse(EmbeddingsRequest, {"model": "m", "input": "hi", "encoding_format": "base64"})
     assert (e.input, e.encoding_format) == (["hi"], "base64")
+    for given, taken in (("BASE64", "base64"), ("Float", "float"), ("", "float")):
+        body = {"model": "m", "input": "hi", "encoding_format": given}
+        assert parse(EmbeddingsRequest, body).encoding_format == taken  # as Ollama's
     assert parse(EmbeddingsRequest, {"model": "m", "input": ["a", "b"]}).input == ["a", "b"]

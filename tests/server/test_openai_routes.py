@@ -162,3 +162,12 @@ def test_models(client):
     assert {m["id"] for m in data} >= {"fake", "tooly"}
     assert client.get("/v1/models/fake").json()["owned_by"] == "library"
     assert client.get("/v1/models/nope").status_code == 404
+
+
+def test_calls_relabel_only_a_stop_as_ollamas_finish_chunk():
+    from ember.server.openai import _finish_reason
+
+    assert _finish_reason({"done_reason": "stop"}, True) == "tool_calls"
+    assert _finish_reason({"done_reason": "length"}, True) == "length"  # a call cut short
+    assert _finish_reason({"done_reason": "length"}, False) == "length"
+    assert _finish_reason({"done_reason": "stop"}, False) == "stop"

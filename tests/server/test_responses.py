@@ -121,6 +121,7 @@ def test_function_call_items_join_the_assistant_turn_and_outputs_name_their_call
         {"name": "get_weather", "arguments": {}},
         {"name": "get_time", "arguments": {"z": 1}},
     ]
+    assert [c["id"] for c in assistant.tool_calls] == ["c1", "c2"]  # a template's .ID
     assert (time.role, time.content, time.tool_name) == ("tool", "noon", "get_time")
     assert time.tool_call_id == "c2"
     assert (weather.content, weather.tool_name) == ("sun", "get_weather")
