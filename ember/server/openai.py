@@ -134,18 +134,29 @@ class _Reply:
     async def chat_stream(
         self, streams: list[AsyncGenerator[Chunk, None]]
     ) -> AsyncGenerator[Chunk, None]:
+        """OpenAI's chunks (as Ollama's since its streams follow OpenAI's): the role in a
+        choice's first delta only, then what each native chunk adds, and at its end a chunk
+        of an empty delta with the finish reason."""
         has_calls = [False] * len(streams)
+        started = [False] * len(streams)
         finals = []
         async with contextlib.aclosing(interleaved(streams)) as chunks:
             async for index, native in chunks:
                 delta = _message(native["message"])
                 has_calls[index] = has_calls[index] or bool(delta.get("tool_calls"))
-                finish = _finish_reason(native, has_calls[index]) if native.get("done") else None
-                choice = {"index": index, "delta": delta, "finish_reason": finish}
-                if native.get("logprobs"):
-                    choice["logprobs"] = _chat_logprobs(native)
-                yield self._object("chat.completion.chunk", [choice])
-                if native.get("done"):
+                if started[index]:
+                    del delta["role"]
+                done = native.get("done")
+                if not done or native.get("logprobs") or _adds(delta) or not started[index]:
+                    choice = {"index": index, "delta": delta, "finish_reason": None}
+                    if native.get("logprobs"):
+                        choice["logprobs"] = _chat_logprobs(native)
+                    yield self._object("chat.completion.chunk", [choice])
+                    started[index] = True
+                if done:
+                    finish = _finish_reason(native, has_calls[index])
+                    choice = {"index": index, "delta": {}, "finish_reason": finish}
+                    yield self._object("chat.completion.chunk", [choice])
                     finals.append(native)
         if self.include_usage and finals:
             yield {**self._object("chat.completion.chunk", []), "usage": usage(*finals)}
@@ -206,6 +217,11 @@ def _message(native: dict[str, Any]) -> dict[str, Any]:
             for i, call in enumerate(calls)
         ]
     return message
+
+
+def _adds(delta: dict[str, Any]) -> bool:
+    """Whether a delta holds anything past its role."""
+    return any(value for key, value in delta.items() if key != "role")
 
 
 def _finish_reason(native: Chunk, has_calls: bool) -> str:

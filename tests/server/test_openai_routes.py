@@ -49,9 +49,12 @@ def test_chat_stream_with_usage(client):
     assert r.headers["content-type"].startswith("text/event-stream")
     chunks = events(r)
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
-    text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"])
-    assert text == "Hello there friend"
-    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("content", "") for d in deltas) == "Hello there friend"
+    # OpenAI's layout (Ollama's too): the role first only, the end an empty delta
+    assert [d.get("role") for d in deltas] == ["assistant"] + [None] * (len(deltas) - 1)
+    assert chunks[-2]["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "stop"}
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-2])
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
 
 
@@ -65,7 +68,7 @@ def test_n_choices_streamed_each_with_its_index_and_one_usage(client):
     texts, finished = ["", "", ""], [None, None, None]
     for chunk in chunks[:-1]:
         [choice] = chunk["choices"]
-        texts[choice["index"]] += choice["delta"]["content"]
+        texts[choice["index"]] += choice["delta"].get("content", "")
         finished[choice["index"]] = choice["finish_reason"] or finished[choice["index"]]
     assert texts == ["Hello there friend"] * 3 and finished == ["stop"] * 3
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 9
