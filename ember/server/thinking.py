@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum, auto
 
-from ember.server.holdback import partial_tag, trailing_space
+from ember.server.holdback import partial_tag
 from ember.template import PROBE_SPECIALS, TemplateError, render_chat
 
 
@@ -157,11 +157,9 @@ class ThinkingParser:
 
     def _thinking(self) -> tuple[str, str] | None:
         before, found, after = self._buffer.partition(self.tags.closing)
-        if found:
+        if found:  # the space before the closing tag stays thinking, as Ollama's parser
             self._buffer, self._state = after, _State.ENDING
-            return before.rstrip(), ""
-        # hold back a partial closing tag and the whitespace that may precede it
-        hold = partial_tag(before, self.tags.closing)
-        hold += trailing_space(before[: len(before) - hold])
+            return before, ""
+        hold = partial_tag(before, self.tags.closing)  # held back: it may be the closing tag
         certain, self._buffer = before[: len(before) - hold], before[len(before) - hold :]
         return (certain, "") if certain else None
