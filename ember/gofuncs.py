@@ -6,6 +6,7 @@ import datetime
 import json
 import math
 import re
+import urllib.parse
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -283,7 +284,45 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "currentDate": lambda *_: _today(),
     "yesterdayDate": lambda *_: _today(-1),
     "toTypeScriptType": _ts_type,
+    "html": lambda *args: _html(_text_of(args)),
+    "js": lambda *args: _js(_text_of(args)),
+    "urlquery": lambda *args: urllib.parse.quote_plus(_text_of(args)),
 }
+
+
+def is_function(name: str) -> bool:
+    """Whether a template may call `name`: Go's parse refuses any other (and and or are the
+    executor's)."""
+    return name in _FUNCTIONS or name in ("and", "or")
+
+
+def _text_of(args: tuple[Any, ...]) -> str:
+    # Go's evalArgs: one string as itself, else fmt.Sprint of them all
+    return args[0] if len(args) == 1 and isinstance(args[0], str) else _print(*args)
+
+
+_HTML = {'"': "&#34;", "'": "&#39;", "&": "&amp;", "<": "&lt;", ">": "&gt;", "\0": "\ufffd"}
+_JS = {"\\": "\\\\", "'": "\\'", '"': '\\"', "<": "\\u003C", ">": "\\u003E"}
+_JS |= {"&": "\\u0026", "=": "\\u003D"}
+
+
+def _html(text: str) -> str:
+    """text/template's HTMLEscapeString."""
+    return "".join(_HTML.get(c, c) for c in text)
+
+
+def _js(text: str) -> str:
+    """text/template's JSEscapeString: quotes, backslash and HTML's characters escaped, control
+    characters and unprintable ones as \\uXXXX."""
+    out = []
+    for c in text:
+        if c in _JS:
+            out.append(_JS[c])
+        elif c < " " or not c.isprintable():
+            out.append(f"\\u{ord(c):04X}")
+        else:
+            out.append(c)
+    return "".join(out)
 
 
 def call(name: str, args: list[Any]) -> Any:

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ember.gofuncs import GoStruct, call, field_of, go_format, truth
+from ember.gofuncs import GoStruct, call, field_of, go_format, is_function, truth
 from ember.goparse import Branch, Command, GoTemplateError, Jump, Pipe, Token, parse
 
 __all__ = ["GoTemplate", "GoTemplateError", "is_go_template"]
@@ -193,6 +193,9 @@ class GoTemplate:
         try:
             self.nodes = parse(source)
             self.identifiers = {name.lower() for name in _identifiers(self.nodes)}
+            for name in _functions(self.nodes):  # as Go's parse: at create, not each request
+                if not is_function(name):
+                    raise GoTemplateError(f'function "{name}" not defined')
         except RecursionError:
             raise GoTemplateError("the Go template does not parse: it nests too deeply") from None
         except GoTemplateError as e:
@@ -253,6 +256,20 @@ def _has_response_field(pipe: Pipe) -> bool:
             elif arg.kind == "field" and "Response" in arg.fields:
                 return True
     return False
+
+
+def _functions(nodes: list[Any]) -> Iterator[str]:
+    """The function names a template calls."""
+    for node in nodes:
+        if isinstance(node, Pipe):
+            for cmd in node.cmds:
+                for arg in cmd.args:
+                    if isinstance(arg, Pipe):
+                        yield from _functions([arg])
+                    elif arg.kind == "ident":
+                        yield arg.value
+        elif isinstance(node, Branch):
+            yield from _functions([node.pipe, *node.body, *node.orelse])
 
 
 def _identifiers(nodes: list[Any]) -> Iterator[str]:

@@ -159,7 +159,6 @@ def test_templates_that_do_not_parse(source: str, message: str) -> None:
 @pytest.mark.parametrize(
     ("source", "message"),
     [
-        ("{{ nosuch 1 }}", 'function "nosuch" not defined'),
         ("{{ index .L 5 }}", "index out of range"),
         ("{{ slice .L 2 1 }}", "slice bounds out of range"),
         ("{{ len 3 }}", "len of type int"),
@@ -200,6 +199,19 @@ def test_a_range_over_a_huge_number_burns_fuel_not_memory(monkeypatch: pytest.Mo
     # and fmt's sizes past a million are refused, as Go's, not written out
     assert go('{{ printf "%.999999999f" 1.0 }}') == "%!(BADPREC)"
     assert go('{{ printf "%999999999d" 1 }}') == "%!(BADWIDTH)"
+
+
+def test_an_undefined_function_is_refused_at_parse_as_gos() -> None:
+    for source in ("{{ .Prompt }} {{ foo .Prompt }}", "{{ if and .A (bar .B) }}x{{ end }}"):
+        with pytest.raises(GoTemplateError, match=r"does not parse: function .* not defined"):
+            GoTemplate(source)
+
+
+def test_html_js_and_urlquery_escape_as_gos() -> None:
+    assert go('{{ html "<a href=\\"x\\">&\'" }}') == "&lt;a href=&#34;x&#34;&gt;&amp;&#39;"
+    assert go('{{ js "it\'s <b>=\\n" }}') == "it\\'s \\u003Cb\\u003E\\u003D\\u000A"
+    assert go('{{ urlquery "a b&c/é" }}') == "a+b%26c%2F%C3%A9"
+    assert go("{{ html 1 2 }}") == "1 2"
 
 
 def test_deep_nesting_is_an_error_not_a_crash() -> None:

@@ -243,6 +243,13 @@ def test_copy_then_delete(client: TestClient, tiny_gguf: Path, store: Store) -> 
             400,
             "template error: the Go template does not parse: unexpected EOF",
         ),
+        (  # and one that calls a function Go does not define (routes_create_test.go's)
+            "POST",
+            "/api/create",
+            {"model": "x", "from": "nope", "template": "{{ .Prompt }} {{ foo .Prompt }}"},
+            400,
+            'template error: the Go template does not parse: function "foo" not defined',
+        ),
         ("POST", "/api/create", {"model": "x", "files": {"a": "sha256:12"}}, 400, "digest"),
         ("POST", "/api/create", {"model": "x", "files": {"../a": "sha256:" + "0" * 64}}, 400, ""),
         ("POST", "/api/pull", {"model": ":bad"}, 400, "invalid model name"),
