@@ -258,37 +258,32 @@ def _has_response_field(pipe: Pipe) -> bool:
     return False
 
 
-def _functions(nodes: list[Any]) -> Iterator[str]:
-    """The function names a template calls."""
+def _tokens(nodes: list[Any]) -> Iterator[Token]:
+    """Every operand token of a template's actions, nested pipelines' too."""
     for node in nodes:
         if isinstance(node, Pipe):
             for cmd in node.cmds:
                 for arg in cmd.args:
                     if isinstance(arg, Pipe):
-                        yield from _functions([arg])
-                    elif arg.kind == "ident":
-                        yield arg.value
+                        yield from _tokens([arg])
+                    else:
+                        yield arg
         elif isinstance(node, Branch):
-            yield from _functions([node.pipe, *node.body, *node.orelse])
+            yield from _tokens([node.pipe, *node.body, *node.orelse])
+
+
+def _functions(nodes: list[Any]) -> Iterator[str]:
+    """The function names a template calls."""
+    return (t.value for t in _tokens(nodes) if t.kind == "ident")
 
 
 def _identifiers(nodes: list[Any]) -> Iterator[str]:
     """The field and variable names a template mentions (Ollama's Vars)."""
-    for node in nodes:
-        if isinstance(node, Pipe):
-            for cmd in node.cmds:
-                for arg in cmd.args:
-                    if isinstance(arg, Pipe):
-                        yield from _identifiers([arg])
-                    elif arg.kind == "field":
-                        yield from arg.fields
-                    elif arg.kind == "var":
-                        yield arg.value.lstrip("$")
-                        yield from arg.fields
-        elif isinstance(node, Branch):
-            yield from _identifiers([node.pipe])
-            yield from _identifiers(node.body)
-            yield from _identifiers(node.orelse)
+    for token in _tokens(nodes):
+        if token.kind == "var":
+            yield token.value.lstrip("$")
+        if token.kind in ("field", "var"):
+            yield from token.fields
 
 
 _GO_ACTION = re.compile(r"\{\{-?\s*(\.|\$|range\s|if\s|with\s|end\s*-?\}\}|/\*)")
