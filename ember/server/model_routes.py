@@ -24,7 +24,7 @@ from ember import envconfig
 from ember.errors import EmberError, ModelNotFoundError
 from ember.server import api
 from ember.server.api_schema import json_body
-from ember.server.model_show import show_response
+from ember.server.model_show import listed, show_response
 from ember.store import (
     BlobDigestError,
     BlobSizeError,
@@ -181,8 +181,10 @@ def _line(item: Progress) -> bytes:
 @router.head("/api/tags")  # a route per method: one OpenAPI operation id each
 async def tags(request: Request) -> Response:
     store = store_of(request)
-    entries = await run_in_threadpool(list_models, store)
-    return JSONResponse({"models": [e.to_json() for e in entries]})
+    def models() -> list[dict[str, Any]]:
+        return [listed(store, entry) for entry in list_models(store)]
+
+    return JSONResponse({"models": await run_in_threadpool(models)})
 
 
 @router.post("/api/show", openapi_extra=json_body(api.ShowRequest))

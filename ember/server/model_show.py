@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ember.errors import EmberError
 from ember.gguf import GGUFError, GGUFFile
 from ember.gguf.packed import PackedArray
 from ember.pooling import POOLING_RANK
@@ -17,7 +18,14 @@ from ember.server.prompt import fill_in_middle
 from ember.server.thinking import can_think
 from ember.server.tools import can_use_tools
 from ember.server.vision import runs_vision
-from ember.store import StoredModel, format_parameters, render_modelfile
+from ember.store import (
+    ModelEntry,
+    Store,
+    StoredModel,
+    format_parameters,
+    get_model,
+    render_modelfile,
+)
 from ember.template import fills_gaps
 
 MAX_ARRAY_ITEMS = 1024  # longer arrays (the vocabulary, merges) show as null unless verbose
@@ -86,6 +94,34 @@ def capabilities(metadata: dict[str, Any], model: StoredModel) -> list[str]:
     if harmony or can_think(source):
         found.append("thinking")  # Ollama's order: completion, tools, insert, vision, thinking
     return found
+
+
+@functools.lru_cache(maxsize=1024)
+def _listed_facts(store: Store, name: str, digest: str) -> tuple[dict[str, int], tuple[str, ...]]:
+    # by the manifest's digest: a model re-created under its name is read again
+    model = get_model(store, name)
+    metadata = gguf_metadata(model.model_path)[0] if model.model_path else {}
+    arch = metadata.get("general.architecture", "")
+    lengths = {
+        key: int(metadata[f"{arch}.{key}"])
+        for key in ("context_length", "embedding_length")
+        if isinstance(metadata.get(f"{arch}.{key}"), int)
+    }
+    return lengths, tuple(capabilities(metadata, model))
+
+
+def listed(store: Store, entry: ModelEntry) -> dict[str, Any]:
+    """An /api/tags entry: with Ollama's capabilities and the details' context and embedding
+    lengths from its GGUF (without them where the model cannot be read)."""
+    out = entry.to_json()
+    try:
+        lengths, caps = _listed_facts(store, str(entry.name), entry.digest)
+    except (EmberError, OSError):
+        return out
+    out["details"] = out["details"] | lengths
+    if caps:
+        out["capabilities"] = list(caps)
+    return out
 
 
 def show_response(

@@ -100,6 +100,12 @@ def test_create_from_an_uploaded_blob_streams_progress(client: TestClient, tiny_
     assert models[0]["details"]["family"] == "llama"
     assert models[0]["details"]["quantization_level"] == "Q8_0"
     assert models[0]["size"] > tiny_gguf.stat().st_size
+    # as Ollama's list: the capabilities and the GGUF's lengths, as /api/show has them
+    shown = client.post("/api/show", json={"model": "tiny"}).json()
+    assert models[0]["capabilities"] == shown["capabilities"] == ["completion"]
+    info = shown["model_info"]
+    assert models[0]["details"]["context_length"] == info["llama.context_length"]
+    assert models[0]["details"]["embedding_length"] == info["llama.embedding_length"]
 
 
 def test_create_without_stream_answers_one_object(client: TestClient, tiny_gguf: Path) -> None:
