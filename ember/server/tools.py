@@ -197,9 +197,9 @@ def json_end(text: str, start: int = 0) -> int | None:
 def parse_calls(text: str, names: Collection[str], *, is_tagged: bool) -> list[ToolCall] | None:
     """The calls in one JSON value (an object or a list of them), None if it is not calls.
 
-    Accepted: {"name", "arguments" | "parameters"} and {"function": {...}}; arguments may be a
-    JSON string. A bare (untagged) value must name its arguments, so plain JSON answers stay
-    content; with `names`, only those tools count."""
+    Accepted: {"name", "arguments" | "parameters"}, {"function": {...}} and {"<a tool's name>":
+    arguments}; arguments may be a JSON string. A bare (untagged) value must name its arguments,
+    so plain JSON answers stay content; with `names`, only those tools count."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
@@ -214,6 +214,10 @@ def parse_calls(text: str, names: Collection[str], *, is_tagged: bool) -> list[T
 def _call(item: Any, names: Collection[str], *, is_tagged: bool) -> ToolCall | None:
     if isinstance(item, dict) and isinstance(item.get("function"), dict):
         item = item["function"]
+    if isinstance(item, dict) and len(item) == 1 and next(iter(item)) in names:
+        # {"get_weather": {...}}: a tool's name as the key of its arguments, as Ollama reads it
+        ((name, args),) = item.items()
+        item = {"name": name, "arguments": args}
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         return None
     has_args = "arguments" in item or "parameters" in item

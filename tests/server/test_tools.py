@@ -283,3 +283,15 @@ def test_a_bare_json_model_may_open_its_calls_with_a_tag(
     pieces.append(parser.flush())
     assert "".join(c for c, _ in pieces) == (text if content is None else content)
     assert [call["function"]["name"] for _, calls in pieces for call in calls] == names
+
+
+def test_a_tools_name_as_the_key_of_its_arguments_is_a_call() -> None:
+    """As Ollama's parser reads {"get_conditions": {"location": "Tokyo"}} (tools_test.go)."""
+    names = ("get_conditions",)
+    expected = [{"function": {"name": "get_conditions", "arguments": {"location": "Tokyo"}}}]
+    for text in ('{"get_conditions": {"location": "Tokyo"}}',
+                 '{"get_conditions": "{\\"location\\": \\"Tokyo\\"}"}'):  # fmt: skip
+        assert parse_calls(text, names, is_tagged=True) == expected
+        assert parse_calls(text, names, is_tagged=False) == expected
+    # a key that names no tool stays an answer
+    assert parse_calls('{"city": {"name": "Tokyo"}}', names, is_tagged=False) is None
