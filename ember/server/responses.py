@@ -7,13 +7,16 @@ import contextlib
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+import zstandard
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ember.server import generation
 from ember.server.api_schema import json_body
+from ember.server.bodies import RequestError, parse_body
 from ember.server.errors import APIError
 from ember.server.image_urls import fetch_images
+from ember.server.middleware import MAX_BODY_BYTES
 from ember.server.response_events import Chunk, ResponseBuilder
 from ember.server.response_store import StoredResponse
 from ember.server.responses_api import InputItem, ResponsesRequest, image_urls
@@ -24,9 +27,28 @@ from ember.server.streaming import collect, event_stream_response, first_chunk, 
 router = APIRouter(prefix="/v1")
 
 
+def unzstd(body: bytes) -> bytes:
+    """A zstd-compressed body, at most the server's body limit once decompressed (as Ollama's
+    ResponsesMiddleware; a bomb is a 400, not the server's memory)."""
+    parts, size = [], 0
+    try:
+        reader = zstandard.ZstdDecompressor().stream_reader(body)
+        while part := reader.read(1 << 20):
+            size += len(part)
+            if size > MAX_BODY_BYTES:
+                raise RequestError(f"the decompressed body is over {MAX_BODY_BYTES >> 20} MiB")
+            parts.append(part)
+    except zstandard.ZstdError:
+        raise RequestError("failed to decompress zstd body") from None
+    return b"".join(parts)
+
+
 @router.post("/responses", openapi_extra=json_body(ResponsesRequest))
 async def create(request: Request) -> Response:
-    req = await body_of(request, ResponsesRequest)
+    if request.headers.get("content-encoding") == "zstd":  # Codex compresses its requests
+        req = parse_body(ResponsesRequest, unzstd(await request.body()))
+    else:
+        req = await body_of(request, ResponsesRequest)
     req.check_supported()
     state = state_of(request)
     history = _stored(state, req.previous_response_id).items if req.previous_response_id else []

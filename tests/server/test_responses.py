@@ -63,6 +63,20 @@ def test_a_text_response(client, starter):
     assert starter.runners[0].prompts[0] == "<user>hi</user>\n<assistant>"
 
 
+def test_a_body_compressed_with_zstd_is_taken_as_codex_sends_it(client, starter):
+    import zstandard
+
+    body = json.dumps({"model": "fake", "input": "hi"}).encode()
+    zstd = {"content-encoding": "zstd", "content-type": "application/json"}
+    r = client.post("/v1/responses", content=zstandard.compress(body), headers=zstd)
+    assert r.status_code == 200 and text_of(r.json()) == "Hello there friend"
+    r = client.post("/v1/responses", content=b"not zstd", headers=zstd)
+    assert r.status_code == 400 and "zstd" in r.json()["error"]["message"]
+    bomb = zstandard.compress(b" " * (33 << 20))  # past the body limit once decompressed
+    r = client.post("/v1/responses", content=bomb, headers=zstd)
+    assert r.status_code == 400 and "over 32 MiB" in r.json()["error"]["message"]
+
+
 def test_ollama_options_lie_under_the_responses_fields(client, starter):
     """Ember's extension, as on /v1/chat/completions: the native API's options and keep_alive."""
     options = {"num_ctx": 4096, "top_k": 7, "temperature": 0.3, "num_predict": 9}
