@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum, auto
 
+from ember.gotemplate import is_go_template
 from ember.server.holdback import partial_tag
 from ember.template import PROBE_SPECIALS, TemplateError, render_chat
 
@@ -18,7 +19,8 @@ class ThinkingTags:
 THINK = ThinkingTags("<think>", "</think>")
 
 _SENTINEL = "EMBER_THINKING_SENTINEL"
-_TAG = re.compile(r"<[^<>\s]{1,40}>")  # "<think>", "<|begin_of_thought|>"
+# "<think>", "<|begin_of_thought|>", Magistral's "[THINK]", Kimi's "◁think▷"
+_TAG = re.compile(r"<[^<>\s]{1,40}>|\[[^\[\]\s]{1,40}\]|◁[^◁▷\s]{1,40}▷")
 # closing tags a template may name in its text without rendering a thinking field (DeepSeek-R1)
 _NAMED_CLOSING = re.compile(r"</(think|thinking|thought|reasoning)>")
 
@@ -27,13 +29,16 @@ def infer_tags(template: str | None) -> ThinkingTags | None:
     """The tags around thinking that a chat template writes, or None if it has none.
 
     Rendered first (a past assistant turn with a sentinel as its thinking), as Ollama reads them
-    from its Go template; else a closing tag the template text names, such as `</think>`."""
+    from its Go template; else a closing tag a Jinja template's text names, such as `</think>`
+    (DeepSeek-R1's drops past thinking)."""
     if not template:
         return None
     for text in _renders_with_thinking(template):
         tags = _tags_around(text, _SENTINEL)
         if tags is not None:
             return tags
+    if is_go_template(template):  # Ollama reads only what surrounds .Thinking
+        return None
     named = _NAMED_CLOSING.search(template)
     return ThinkingTags(f"<{named.group(1)}>", named.group(0)) if named else None
 

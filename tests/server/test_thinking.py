@@ -145,3 +145,24 @@ def test_own_tags() -> None:
     output = "<|begin_of_thought|>hmm<|end_of_thought|>yes"
     for pieces in splits(output):
         assert run(ThinkingParser(tags), pieces) == ("hmm", "yes")
+
+
+@pytest.mark.parametrize(("opening", "closing"), [("[THINK]", "[/THINK]"), ("◁think▷", "◁/think▷")])
+def test_tags_not_in_angle_brackets_are_inferred(opening: str, closing: str) -> None:
+    """Magistral's and Kimi's, as Ollama's InferTags reads whatever surrounds .Thinking."""
+    template = (
+        '{{- range .Messages }}{{ if eq .Role "user" }}[INST]{{ .Content }}[/INST]{{ else }}'
+        f"{{{{ if .Thinking }}}}{opening}{{{{ .Thinking }}}}{closing}{{{{ end }}}}"
+        "{{ .Content }}</s>{{ end }}{{ end }}"
+    )
+    tags = infer_tags(template)
+    assert tags == ThinkingTags(opening, closing)
+    parser = ThinkingParser(tags)
+    assert parser.add(f"{opening}a plan{closing}Answer") == ("a plan", "Answer")
+
+
+def test_a_go_template_naming_a_closing_tag_in_its_text_cannot_think() -> None:
+    """Only what surrounds .Thinking makes tags in a Go template (Ollama's InferTags)."""
+    prose = '{{ range .Messages }}{{ if eq .Role "user" }}Reason in <think></think>. '
+    prose += "{{ .Content }}{{ end }}{{ end }}"
+    assert not can_think(prose)
