@@ -52,7 +52,8 @@ class Options:
     def sampling(self) -> SamplingParams:
         # out-of-range values are brought into range, not refused, as Ollama's sampler does
         # (temperature < 0 is greedy, top_k <= 0 no limit, top_p and min_p clamped to [0, 1]);
-        # typical_p outside (0, 1) is off, as llama.cpp's (>= 1) and Ollama's omitted 0
+        # typical_p outside (0, 1) is off, as llama.cpp's (>= 1) and Ollama's omitted 0, and a
+        # repeat_penalty <= 0 is off (1), as Ollama's own sampler normalizes it
         return SamplingParams(
             temperature=max(self.temperature, 0.0),
             top_k=max(self.top_k, 0),
@@ -61,7 +62,7 @@ class Options:
             typical_p=self.typical_p if 0.0 < self.typical_p < 1.0 else 1.0,
             # Ollama's -1: the whole context window
             repeat_last_n=self.num_ctx if self.repeat_last_n == -1 else self.repeat_last_n,
-            repeat_penalty=self.repeat_penalty,
+            repeat_penalty=self.repeat_penalty if self.repeat_penalty > 0 else 1.0,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             seed=self.seed,

@@ -80,8 +80,8 @@ def test_bad_options_fail_before_generation(real_llm):
     llm = real_llm("smollm2:135m")
     with pytest.raises(OptionsError, match="unknown option"):
         llm.generate("hi", options={"temprature": 0})
-    with pytest.raises(OptionsError, match="repeat_penalty"):
-        llm.generate("hi", options={"repeat_penalty": -3})
+    with pytest.raises(OptionsError, match="repeat_last_n"):
+        llm.generate("hi", options={"repeat_last_n": -3})
 
 
 def test_bad_arguments_are_clear_errors(real_llm):

@@ -20,7 +20,6 @@ def test_given_options_override_defaults():
         ({"num_predict": True}, "must be an integer"),
         ({"stop": [1, 2]}, "list of strings"),
         ({"num_ctx": 0}, "at least 1"),
-        ({"repeat_penalty": 0}, "repeat_penalty must be > 0"),
         ({"repeat_last_n": -2}, "repeat_last_n' must be >= -1"),
         ({"num_thread": -1}, r"num_thread' must be within \[0, 1024\]"),
         ({"num_thread": 100_000}, r"num_thread' must be within \[0, 1024\]"),
@@ -49,6 +48,8 @@ def test_bad_options_get_clear_errors(given, message):
         ({"typical_p": 0}, "typical_p", 1.0),
         ({"typical_p": 1.5}, "typical_p", 1.0),
         ({"typical_p": -3}, "typical_p", 1.0),
+        ({"repeat_penalty": 0}, "repeat_penalty", 1.0),  # off, as Ollama's sampler normalizes it
+        ({"repeat_penalty": -2}, "repeat_penalty", 1.0),
     ],
 )
 def test_out_of_range_sampling_values_are_brought_into_range(given, field, value):

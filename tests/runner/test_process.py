@@ -101,7 +101,7 @@ def test_same_prompt_twice_reuses_the_cache(runner, loop):
 @pytest.mark.usefixtures("loaded")
 def test_bad_requests_get_400_with_a_message(runner, loop):
     cases = [
-        ({"options": {"repeat_penalty": 0}}, "repeat_penalty"),
+        ({"options": {"repeat_last_n": -2}}, "repeat_last_n"),
         ({"options": {"bogus": 1}}, "unknown option"),
         ({"format": "yaml"}, "format"),
         ({"top_logprobs": 21}, "top_logprobs"),

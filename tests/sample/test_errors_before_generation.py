@@ -29,7 +29,7 @@ def llm(real_llm: Any, monkeypatch: pytest.MonkeyPatch) -> LLM:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"repeat_penalty": 0}, "repeat_penalty must be > 0"),
+        ({"repeat_penalty": float("nan")}, "repeat_penalty' must be a finite number"),
         ({"repeat_last_n": -2}, "repeat_last_n' must be >= -1"),
         ({"top_k": "many"}, "top_k' must be an integer"),
         ({"temperature": "hot"}, "temperature' must be a number"),

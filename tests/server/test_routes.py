@@ -88,8 +88,8 @@ def test_options_reach_the_runner_and_bad_ones_are_400(client, starter):
     assert starter.runners[0].fields[0]["options"]["temperature"] == 0
     r = chat(client, options={"temperature": "hot"})
     assert r.status_code == 400 and "options.temperature" in r.json()["error"]
-    r = chat(client, options={"repeat_penalty": 0})
-    assert r.status_code == 400 and "repeat_penalty" in r.json()["error"]
+    r = chat(client, options={"repeat_last_n": -2})
+    assert r.status_code == 400 and "repeat_last_n" in r.json()["error"]
 
 
 
