@@ -4,6 +4,7 @@ create) and how their answers are printed; app.py only wires them to the command
 import json
 import math
 import re
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,14 +16,14 @@ from ember.weightfiles import model_safetensors
 
 
 def human_bytes(num: float) -> str:
-    """Sizes as Ollama's format.HumanBytes prints them (decimal units, truncated): 475 MB,
-    5.5 MB, 1 GB."""
+    """Sizes as Ollama's format.HumanBytes prints them (decimal units): from 10 truncated (475
+    MB), below it one decimal, rounded (5.5 MB, 2.0 GB for 1.99 GB), a whole value bare (1 GB)."""
     for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if num >= size:
             value = num / size
             if value >= 10 or value == int(value):
                 return f"{int(value)} {unit}"
-            return f"{math.floor(value * 10) / 10:.1f} {unit}"
+            return f"{value:.1f} {unit}"
     return f"{int(num)} B"
 
 
@@ -128,13 +129,18 @@ def stop(client: Client, model: str) -> None:
 
 def unload(client: Client, model: str) -> None:
     """Stops model if it runs: `rm` does first, as Ollama's, so that a deleted model does not
-    hold its memory until its keep_alive ends."""
-    if _is_running(client, model):
-        client.request("POST", "/api/generate", {"model": model, "keep_alive": 0})
+    hold its memory until its keep_alive ends; at best: a failure is a warning, the delete
+    goes on."""
+    try:
+        if _is_running(client, model):
+            client.request("POST", "/api/generate", {"model": model, "keep_alive": 0})
+    except CLIError as err:
+        if "not found" not in str(err).lower():
+            print(f"Warning: unable to stop model '{model}'", file=sys.stderr)
 
 
 def _is_running(client: Client, model: str) -> bool:
-    running = client.request("GET", "/api/ps")["models"]
+    running = (client.request("GET", "/api/ps") or {}).get("models") or []
     names = {m.get("name", "").removesuffix(":latest") for m in running}
     return any(model in (m.get("name"), m.get("model")) for m in running) or model in names
 
@@ -242,39 +248,94 @@ def _extras(
 
 
 def format_show(shown: dict[str, Any], *, verbose: bool = False) -> str:
-    """`ember show MODEL`'s summary: model facts, capabilities, parameters, system, license;
-    with verbose, as Ollama's, every metadata key and the tensors too."""
-    info, details = shown.get("model_info") or {}, shown.get("details") or {}
-    arch = info.get("general.architecture", details.get("family", ""))
-    facts = [
-        ("architecture", arch),
-        ("parameters", details.get("parameter_size", "")),
-        ("context length", info.get(f"{arch}.context_length", "")),
-        ("embedding length", info.get(f"{arch}.embedding_length", "")),
-        ("quantization", details.get("quantization_level", "")),
-        ("requires", shown.get("requires", "")),
-    ]
-    sections = [("Model", [(k, str(v)) for k, v in facts if v != ""])]
-    sections.append(("Capabilities", [(c, "") for c in shown.get("capabilities", [])]))
-    params = [tuple(line.split(None, 1)) for line in shown.get("parameters", "").splitlines()]
-    sections.append(("Parameters", [(p[0], p[1] if len(p) > 1 else "") for p in params]))
-    for title, key in (("System", "system"), ("License", "license")):
-        if shown.get(key):
-            sections.append((title, [(line, "") for line in _head(shown[key], 2)]))
+    """`ember show MODEL`'s summary as Ollama's showInfo prints it: model facts, capabilities,
+    projector, parameters; with verbose every metadata key and the tensors; then the first
+    lines of the system message and the license. Each section is a table whose columns are as
+    wide as their widest cell, and four spaces after each (trailing ones too)."""
+    details = shown.get("details") or {}
+    sections = [("Model", _model_rows(shown.get("model_info"), details, shown.get("requires")))]
+    sections.append(("Capabilities", [[c] for c in shown.get("capabilities") or []]))
+    if shown.get("projector_info"):
+        sections.append(("Projector", _projector_rows(shown["projector_info"])))
+    lines = (shown.get("parameters") or "").splitlines()
+    sections.append(("Parameters", [line.split() for line in lines if line.strip()]))
     if verbose:
         metadata = sorted((shown.get("model_info") or {}).items())
-        sections.append(("Metadata", [(k, _shown_value(v)) for k, v in metadata]))
-        tensors = shown.get("tensors") or []
-        rows = [(t["name"], f"{t['type']}    {t['shape']}") for t in tensors if "name" in t]
-        sections.append(("Tensors", rows))
-    out = []
-    for title, rows in sections:
-        if rows:
-            width = max(20, *(len(k) + 4 for k, _ in rows))  # Metadata's keys run long
-            out.append(f"  {title}")
-            out += [f"    {k:<{width}}{v}".rstrip() for k, v in rows]
-            out.append("")
-    return "\n".join(out)
+        sections.append(("Metadata", [[k, _shown_value(v)] for k, v in metadata]))
+        tensors = [t for t in shown.get("tensors") or [] if "name" in t]
+        sections.append(("Tensors", [[t["name"], t.get("type", ""), _shape(t)] for t in tensors]))
+    for title, key in (("System", "system"), ("License", "license")):
+        if shown.get(key):
+            sections.append((title, [[line] for line in _head(shown[key], 2)]))
+    return "".join(_table(title, rows) for title, rows in sections if rows)
+
+
+def _shape(tensor: dict[str, Any]) -> str:
+    return "[" + " ".join(map(str, tensor.get("shape") or ())) + "]"  # Go's %v of a slice
+
+
+def _model_rows(info: Any, details: dict[str, Any], requires: Any) -> list[list[str]]:
+    rows = []
+    if isinstance(info, dict):
+        arch = info.get("general.architecture") or ""
+        if arch:
+            rows.append(["architecture", str(arch)])
+        count = info.get("general.parameter_count")
+        size = details.get("parameter_size") or (
+            _human_number(count) if isinstance(count, int | float) else ""
+        )
+        if size:
+            rows.append(["parameters", size])
+        for key in ("context_length", "embedding_length"):
+            if isinstance(info.get(f"{arch}.{key}"), int | float):
+                rows.append([key.replace("_", " "), go_format(float(info[f"{arch}.{key}"]))])
+    else:
+        rows += [["architecture", details.get("family", "")]]
+        rows += [["parameters", details.get("parameter_size", "")]]
+    rows.append(["quantization", details.get("quantization_level", "")])
+    if requires:
+        rows.append(["requires", str(requires)])
+    return rows
+
+
+def _projector_rows(info: dict[str, Any]) -> list[list[str]]:
+    arch = info.get("general.architecture") or ""
+    rows = [["architecture", str(arch)]] if arch else []
+    if isinstance(info.get("general.parameter_count"), int | float):
+        rows.append(["parameters", _human_number(info["general.parameter_count"])])
+    for suffix, label in (
+        ("embedding_length", "embedding length"),
+        ("projection_dim", "dimensions"),
+    ):
+        for modality in ("vision", "audio"):
+            value = info.get(f"{arch}.{modality}.{suffix}")
+            if isinstance(value, int | float):
+                rows.append([label, go_format(float(value))])
+                break
+    return rows
+
+
+def _human_number(n: float) -> str:
+    """Ollama's format.HumanNumber: 7B, 1.5B, 135M, 133.70M, 12K."""
+    n = int(n)
+    for size, unit, places in ((10**9, "B", 1), (10**6, "M", 2)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.{places}f}{unit}"
+    return f"{n / 1000:.0f}K" if n >= 1000 else str(n)
+
+
+def _table(title: str, rows: list[list[str]]) -> str:
+    """One of showInfo's tables: its title, its rows under an empty first column, a blank line."""
+    cells = [["", *row] for row in rows]
+    columns = max(len(row) for row in cells)
+    cells = [row + [""] * (columns - len(row)) for row in cells]
+    widths = [max(len(row[i]) for row in cells) for i in range(columns)]
+    body = "".join(
+        "".join(cell.ljust(width) + "    " for cell, width in zip(row, widths, strict=True)) + "\n"
+        for row in cells
+    )
+    return f"  {title}\n{body}\n"
 
 
 def _shown_value(value: Any) -> str:

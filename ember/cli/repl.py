@@ -163,10 +163,10 @@ class Repl:
     def _set_parameter(self, text: str) -> None:
         """As Ollama's: the words after the name are its value (stop takes each as one stop
         string), checked now rather than by every later message."""
-        name, *words = text.split()
-        if not words:
-            print("Usage:\n  /set parameter <name> <value>")
+        if len(text.split()) < 2:  # no name, or a name without a value: the help, as Ollama's
+            print(PARAMETERS_HELP, file=sys.stderr)
             return
+        name, *words = text.split()
         value = words if name == "stop" else parameter_value(words[0])
         try:
             if name not in DEPRECATED_PARAMETERS:  # accepted and ignored, as Ollama's
@@ -246,6 +246,21 @@ class Repl:
     def _clear(self, _: str) -> None:
         self.session.messages.clear()
         print("Cleared session context")
+
+
+PARAMETERS_HELP = """Available Parameters:
+  /set parameter seed <int>             Random number seed
+  /set parameter num_predict <int>      Max number of tokens to predict
+  /set parameter top_k <int>            Pick from top k num of tokens
+  /set parameter top_p <float>          Pick token based on sum of probabilities
+  /set parameter min_p <float>          Pick token based on top token probability * min_p
+  /set parameter num_ctx <int>          Set the context size
+  /set parameter temperature <float>    Set creativity level
+  /set parameter repeat_penalty <float> How strongly to penalize repetitions
+  /set parameter repeat_last_n <int>    Set how far back to look for repetitions
+  /set parameter num_gpu <int>          The number of layers to send to the GPU
+  /set parameter stop <string> <string> ...   Set the stop parameters
+"""
 
 
 def parameter_value(text: str) -> int | float | bool | str:

@@ -4,6 +4,7 @@ fake generation): outputs, one-line errors and exit codes."""
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_support import Ember, one_line_error
@@ -297,7 +298,8 @@ def test_show_verbose_prints_metadata_and_requires_as_ollamas_show() -> None:
         "a.ids": list(range(2000)),
     }
     text = format_show({"model_info": info, "requires": "0.14.0"}, verbose=True)
-    rows = {line.split()[0]: line.split(None, 1)[1] for line in text.splitlines() if "." in line}
+    lines = [line.split(None, 1) for line in text.splitlines() if "." in line]
+    rows = {key: value.rstrip() for key, value in lines}
     assert rows == {
         "general.languages": "[en]",
         "a.add_bos_token": "false",
@@ -312,7 +314,8 @@ def test_show_verbose_prints_metadata_and_requires_as_ollamas_show() -> None:
 @pytest.mark.parametrize(
     ("size", "shown"),
     [(475_850_312, "475 MB"), (999_600_000, "999 MB"), (5_500_000, "5.5 MB"), (1_500, "1.5 KB"),
-     (1_000_000_000, "1 GB"), (1_990_000_000, "1.9 GB"), (999, "999 B")],
+     (1_000_000_000, "1 GB"), (1_990_000_000, "2.0 GB"), (1_940_000_000, "1.9 GB"),
+     (1_999_999_999_999, "2.0 TB"), (999, "999 B")],
 )  # fmt: skip
 def test_sizes_as_ollamas_human_bytes(size: int, shown: str) -> None:
     from ember.cli.commands import human_bytes
@@ -355,3 +358,113 @@ def test_verbose_leaves_out_what_is_zero_as_ollamas_summary() -> None:
     out = io.StringIO()
     print_timings({"total_duration": 271_006_000, "prompt_eval_count": 10, "eval_count": 0}, out)
     assert out.getvalue() == "total duration:       271.006ms\nprompt eval count:    10 token(s)\n"
+
+
+def test_rm_stops_its_model_at_best(capsys) -> None:
+    """As Ollama's: a stop that fails is a warning and the delete goes on; a server that
+    answers /api/ps with nothing is no crash."""
+    from ember.cli.client import CLIError
+    from ember.cli.commands import unload
+
+    class Failing:
+        def request(self, method: str, path: str, body: object = None) -> object:
+            raise CLIError("boom")
+
+    class Empty:
+        def request(self, method: str, path: str, body: object = None) -> object:
+            return None
+
+    unload(Failing(), "tiny")  # type: ignore[arg-type]
+    assert capsys.readouterr().err == "Warning: unable to stop model 'tiny'\n"
+    unload(Empty(), "tiny")  # type: ignore[arg-type]
+    assert capsys.readouterr().err == ""
+
+
+DETAILS = {"family": "test", "parameter_size": "7B", "quantization_level": "FP16"}
+BARE = (
+    "  Model\n    architecture    test    \n    parameters      7B      \n"
+    "    quantization    FP16    \n\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("shown", "verbose", "expected"),
+    [
+        ({"details": DETAILS}, False, BARE),
+        (
+            {
+                "details": DETAILS,
+                "model_info": {
+                    "general.architecture": "test",
+                    "general.parameter_count": 7_000_000_000,
+                    "test.context_length": 0,
+                    "test.embedding_length": 0,
+                },
+            },
+            False,
+            "  Model\n    architecture        test    \n    parameters          7B      \n"
+            "    context length      0       \n    embedding length    0       \n"
+            "    quantization        FP16    \n\n",
+        ),
+        (
+            {
+                "details": {**DETAILS, "parameter_size": "8B"},
+                "parameters": "\n\t\t\tstop up",
+                "model_info": {
+                    "general.architecture": "test",
+                    "general.parameter_count": 8_000_000_000,
+                    "some.true_bool": True,
+                    "some.false_bool": False,
+                    "test.context_length": 1000,
+                    "test.embedding_length": 11434,
+                },
+                "tensors": [
+                    {"name": "blk.0.attn_k.weight", "type": "BF16", "shape": [42, 3117]},
+                    {"name": "blk.0.attn_q.weight", "type": "FP16", "shape": [3117, 42]},
+                ],
+            },
+            True,
+            "  Model\n    architecture        test     \n    parameters          8B       \n"
+            "    context length      1000     \n    embedding length    11434    \n"
+            "    quantization        FP16     \n\n"
+            "  Parameters\n    stop    up    \n\n"
+            "  Metadata\n    general.architecture       test     \n"
+            "    general.parameter_count    8e+09    \n    some.false_bool            false    \n"
+            "    some.true_bool             true     \n    test.context_length        1000     \n"
+            "    test.embedding_length      11434    \n\n"
+            "  Tensors\n    blk.0.attn_k.weight    BF16    [42 3117]    \n"
+            "    blk.0.attn_q.weight    FP16    [3117 42]    \n\n",
+        ),
+        (
+            {
+                "details": DETAILS,
+                "projector_info": {
+                    "general.architecture": "clip",
+                    "general.parameter_count": 133_700_000,
+                    "clip.vision.embedding_length": 0,
+                    "clip.vision.projection_dim": 0,
+                },
+            },
+            False,
+            BARE + "  Projector\n    architecture        clip       \n"
+            "    parameters          133.70M    \n    embedding length    0          \n"
+            "    dimensions          0          \n\n",
+        ),
+        (
+            {"details": DETAILS, "system": "You are a pirate!\nAhoy, matey!\nWeigh anchor!\n\t"},
+            False,
+            BARE + "  System\n    You are a pirate!    \n    Ahoy, matey!         \n"
+            "    ...                  \n\n",
+        ),
+        (
+            {"details": DETAILS, "capabilities": ["vision", "tools"]},
+            False,
+            BARE + "  Capabilities\n    vision    \n    tools     \n\n",
+        ),
+    ],
+)
+def test_show_prints_ollamas_tables(shown: dict[str, Any], verbose: bool, expected: str) -> None:
+    """Ollama's cmd_test.go TestShowInfo cases, byte for byte."""
+    from ember.cli.commands import format_show
+
+    assert format_show(shown, verbose=verbose) == expected

@@ -129,3 +129,10 @@ def test_show_sends_the_sessions_system_and_parameters(repl: Repl, capsys) -> No
         "/api/show",
         {"model": "tiny", "options": {"seed": 3}, "system": "Be brief."},
     )
+
+
+def test_set_parameter_without_a_value_prints_the_parameters(repl: Repl, capsys) -> None:
+    for command in ("/set parameter", "/set parameter seed"):  # the first had crashed the REPL
+        repl._command(command)
+        assert capsys.readouterr().err.startswith("Available Parameters:\n  /set parameter seed")
+    assert repl.session.options == {}
