@@ -219,7 +219,9 @@ def push(
 @app.command()
 def create(
     model: str,
-    file: Annotated[Path, typer.Option("--file", "-f", help="Modelfile")] = Path("Modelfile"),
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="Modelfile (default ./Modelfile)")
+    ] = None,
     quantize: Annotated[str | None, typer.Option("--quantize", "-q")] = None,
 ) -> None:
     """Create a model from a Modelfile."""

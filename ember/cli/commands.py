@@ -153,14 +153,17 @@ def push(client: Client, model: str, *, insecure: bool = False) -> None:
     show_progress(client.stream("/api/push", {"model": model, "insecure": insecure}))
 
 
-def create(client: Client, model: str, modelfile: Path, *, quantize: str | None = None) -> None:
-    """Creates `model` from a Modelfile; a FROM naming a local GGUF file is uploaded first."""
+def create(
+    client: Client, model: str, modelfile: Path | None, *, quantize: str | None = None
+) -> None:
+    """Creates `model` from a Modelfile; a FROM naming a local GGUF file is uploaded first.
+    Without one (none given, no ./Modelfile) the current folder's weights, as Ollama's
+    `FROM .`."""
     from ember.store import ModelfileError, parse_modelfile  # late: the store pulls in torch
 
+    modelfile, modelfile_text = _modelfile(modelfile)
     try:
-        commands = parse_modelfile(modelfile.read_bytes())
-    except OSError as e:
-        raise CLIError(f"cannot read {modelfile}: {e.strerror or e}") from None
+        commands = parse_modelfile(modelfile_text)
     except ModelfileError as e:
         raise CLIError(f"{modelfile}: {e}") from None
     body: dict[str, Any] = {"model": model, "stream": True}
@@ -188,6 +191,18 @@ def create(client: Client, model: str, modelfile: Path, *, quantize: str | None 
             params.setdefault(c.name, []).append(c.args)
     body.update({k: v for k, v in _extras(licenses, messages, params).items() if v})
     show_progress(client.stream("/api/create", body))
+
+
+def _modelfile(given: Path | None) -> tuple[Path, bytes]:
+    """The Modelfile (its FROMs are relative to its folder) and its text: ./Modelfile when none
+    is given, and without that `FROM .`."""
+    path = given or Path("Modelfile")
+    if given is None and not path.exists():
+        return path, b"FROM .\n"
+    try:
+        return path, path.read_bytes()
+    except OSError as e:
+        raise CLIError(f"cannot read {path}: {e.strerror or e}") from None
 
 
 def _from(client: Client, source: str, base: Path) -> dict[str, Any]:

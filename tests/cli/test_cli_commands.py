@@ -67,6 +67,10 @@ def test_create_from_a_folder_of_a_gguf_file(ember: Ember, tmp_path: Path, tiny_
     (tmp_path / "work" / "Modelfile").write_text("FROM .\n")
     created = ember("create", "tiny", cwd=tmp_path / "work")
     assert created.returncode == 0, created.stderr
+    # without a Modelfile at all, as Ollama's create: the folder's weights (FROM .)
+    (tmp_path / "work" / "Modelfile").unlink()
+    created = ember("create", "tiny2", cwd=tmp_path / "work")
+    assert created.returncode == 0, created.stderr
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "Modelfile").write_text("FROM .\n")
     refused = ember("create", "x", cwd=tmp_path / "empty")
