@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     # a bare --think is true and takes no value from the next word, as Ollama's (a level comes
     # with "=": --think=high)
-    args = ["--think=true" if a == "--think" else a for a in args]
+    args = _go_bools(["--think=true" if a == "--think" else a for a in args])
     try:
         result = app(args=args, prog_name="ember", standalone_mode=False)
     except (KeyboardInterrupt, typer.Abort):
@@ -48,6 +48,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: {e}", file=sys.stderr)
         return 1
     return result if isinstance(result, int) else 0
+
+
+# the boolean flags, off unless given; and Go's words for true and false (strconv.ParseBool)
+_BOOL_FLAGS = {"verbose", "nothink", "hidethinking", "nowordwrap", "insecure", "truncate"}
+_BOOL_FLAGS |= {"license", "modelfile", "parameters", "template", "system"}
+_TRUE, _FALSE = {"1", "t", "T", "TRUE", "true", "True"}, {"0", "f", "F", "FALSE", "false", "False"}
+
+
+def _go_bools(args: list[str]) -> list[str]:
+    """`--flag=false` and `--flag=true` as Go's flags take them (Ollama's own help says "Set
+    --truncate=false"): the bare flag, or none (--no-truncate for truncate, unset otherwise)."""
+    out = []
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if not (
+            eq and name.startswith("--") and name[2:] in _BOOL_FLAGS and value in _TRUE | _FALSE
+        ):
+            out.append(arg)
+        elif value in _TRUE:
+            out.append(name)
+        elif name == "--truncate":
+            out.append("--no-truncate")
+    return out
 
 
 def _version(value: bool) -> None:

@@ -154,6 +154,10 @@ def test_run_of_an_embedding_model_prints_the_vector(ember: Ember, fake: FakeSer
     assert result.stdout.strip() == "[0.5,0.5,0.5]"
     body = fake.bodies("/api/embed")[-1]
     assert body == {"model": "tiny", "input": "some text", "truncate": False, "dimensions": 3}
+    # Go's flag forms too, as Ollama's help says: "Set --truncate=false"
+    for flag, truncate in (("--truncate=false", False), ("--truncate=true", True)):
+        assert ember("run", "tiny", "some", "text", flag).returncode == 0
+        assert fake.bodies("/api/embed")[-1]["truncate"] is truncate
     assert not fake.bodies("/api/generate")
     result = ember("run", "tiny", stdin="")
     assert result.returncode != 0 and one_line_error(result.stderr)
