@@ -92,16 +92,16 @@ def _print_stream(
                     is_thinking = True
                 out.write(thought)
         if piece:
-            if is_thinking:
-                out.write("\n...done thinking.\n\n")
+            if is_thinking:  # a line of its own, as Ollama's
+                ends_line = "".join(thinking).endswith("\n")
+                out.write(("" if ends_line else "\n") + "...done thinking.\n\n")
                 is_thinking = False
             content.append(piece)
             out.write(piece)
         out.flush()
         if record.get("done"):
             final = record
-    out.write("\n" if content and not "".join(content).endswith("\n") else "")
-    out.write("\n" if sys.stdin.isatty() else "")  # a blank line before the next prompt
+    out.write("\n\n")  # as Ollama's run, a terminal or not: the answer's line, a blank one
     out.flush()
     return "".join(content), "".join(thinking), final
 

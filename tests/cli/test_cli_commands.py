@@ -476,3 +476,26 @@ def test_show_prints_ollamas_tables(shown: dict[str, Any], verbose: bool, expect
     from ember.cli.commands import format_show
 
     assert format_show(shown, verbose=verbose) == expected
+
+
+@pytest.mark.parametrize(
+    ("thought", "printed"),
+    [
+        ("a plan", "Thinking...\na plan\n...done thinking.\n\nHi!\n\n"),
+        ("a plan\n", "Thinking...\na plan\n...done thinking.\n\nHi!\n\n"),  # no blank line more
+    ],
+)
+def test_run_prints_thinking_and_the_answer_as_ollamas(thought: str, printed: str) -> None:
+    """As Ollama's generate: the closing line on a line of its own, two newlines at the end
+    (a terminal or not)."""
+    import io
+
+    from ember.cli.chat import Session, _print_stream
+
+    class Streamed:
+        def stream(self, path: str, body: object) -> list[dict[str, object]]:
+            return [{"thinking": thought}, {"response": "Hi!"}, {"response": "", "done": True}]
+
+    out = io.StringIO()
+    _print_stream(Streamed(), "/api/generate", {}, Session("tiny"), out)  # type: ignore[arg-type]
+    assert out.getvalue() == printed
