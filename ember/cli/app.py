@@ -170,11 +170,21 @@ def run(
             from ember.cli.repl import Repl
 
             client.request("POST", "/api/chat", {"model": model, "messages": [], "stream": False})
+            _print_history(shown.get("messages") or [])
             Repl(client, session).loop()
         elif text.strip():
             generate_once(client, session, text)
         else:
             client.request("POST", "/api/generate", {"model": model, "stream": False})
+
+
+def _print_history(messages: list[dict[str, Any]]) -> None:
+    """The model's own MESSAGEs, as Ollama's REPL shows them before its first prompt."""
+    for m in messages:
+        if m.get("role") == "user":
+            print(f">>> {m.get('content', '')}")
+        elif m.get("role") == "assistant":
+            print(f"{m.get('content', '')}\n")
 
 
 def _embed_once(client: Client, body: dict[str, Any]) -> None:
@@ -212,11 +222,14 @@ def _think(value: str | None) -> bool | str | None:
 
 
 def _prompt_text(words: list[str]) -> str | None:
-    """The one-shot prompt: piped stdin then the arguments; None for an interactive session."""
+    """The one-shot prompt: piped stdin then the arguments; None for an interactive session,
+    which needs a terminal on both sides (output to a file or a pipe is quiet, as Ollama's)."""
     if not sys.stdin.isatty():
         piped = sys.stdin.read()
         return " ".join(p for p in (piped, *words) if p)
-    return " ".join(words) if words else None
+    if words or not sys.stdout.isatty():
+        return " ".join(words)
+    return None
 
 
 @app.command()

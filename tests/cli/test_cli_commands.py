@@ -499,3 +499,25 @@ def test_run_prints_thinking_and_the_answer_as_ollamas(thought: str, printed: st
     out = io.StringIO()
     _print_stream(Streamed(), "/api/generate", {}, Session("tiny"), out)  # type: ignore[arg-type]
     assert out.getvalue() == printed
+
+
+def test_run_without_a_terminal_for_its_output_is_not_interactive(monkeypatch) -> None:
+    """As Ollama's: `ember run m > out.txt` loads the model and ends, no REPL in the file."""
+    import sys
+
+    from ember.cli.app import _prompt_text
+
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    assert _prompt_text([]) == ""
+    assert _prompt_text(["hi", "there"]) == "hi there"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert _prompt_text([]) is None  # a terminal on both sides: the REPL
+
+
+def test_the_repl_starts_with_the_models_own_messages(capsys) -> None:
+    from ember.cli.app import _print_history
+
+    _print_history([{"role": "user", "content": "Is the sky blue?"},
+                    {"role": "assistant", "content": "Yes, it is."}])  # fmt: skip
+    assert capsys.readouterr().out == ">>> Is the sky blue?\nYes, it is.\n\n"
