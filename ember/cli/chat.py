@@ -43,8 +43,7 @@ def chat_turn(client: Client, session: Session, text: str, out: TextIO = sys.std
     cannot be sent is a CLIError before anything joins the history."""
     prompt, images = _with_images(session, text)
     session.messages.append({"role": "user", "content": prompt} | _images(images))
-    system = [{"role": "system", "content": session.system}] if session.system else []
-    body = session.common() | {"messages": system + session.messages, "stream": True}
+    body = session.common() | {"messages": session.messages, "stream": True}
     content, thinking, final = _print_stream(client, "/api/chat", body, session, out)
     message = {"role": "assistant", "content": content}
     if thinking:

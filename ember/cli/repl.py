@@ -195,6 +195,12 @@ class Repl:
             print("Usage:\n  /set system <message> or /set system \"\"\"<message>\"\"\"")
             return
         self.session.system = text
+        # where the chat is, as Ollama's: a system message in the history, or the last one
+        # replaced when it is one
+        messages = self.session.messages
+        if messages and messages[-1]["role"] == "system":
+            messages.pop()
+        messages.append({"role": "system", "content": text})
         print("Set system message.")
 
     def _show(self, rest: str) -> None:
@@ -245,6 +251,8 @@ class Repl:
 
     def _clear(self, _: str) -> None:
         self.session.messages.clear()
+        if self.session.system:  # as Ollama's: the system message stays
+            self.session.messages.append({"role": "system", "content": self.session.system})
         print("Cleared session context")
 
 

@@ -136,3 +136,16 @@ def test_set_parameter_without_a_value_prints_the_parameters(repl: Repl, capsys)
         repl._command(command)
         assert capsys.readouterr().err.startswith("Available Parameters:\n  /set parameter seed")
     assert repl.session.options == {}
+
+
+def test_set_system_joins_the_history_where_the_chat_is(repl: Repl, capsys) -> None:
+    """As Ollama's REPL: a system message at that point, the last one replaced when it is one;
+    /clear keeps it."""
+    said = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    repl.session.messages = list(said)
+    repl._command("/set system Be brief.")
+    repl._command("/set system Be very brief.")
+    assert repl.session.messages[2:] == [{"role": "system", "content": "Be very brief."}]
+    assert len(repl.session.messages) == 3
+    repl._command("/clear")
+    assert repl.session.messages == [{"role": "system", "content": "Be very brief."}]
