@@ -12,6 +12,7 @@ from typing import Any
 from ember.cli.client import Client, CLIError
 from ember.cli.progress import show_progress
 from ember.gofuncs import go_format
+from ember.human import human_number
 from ember.weightfiles import model_safetensors
 
 
@@ -297,13 +298,13 @@ def _model_rows(info: Any, details: dict[str, Any], requires: Any) -> list[list[
             rows.append(["architecture", str(arch)])
         count = info.get("general.parameter_count")
         size = details.get("parameter_size") or (
-            _human_number(count) if isinstance(count, int | float) else ""
+            human_number(count) if isinstance(count, int | float) else ""
         )
         if size:
             rows.append(["parameters", size])
         for key in ("context_length", "embedding_length"):
             if isinstance(info.get(f"{arch}.{key}"), int | float):
-                rows.append([key.replace("_", " "), go_format(float(info[f"{arch}.{key}"]))])
+                rows.append([key.replace("_", " "), _shown_value(info[f"{arch}.{key}"])])
     else:
         rows += [["architecture", details.get("family", "")]]
         rows += [["parameters", details.get("parameter_size", "")]]
@@ -317,7 +318,7 @@ def _projector_rows(info: dict[str, Any]) -> list[list[str]]:
     arch = info.get("general.architecture") or ""
     rows = [["architecture", str(arch)]] if arch else []
     if isinstance(info.get("general.parameter_count"), int | float):
-        rows.append(["parameters", _human_number(info["general.parameter_count"])])
+        rows.append(["parameters", human_number(info["general.parameter_count"])])
     for suffix, label in (
         ("embedding_length", "embedding length"),
         ("projection_dim", "dimensions"),
@@ -325,19 +326,9 @@ def _projector_rows(info: dict[str, Any]) -> list[list[str]]:
         for modality in ("vision", "audio"):
             value = info.get(f"{arch}.{modality}.{suffix}")
             if isinstance(value, int | float):
-                rows.append([label, go_format(float(value))])
+                rows.append([label, _shown_value(value)])
                 break
     return rows
-
-
-def _human_number(n: float) -> str:
-    """Ollama's format.HumanNumber: 7B, 1.5B, 135M, 133.70M, 12K."""
-    n = int(n)
-    for size, unit, places in ((10**9, "B", 1), (10**6, "M", 2)):
-        if n >= size:
-            value = n / size
-            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.{places}f}{unit}"
-    return f"{n / 1000:.0f}K" if n >= 1000 else str(n)
 
 
 def _table(title: str, rows: list[list[str]]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from ember import catalog
 from ember.errors import ModelNotFoundError
 from ember.gguf import GGUFError, GGUFFile
+from ember.human import human_number
 from ember.pooling import POOLING_RANK
 from ember.server.errors import APIError, not_found
 from ember.server.harmony import uses_harmony
@@ -30,7 +31,7 @@ from ember.server.thinking import ThinkingTags, infer_tags
 from ember.server.tools import ToolCallFormat, can_use_tools, tool_call_format
 from ember.server.vision import runs_vision
 from ember.store import Store, StoreError, get_model, list_models
-from ember.store.ggufinfo import FILE_TYPES, human_number
+from ember.store.ggufinfo import FILE_TYPES
 from ember.template import BUILTIN, fills_gaps
 
 log = logging.getLogger("ember.server")

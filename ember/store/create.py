@@ -14,11 +14,12 @@ from typing import Any
 
 from ember.errors import ModelNotFoundError, OptionsError
 from ember.gotemplate import GoTemplate, GoTemplateError, is_go_template
+from ember.human import human_number
 from ember.options import Options
 from ember.store import manifest as mt
 from ember.store.convert_files import convert_files, is_hf_directory
 from ember.store.errors import CreateError, ModelfileError, StoreError
-from ember.store.ggufinfo import GGUFInfo, human_number, read_gguf_info
+from ember.store.ggufinfo import GGUFInfo, read_gguf_info
 from ember.store.manifest import Layer, Manifest, go_json
 from ember.store.modelfile import (
     DEPRECATED_PARAMETERS,

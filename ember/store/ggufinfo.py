@@ -56,14 +56,3 @@ def _info(gguf: GGUFFile, label: str) -> GGUFInfo:
         num_params=sum(math.prod(t.shape) for t in gguf.tensors.values()),
         file_type=FILE_TYPES.get(ftype, "unknown") if isinstance(ftype, int) else "unknown",
     )
-
-
-def human_number(n: int) -> str:
-    """Ollama's format.HumanNumber: 135M, 1.5B, 494.03M, 12K."""
-    for unit, scale in (("B", 10**9), ("M", 10**6)):
-        if n >= scale:
-            value = n / scale
-            if value == math.floor(value):
-                return f"{value:.0f}{unit}"
-            return f"{value:.1f}{unit}" if unit == "B" else f"{value:.2f}{unit}"
-    return f"{n / 1000:.0f}K" if n >= 1000 else str(n)

@@ -10,6 +10,7 @@ import pytest
 
 from ember.errors import ModelNotFoundError
 from ember.gguf import GGUFFile
+from ember.human import human_number
 from ember.store import (
     CreateError,
     CreateRequest,
@@ -23,7 +24,6 @@ from ember.store import (
     render_modelfile,
 )
 from ember.store import manifest as mt
-from ember.store.ggufinfo import human_number
 from ember.store.modelfile import model_commands
 
 TEMPLATE = "{{ .Prompt }}"
