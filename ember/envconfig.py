@@ -8,13 +8,16 @@ import logging
 import math
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from ember.errors import OptionsError
 
-_FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+# Go's strconv.ParseBool, which Ollama's envconfig reads its switches with
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 
 def _get(name: str) -> str:
@@ -42,9 +45,10 @@ def _int(name: str, default: int, *, minimum: int, maximum: int | None = None) -
 
 
 def _bool(name: str) -> bool:
-    # As Ollama's envconfig.Bool: unset or a "false" word is off, any other value is on.
-    text = _get(name).lower()
-    return bool(text) and text not in _FALSE_WORDS
+    # As Ollama's envconfig.Bool: unset or one of Go's false words (0, f, false, ...) is off;
+    # any other value is on, even one Go's ParseBool refuses ("no" included)
+    text = _get(name)
+    return bool(text) and text not in _GO_FALSE
 
 
 def models_dir() -> Path:
@@ -102,8 +106,8 @@ def cpu_isa() -> str:
 
 
 def debug() -> bool:
-    """Verbose logging (EMBER_DEBUG)."""
-    return _bool("EMBER_DEBUG")
+    """Verbose logging (EMBER_DEBUG at DEBUG or TRACE)."""
+    return log_level() <= logging.DEBUG
 
 
 # --- durations: Go's time.ParseDuration forms, as Ollama's keep_alive and env values take them ---
@@ -193,12 +197,19 @@ class HostAddress:
 
     @property
     def is_loopback(self) -> bool:
+        """Whether the server binds a loopback address: a name counts by the address it
+        resolves to first, the one Go's net.Listen (and uvicorn) binds."""
         if self.host == "localhost":
             return True
         try:
             return ipaddress.ip_address(self.host).is_loopback
         except ValueError:
+            pass
+        try:
+            first = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0][4][0]
+        except (OSError, IndexError, UnicodeError):
             return False
+        return ipaddress.ip_address(str(first).partition("%")[0]).is_loopback
 
 
 def parse_host(text: str) -> HostAddress:
@@ -324,8 +335,9 @@ def load_timeout() -> float:
 
 
 def context_length() -> int:
-    """The default num_ctx of a request that sets none (EMBER_CONTEXT_LENGTH, default 4096)."""
-    return _int("EMBER_CONTEXT_LENGTH", 4096, minimum=1)
+    """The default num_ctx of a request that sets none (EMBER_CONTEXT_LENGTH, default 4096; 0 is
+    Ollama's "unset" too)."""
+    return _int("EMBER_CONTEXT_LENGTH", 0, minimum=0) or 4096
 
 
 # the KV cache's sequences at most (kvcache.causal's: a bit each in one int64)
@@ -382,13 +394,17 @@ TRACE = 5  # below logging.DEBUG, as Ollama's slog level -8
 
 
 def log_level() -> int:
-    """A `logging` level from EMBER_DEBUG as Ollama's: unset/false INFO, true/1 DEBUG, 2 TRACE."""
-    text = _get("EMBER_DEBUG").lower()
-    if not text or text in _FALSE_WORDS:
+    """A `logging` level from EMBER_DEBUG as Ollama's LogLevel: one of Go's true words DEBUG;
+    another integer n slog's level -4n (2 TRACE, -1 WARN, -2 ERROR); anything else INFO."""
+    text = _get("EMBER_DEBUG")
+    if text in _GO_TRUE:
+        return logging.DEBUG
+    steps = int(text) if re.fullmatch(r"[-+]?\d+", text) else 0
+    if steps == 0:
         return logging.INFO
-    if text.lstrip("-").isdigit() and int(text) >= 2:
+    if steps >= 2:
         return TRACE
-    return logging.DEBUG
+    return {1: logging.DEBUG, -1: logging.WARNING, -2: logging.ERROR}.get(steps, logging.CRITICAL)
 
 
 def debug_log_requests() -> bool:

@@ -203,8 +203,8 @@ def test_envconfig_reads_the_environment_on_each_call(monkeypatch: pytest.Monkey
     assert envconfig.cache_dir() == Path.home() / "elsewhere"
     monkeypatch.setenv("EMBER_NUM_THREADS", " 3 ")
     assert envconfig.num_threads() == 3
-    for text, expected in [("1", True), ("true", True), ("x", True), ("0", False),
-                           ("FALSE", False), ("off", False), ("", False)]:
+    for text, expected in [("1", True), ("true", True), ("2", True), ("x", False), ("0", False),
+                           ("FALSE", False), ("-1", False), ("", False)]:
         monkeypatch.setenv("EMBER_DEBUG", text)
         assert envconfig.debug() is expected, text
 

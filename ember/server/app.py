@@ -141,7 +141,9 @@ async def _request_error(request: Request, err: RequestError) -> JSONResponse:
 
 
 async def _http_error(request: Request, err: HTTPException) -> JSONResponse:
-    return _body(request, err.status_code, str(err.detail).lower())
+    response = _body(request, err.status_code, str(err.detail).lower())
+    response.headers.update(err.headers or {})  # a 405's Allow, as gin sends it
+    return response
 
 
 async def _internal_error(request: Request, err: Exception) -> JSONResponse:

@@ -75,6 +75,8 @@ class HostCheck:
             return await self.app(scope, receive, send)
         host = _host_name(header(scope, "host") or "")
         if self.is_allowed(host):
+            if scope["method"] == "OPTIONS" and header(scope, "origin") is None:
+                return await _no_content(send, [])  # as allowedHostsMiddleware
             return await self.app(scope, receive, send)
         await send_error(send, 403, f"host {host!r} is not allowed", path=scope["path"])
 
@@ -105,13 +107,13 @@ class Cors:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         origin = header(scope, "origin") if scope["type"] == "http" else None
-        if origin is None:
+        if not origin:  # an empty Origin is no CORS request either (gin-contrib/cors)
             return await self.app(scope, receive, send)
         if not self.is_allowed(origin, header(scope, "host") or ""):
             message = f"origin {origin!r} is not allowed"
             return await send_error(send, 403, message, path=scope["path"])
         allow = [(b"access-control-allow-origin", origin.encode()), (b"vary", b"Origin")]
-        if scope["method"] == "OPTIONS" and header(scope, "access-control-request-method"):
+        if scope["method"] == "OPTIONS":  # any OPTIONS with an Origin, as gin-contrib/cors
             return await _preflight(send, allow, header(scope, "access-control-request-headers"))
 
         async def send_allowed(message: Message) -> None:
@@ -142,7 +144,11 @@ async def _preflight(send: Send, allow: Headers, requested_headers: str | None) 
     ]
     if requested_headers:  # the origin is trusted: it may send the headers it asks for
         headers.append((b"access-control-allow-headers", requested_headers.encode("latin-1")))
-    await send({"type": "http.response.start", "status": 204, "headers": headers})
+    await _no_content(send, headers)
+
+
+async def _no_content(send: Send, headers: Headers) -> None:
+    await send({"type": "http.response.start", "status": 204, "headers": list(headers)})
     await send({"type": "http.response.body", "body": b""})
 
 

@@ -2,6 +2,7 @@
 
 import logging
 import math
+import socket
 
 import pytest
 
@@ -182,7 +183,6 @@ def test_keep_alive_as_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         ("EMBER_KEEP_ALIVE", "soon"),
         ("EMBER_LOAD_TIMEOUT", "5 minutes"),
-        ("EMBER_CONTEXT_LENGTH", "0"),
         ("EMBER_NUM_PARALLEL", "-1"),
         ("EMBER_NUM_PARALLEL", "64"),  # past the KV cache's sequences: at start, not at loads
         ("EMBER_MAX_QUEUE", "many"),
@@ -208,17 +208,60 @@ def test_bad_settings_are_errors_naming_the_variable(
 @pytest.mark.parametrize(
     ("value", "level"),
     [
+        # Ollama's TestLogLevel table
         ("", logging.INFO),
-        ("0", logging.INFO),
         ("false", logging.INFO),
-        ("1", logging.DEBUG),
+        ("f", logging.INFO),
+        ("0", logging.INFO),
         ("true", logging.DEBUG),
+        ("t", logging.DEBUG),
+        ("1", logging.DEBUG),
         ("2", envconfig.TRACE),
+        ("-1", logging.WARNING),
+        ("-2", logging.ERROR),
+        # neither Go's bool nor an integer
+        ("yes", logging.INFO),
+        ("random", logging.INFO),
     ],
 )
 def test_log_level_from_ember_debug(monkeypatch: pytest.MonkeyPatch, value: str, level: int):
     monkeypatch.setenv("EMBER_DEBUG", value)
     assert envconfig.log_level() == level
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    # Ollama's TestBool table, and Go's ParseBool words: a value it refuses is on
+    [("", False), ("true", True), ("false", False), ("1", True), ("0", False), ("random", True),
+     ("something", True), ("f", False), ("F", False), ("FALSE", False), ("no", True),
+     ("off", True), ("fAlSe", True)],
+)
+def test_switches_read_as_ollamas_bool(monkeypatch: pytest.MonkeyPatch, value: str, on: bool):
+    monkeypatch.setenv("EMBER_NOPRUNE", value)
+    assert envconfig.no_prune() is on
+
+
+def test_context_length_zero_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_CONTEXT_LENGTH", "0")
+    assert envconfig.context_length() == 4096
+
+
+def test_a_name_counts_by_the_address_it_binds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the Host check's switch: the address a name binds, not its spelling (Ollama checks ln.Addr)
+    addresses = {"vm": "127.0.0.1", "lan": "10.1.2.3", "v6": "::1"}
+
+    def getaddrinfo(host: str, port: int, **_: object) -> list[tuple]:
+        if host not in addresses:
+            raise socket.gaierror("unknown")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (addresses[host], port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    assert envconfig.parse_host("vm:11588").is_loopback
+    assert envconfig.parse_host("v6:11588").is_loopback
+    assert not envconfig.parse_host("lan:11588").is_loopback
+    assert not envconfig.parse_host("nowhere:11588").is_loopback
+    assert envconfig.parse_host("127.0.0.2:1").is_loopback
+    assert not envconfig.parse_host("0.0.0.0:1").is_loopback
 
 
 def test_origins_are_the_users_then_ollamas_local_defaults(monkeypatch: pytest.MonkeyPatch):

@@ -159,6 +159,24 @@ def test_preflight_is_answered_without_the_api_key() -> None:
     assert response.headers["access-control-allow-headers"] == "authorization, content-type"
 
 
+def test_options_with_an_origin_is_a_preflight_even_without_a_method() -> None:
+    # gin-contrib/cors answers every OPTIONS that carries an Origin as a preflight
+    response = client().options("/api/chat", headers={"Origin": "http://localhost:3000"})
+    assert response.status_code == 204
+    assert response.headers["access-control-allow-origin"] == "http://localhost:3000"
+
+
+def test_options_from_a_local_host_without_an_origin_is_no_content() -> None:
+    # Ollama's allowedHostsMiddleware answers it 204 itself
+    assert client().options("/api/chat").status_code == 204
+
+
+def test_an_empty_origin_is_no_cors_request() -> None:
+    response = client(origins=[]).get("/", headers={"Origin": ""})
+    assert response.status_code == 200
+    assert "access-control-allow-origin" not in response.headers
+
+
 def test_preflight_from_another_origin_is_refused() -> None:
     response = client().options(
         "/api/chat",

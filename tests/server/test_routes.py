@@ -252,6 +252,12 @@ def test_unknown_routes_are_json_404(client):
     assert r.status_code == 404 and "error" in r.json()
 
 
+def test_a_wrong_method_is_405_with_allow(client):
+    r = client.get("/api/chat")
+    assert r.status_code == 405 and "error" in r.json()
+    assert r.headers["allow"] == "POST"  # as gin sends it
+
+
 def test_debug_render_only_answers_the_prompt_without_generating(client, starter):
     r = client.post(
         "/api/generate",
