@@ -104,7 +104,9 @@ async def embed(request: Request) -> dict[str, Any]:
 
 @router.post("/api/embeddings", openapi_extra=json_body(EmbeddingRequest))
 async def embeddings(request: Request) -> dict[str, Any]:
-    """The legacy form: one prompt, its vector as the model gives it (not normalised)."""
+    """The legacy form: one prompt, never truncated (Ollama's runner refuses a longer one), its
+    vector as the model gives it: unit length from an embedding model (Ollama's BERT, Gemma 3
+    and Qwen3 embedders normalize in their forward), raw from a decoder."""
     req = await body_of(request, EmbeddingRequest)
     state = state_of(request)
     plan = state.plan(req.model, req.options)
@@ -112,11 +114,15 @@ async def embeddings(request: Request) -> dict[str, Any]:
     async with state.lease(plan, req.keep_alive) as lease:
         if not req.prompt:
             return {"embedding": []}
+        work = lease.runner.embedding(req.prompt, truncate=False)
         try:
-            result = await until_disconnected(request, lease.runner.embedding(req.prompt))
+            result = await until_disconnected(request, work)
         except RunnerError as err:
             raise await runner_failure(err, lease.runner) from None
-    return {"embedding": result["embedding"]}
+    vector = result["embedding"]
+    if "embedding" in plan.model.capabilities:
+        vector = embedding.normalize(vector)
+    return {"embedding": vector}
 
 
 @router.post("/api/rerank", openapi_extra=json_body(RerankRequest))

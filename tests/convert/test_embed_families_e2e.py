@@ -61,7 +61,7 @@ def test_the_three_routes_give_the_same_vectors(served: httpx.Client, name: str)
         assert len(a) == MODELS[name][1]
         assert_close(a, b["embedding"])
         raw = served.post("/api/embeddings", json={"model": name, "prompt": text})
-        assert_close(a, unit(raw.json()["embedding"]))
+        assert_close(a, raw.json()["embedding"])  # unit length there too, as Ollama's models
     body = {"model": name, "input": TEXTS[0], "dimensions": 8}
     cut = served.post("/api/embed", json=body).json()["embeddings"][0]
     assert_close(cut, unit(vectors["embeddings"][0][:8]))
@@ -75,6 +75,8 @@ def test_truncate_show_and_refused_generation(served: httpx.Client, name: str) -
     reply = served.post("/api/embed", json={"model": name, "input": long, "truncate": False})
     assert reply.status_code == 400 and "context length" in reply.json()["error"]
     assert served.post("/api/embed", json={"model": name, "input": long}).status_code == 200
+    legacy = served.post("/api/embeddings", json={"model": name, "prompt": long})  # never cut
+    assert legacy.status_code == 400 and "context length" in legacy.json()["error"]
     shown = served.post("/api/show", json={"model": name}).json()
     assert shown["capabilities"] == ["embedding"]
     assert shown["model_info"]["general.architecture"] == MODELS[name][2]

@@ -241,7 +241,7 @@ def test_embed_normalises_and_cuts_dimensions(client):
     assert len(r.json()["embeddings"]) == 2  # "" is an input in a list (alone: none)
 
 
-def test_legacy_embeddings_are_not_normalised(client):
+def test_a_decoders_legacy_embeddings_are_not_normalised(client):
     r = client.post("/api/embeddings", json={"model": "fake", "prompt": "abc"})
     assert r.json() == {"embedding": [3.0, 0.0, 3.0, 4.0]}
     assert client.post("/api/embeddings", json={"model": "fake"}).json() == {"embedding": []}
