@@ -43,8 +43,17 @@ def decode_image(data: bytes) -> Image.Image:
     return image
 
 
+# Pillow's modes of 16-bit (and 32-bit integer) grays: a 16-bit grayscale PNG opens as one
+_WIDE_GRAYS = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
     """RGB, with any transparency composited onto white (as transformers and Ollama do)."""
+    if image.mode in _WIDE_GRAYS:
+        # Pillow's own conversion clips every gray above 255 to white; Go's image decoder keeps
+        # a 16-bit gray's high byte (Ollama's r >> 8)
+        high = (np.asarray(image).astype(np.int64) >> 8).clip(0, 255).astype(np.uint8)
+        return Image.fromarray(high, "L").convert("RGB")
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))

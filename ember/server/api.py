@@ -43,15 +43,21 @@ def _base64(value: Any) -> Any:
     if not isinstance(value, str):
         return value
     try:
-        return base64.b64decode(value, validate=True)
+        return _strict_base64(value)
     except binascii.Error:
         raise ValueError("images must be base64-encoded") from None
+
+
+def _strict_base64(text: str) -> bytes:
+    # Go's base64.StdEncoding, which Ollama's []byte fields decode with: padded, no other
+    # alphabet, but line breaks (`base64 img.png`'s 76 columns, CRLF) skipped wherever they are
+    return base64.b64decode(text.replace("\r", "").replace("\n", ""), validate=True)
 
 
 def image_bytes(data: str, param: str) -> bytes:
     """An image sent as base64 text; RequestError naming param when it is not base64."""
     try:
-        return base64.b64decode(data, validate=True)
+        return _strict_base64(data)
     except binascii.Error:
         raise RequestError("invalid image input: bad base64 data", param) from None
 

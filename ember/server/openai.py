@@ -29,7 +29,7 @@ from ember.server.errors import APIError, openai_error
 from ember.server.image_urls import Fetched, fetch_images
 from ember.server.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
 from ember.server.routes import body_of, state_of
-from ember.server.streaming import collect, interleaved, sse_response, started
+from ember.server.streaming import collect, interleaved, sse_response, started, until_disconnected
 
 router = APIRouter(prefix="/v1")
 Chunk = dict[str, Any]
@@ -49,6 +49,9 @@ async def chat_completions(request: Request) -> Response:
     native = _native_chat(req, await fetch_images(req.image_urls()))
     state = state_of(request)
     reply = _Reply("chatcmpl", req.model, include_usage=_usage_wanted(req))
+    if req.debug_render_only:
+        shown = await until_disconnected(request, generation.rendered(state, native))
+        return JSONResponse(_rendered(reply.chat([shown]), shown))
     if not req.stream:
 
         def one(i: int) -> AsyncGenerator[Chunk, None]:
@@ -224,6 +227,14 @@ def _adds(delta: dict[str, Any]) -> bool:
     return any(value for key, value in delta.items() if key != "role")
 
 
+def _rendered(body: Chunk, native: Chunk) -> Chunk:
+    """Ollama's `_debug_render_only` answer on /v1, one object streamed or not: nothing
+    generated, no finish reason, the rendered prompt in `_debug_info`."""
+    for choice in body["choices"]:
+        choice["finish_reason"] = None
+    return {**body, "_debug_info": native["_debug_info"]}
+
+
 def _finish_reason(native: Chunk, has_calls: bool) -> str:
     # calls relabel only a stop: a call in an answer cut short ends with length, as Ollama's
     if native.get("done_reason") == "length":
@@ -302,6 +313,9 @@ async def completions(request: Request) -> Response:
     )
     state = state_of(request)
     reply = _Reply("cmpl", req.model, include_usage=_usage_wanted(req))
+    if req.debug_render_only:
+        shown = await until_disconnected(request, generation.rendered(state, native))
+        return JSONResponse(_rendered(reply.completion([shown]), shown))
     echo = req.prompt if req.echo else ""
     if not req.stream:
 

@@ -23,7 +23,11 @@ from ember.server.api import (
 from ember.server.image_urls import NOTHING_FETCHED, Fetched, ImageRef, image_at, is_url
 from ember.server.prompt import Message
 
-_DATA_URI = tuple(f"data:image/{kind};base64," for kind in ("jpeg", "jpg", "png", "webp"))
+# Ollama's: four image types, or a blank one ("to match /api/chat's unadorned base64")
+_DATA_URI = (
+    *(f"data:image/{kind};base64," for kind in ("jpeg", "jpg", "png", "webp")),
+    "data:;base64,",
+)
 
 
 def _url(value: Any) -> Any:
@@ -178,6 +182,7 @@ class Sampling(Body):
     # long the model stays loaded after the request
     options: RequestOptions | None = None
     keep_alive: KeepAlive | None = None
+    debug_render_only: bool = Field(False, alias="_debug_render_only")  # as Ollama's /v1
 
     def ollama_options(self) -> dict[str, Any]:
         given = {

@@ -23,6 +23,7 @@ log = logging.getLogger("ember.server")
 _OPTION_NAMES = frozenset(f.name for f in fields(Options))
 _RUNNER_ACCEPTED = frozenset({"num_gpu", "main_gpu", "use_mmap"})  # no meaning here: dropped
 _SHAPE_OPTIONS = ("num_ctx", "num_batch", "num_thread")
+VISION_MIN_CTX = 2048  # Ollama's least num_ctx for a model with the vision capability
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,10 @@ class ServerState:
             projectors=tuple(str(p) for p in model.projector_paths),
             draft=self._draft_path(merged.draft_model or model.draft),
         )
+        if "vision" in model.capabilities and merged.num_ctx < VISION_MIN_CTX:
+            # as Ollama's scheduler: a model that takes images loads at least this context (an
+            # image alone is hundreds of tokens), then as any model no more than it was trained for
+            shape = replace(shape, num_ctx=VISION_MIN_CTX)
         if shape.num_ctx is not None and model.context_length > 0:  # as a load will cut it
             shape = replace(shape, num_ctx=min(shape.num_ctx, model.context_length))
         return Plan(model, merged, shape)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ember.model.imageproc import ImageError, decode_image, resize_and_crop
+from ember.model.imageproc import ImageError, decode_image, resize_and_crop, to_rgb
 
 
 def encoded(image: Image.Image, fmt: str) -> bytes:
@@ -33,6 +33,13 @@ def test_other_formats_are_refused_by_name(fmt: str) -> None:
     )
     with pytest.raises(ImageError, match=r"^the image is not a PNG, JPEG, GIF or WebP image$"):
         decode_image(data)
+
+
+def test_a_16_bit_gray_keeps_its_high_byte_as_gos_decoder() -> None:
+    # Pillow's conversion would make both white; Ollama's pixels are r >> 8
+    for value, expected in ((10000, 39), (60000, 234), (255, 0)):
+        image = decode_image(encoded(Image.new("I;16", (4, 3), value), "PNG"))
+        assert to_rgb(image).getpixel((1, 1)) == (expected,) * 3
 
 
 def test_bytes_that_are_no_image_say_so_without_internals() -> None:

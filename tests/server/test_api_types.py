@@ -21,6 +21,7 @@ from ember.server.api import (
     PushRequest,
     RequestError,
     ShowRequest,
+    image_bytes,
     parse_body,
 )
 from ember.server.openai_api import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
@@ -200,6 +201,16 @@ def test_bad_bodies_give_one_line(model: type[BaseModel], body: Any, message: st
     err = error(model, body)
     assert err.message.startswith(message)
     assert "\n" not in err.message
+
+
+def test_images_in_lines_of_base64_are_taken_as_go_takes_them() -> None:
+    # `base64 img.png` and Python's encodebytes break lines; Go's StdEncoding skips \r and \n
+    data = bytes(range(256)) * 3
+    wrapped = base64.encodebytes(data).decode().replace("\n", "\r\n")
+    assert GenerateRequest.model_validate({"model": "m", "images": [wrapped]}).images == [data]
+    assert image_bytes(wrapped, "x") == data
+    with pytest.raises(RequestError):
+        image_bytes(wrapped.replace("\r\n", " "), "x")  # other white space is not base64
 
 
 def test_invalid_json_says_so() -> None:
@@ -387,6 +398,8 @@ def test_openai_messages_become_ollamas() -> None:
                         {"type": "text", "text": "what is"},
                         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
                         {"type": "text", "text": "this?"},
+                        # a blank type too, as Ollama's decodeImageURL takes it
+                        {"type": "image_url", "image_url": {"url": f"data:;base64,{png}"}},
                     ],
                 },
                 {
@@ -407,7 +420,7 @@ def test_openai_messages_become_ollamas() -> None:
     )
     assert r.ollama_messages() == [
         Message("system", "be nice"),
-        Message("user", "what is\nthis?", images=(b"png",)),
+        Message("user", "what is\nthis?", images=(b"png", b"png")),
         Message(
             "assistant",
             "",

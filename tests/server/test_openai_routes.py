@@ -35,6 +35,23 @@ def test_chat_completion_object(client, starter):
     assert (options["temperature"], options["top_p"], options["seed"]) == (1.0, 1.0, 3)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_debug_render_only_answers_the_prompt_on_v1(client, starter, stream):
+    # as Ollama's middleware passes `_debug_render_only` through: one object, nothing generated
+    r = completion(client, stream=stream, _debug_render_only=True)
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert body["_debug_info"] == {"rendered_template": "<user>hi</user>\n<assistant>"}
+    assert body["choices"][0]["finish_reason"] is None
+    assert body["choices"][0]["message"]["content"] == ""
+    r = client.post(
+        "/v1/completions", json={"model": "fake", "prompt": "why", "_debug_render_only": True}
+    )
+    assert r.json()["_debug_info"] == {"rendered_template": "<user>why</user>\n<assistant>"}
+    assert r.json()["choices"][0]["text"] == ""
+    assert all(not r.prompts for r in starter.runners)
+
+
 def test_a_developer_message_is_a_system_one(client, starter):
     """OpenAI's newer name for system, as /v1/responses takes it (a template knows system)."""
     messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Q"}]
