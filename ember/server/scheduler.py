@@ -176,12 +176,17 @@ class Scheduler:
     ) -> tuple[Loaded, int]:
         """A slot on a runner for shape, and the nanoseconds its load (or wait for one) took."""
         start = time.perf_counter_ns()
-        held = asyncio.ensure_future(self._hold_runner(shape, info, context_length, keep_alive))
+        gone = asyncio.Event()
+        held = asyncio.ensure_future(
+            self._hold_runner(shape, info, context_length, keep_alive, gone)
+        )
         try:
             loaded = await asyncio.shield(held)
         except asyncio.CancelledError:
-            # the client went away: the load goes on (as Ollama's) and the model stays
-            # for the next request; only this request's hold is let go
+            # the client went away: a request still waiting for the lock loads nothing (as
+            # Ollama's processPending skips it); a load under way goes on and the model stays
+            # for the next request (Ollama's expires it), only this request's hold let go
+            gone.set()
             held.add_done_callback(self._abandon)
             raise
         load_duration = time.perf_counter_ns() - start
@@ -193,7 +198,12 @@ class Scheduler:
         return loaded, load_duration
 
     async def _hold_runner(
-        self, shape: Shape, info: Any, context_length: int, keep_alive: float | None
+        self,
+        shape: Shape,
+        info: Any,
+        context_length: int,
+        keep_alive: float | None,
+        gone: asyncio.Event,
     ) -> Loaded:
         if shape.num_ctx is not None:  # what it loads with is what it matches
             shape = replace(shape, num_ctx=bounded_ctx(shape.num_ctx, context_length))
@@ -206,6 +216,8 @@ class Scheduler:
             self._hold(loaded, keep_alive)
             return loaded
         async with self._lock:
+            if gone.is_set():  # no eviction, reload or load for a client that left
+                raise asyncio.CancelledError
             loaded = await self._runner_for(shape, info, context_length)
             self._hold(loaded, keep_alive)
             return loaded
@@ -242,16 +254,21 @@ class Scheduler:
         return [loaded for loaded in self.loaded.values() if loaded.runner.alive()]
 
     async def unload(self, model_path: str) -> bool:
-        """Unloads the model now if idle, else as soon as its requests end; False if not loaded."""
-        async with self._lock:
-            loaded = self.loaded.get(model_path)
-            if loaded is None:
-                return False
-            loaded.keep_alive = 0.0
-            loaded.expires_at = time.time()  # as Ollama's /api/ps shows an expiring model
-            if loaded.refs == 0:
-                await self._close(loaded)
-            return True
+        """Unloads the model now if idle, else as soon as its requests end; False if not loaded.
+        As Ollama's expireRunner it only marks the model while another load or drain holds the
+        lock: an unload (`ember stop`) never waits for them."""
+        loaded = self.loaded.get(model_path)
+        if loaded is None:
+            return False
+        loaded.keep_alive = 0.0
+        loaded.expires_at = time.time()  # as Ollama's /api/ps shows an expiring model
+        if loaded.refs == 0:
+            expiry = self._expire(loaded)
+            if self._lock.locked():
+                asyncio.get_running_loop().create_task(expiry)
+            else:
+                await expiry
+        return True
 
     async def close(self) -> None:
         """Ends every runner process (at server shutdown)."""

@@ -360,6 +360,47 @@ def test_a_request_cancelled_during_the_load_leaves_the_model_loaded_and_idle():
     run(test)
 
 
+def test_a_request_whose_client_left_while_it_waited_loads_nothing():
+    # as Ollama's processPending skips a cancelled request: no eviction, no reload for nobody
+    async def test() -> None:
+        starter = FakeStarter()
+        s = scheduler(starter, max_loaded=1)
+        busy = await s.acquire(Shape(A), keep_alive=None)
+        other = asyncio.ensure_future(s.acquire(Shape(B), keep_alive=None))
+        await settle()
+        reload = asyncio.ensure_future(s.acquire(Shape(B, num_ctx=2048), keep_alive=None))
+        await settle()
+        reload.cancel()  # its client gave up behind B's load
+        busy.release()
+        (await other).release()
+        await settle()
+        assert len(starter.runners) == 2  # A, then B: B was not reloaded at 2048
+        [loaded] = s.running()
+        assert loaded.runner is starter.runners[1] and loaded.num_ctx == 1024
+
+    run(test)
+
+
+def test_an_unload_does_not_wait_for_another_models_load():
+    # `ember stop` sends it; as Ollama's expireRunner it marks the model and answers
+    async def test() -> None:
+        gate = asyncio.Event()
+        gate.set()
+        starter = FakeStarter(load_gate=gate)
+        s = scheduler(starter, max_loaded=2)
+        (await s.acquire(Shape(A), keep_alive=None)).release()
+        gate.clear()
+        loading = asyncio.ensure_future(s.acquire(Shape(B), keep_alive=None))
+        await settle()
+        assert await asyncio.wait_for(s.unload(A), 0.5)
+        gate.set()
+        (await loading).release()
+        await settle()
+        assert not starter.runners[0].alive() and starter.runners[1].alive()
+
+    run(test)
+
+
 def test_unload_waits_for_running_requests():
     async def test() -> None:
         starter = FakeStarter()
