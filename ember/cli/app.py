@@ -12,10 +12,12 @@ from typer.exceptions import TyperException
 
 from ember import __version__
 from ember.cli import commands
-from ember.cli.chat import Session, generate_once
+from ember.cli.chat import Session, generate_once, load_model
 from ember.cli.client import Client, CLIError
+from ember.cli.gotext import check_duration
 from ember.cli.images import has_vision
 from ember.cli.serve import ensure_server
+from ember.cli.wordwrap import WordWrap
 from ember.errors import EmberError
 
 DEFAULT_MODEL = "smollm2:135m"
@@ -150,10 +152,11 @@ def run(
         model,
         options=options,
         format=_format(format),
-        keep_alive=keepalive or None,  # "" is unset, as Ollama's
+        keep_alive=_keep_alive(keepalive),
         think=False if nothink else _think(think),
         hide_thinking=hidethinking,
         verbose=verbose,
+        word_wrap=not nowordwrap and sys.stdout.isatty(),
     )
     with Client() as client:
         ensure_server(client)
@@ -169,8 +172,8 @@ def run(
         if text is None:
             from ember.cli.repl import Repl
 
-            client.request("POST", "/api/chat", {"model": model, "messages": [], "stream": False})
-            _print_history(shown.get("messages") or [])
+            load_model(client, session)
+            _print_history(shown.get("messages") or [], session.word_wrap)
             Repl(client, session).loop()
         elif text.strip():
             generate_once(client, session, text)
@@ -178,13 +181,15 @@ def run(
             client.request("POST", "/api/generate", {"model": model, "stream": False})
 
 
-def _print_history(messages: list[dict[str, Any]]) -> None:
-    """The model's own MESSAGEs, as Ollama's REPL shows them before its first prompt."""
+def _print_history(messages: list[dict[str, Any]], word_wrap: bool = False) -> None:
+    """The model's own MESSAGEs, as Ollama's REPL shows them before its first prompt (an
+    answer wrapped as a streamed one)."""
     for m in messages:
         if m.get("role") == "user":
             print(f">>> {m.get('content', '')}")
         elif m.get("role") == "assistant":
-            print(f"{m.get('content', '')}\n")
+            WordWrap(sys.stdout, word_wrap).write(m.get("content", ""))
+            print("\n")
 
 
 def _embed_once(client: Client, body: dict[str, Any]) -> None:
@@ -206,6 +211,18 @@ def _format(value: str | None) -> str | dict[str, Any] | None:
         return json.loads(value)
     except json.JSONDecodeError as e:
         raise CLIError(f"invalid value for --format: not json nor a JSON schema ({e})") from None
+
+
+def _keep_alive(value: str | None) -> str | None:
+    """--keepalive as given ("" is unset), once Go's time.ParseDuration would take it, as
+    Ollama's: "5" has no unit and is an error."""
+    if not value:
+        return None
+    try:
+        check_duration(value)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    return value
 
 
 def _think(value: str | None) -> bool | str | None:
@@ -295,7 +312,10 @@ def show(
     }
     chosen = [name for name, on in flags.items() if on]
     if len(chosen) > 1:
-        raise CLIError("only one of --license, --modelfile, --parameters, ... at a time")
+        raise CLIError(
+            "only one of '--license', '--modelfile', '--parameters', '--system', or "
+            "'--template' can be specified"
+        )
     with Client() as client:
         print(commands.show_part(client, model, chosen[0] if chosen else None, verbose=verbose))
 

@@ -8,6 +8,7 @@ from typing import Any, TextIO
 
 from ember.cli.client import Client
 from ember.cli.images import attach_images
+from ember.cli.wordwrap import WordWrap
 
 
 @dataclass
@@ -23,6 +24,7 @@ class Session:
     think: bool | str | None = None
     hide_thinking: bool = False
     verbose: bool = False
+    word_wrap: bool = False  # Ollama's wordwrap: on in a terminal unless --nowordwrap
     vision: bool = False  # the model reads images: paths in a prompt attach them
 
     def common(self) -> dict[str, Any]:
@@ -35,6 +37,18 @@ class Session:
         if self.think is not None:
             body["think"] = self.think
         return body
+
+
+def load_model(client: Client, session: Session) -> None:
+    """Loads the session's model before a REPL, as Ollama's loadOrUnloadModel: with its
+    keep_alive and think, so that a model that cannot think fails here, not at the first
+    message."""
+    body: dict[str, Any] = {"model": session.model, "stream": False}
+    if session.keep_alive is not None:
+        body["keep_alive"] = session.keep_alive
+    if session.think is not None:
+        body["think"] = session.think
+    client.request("POST", "/api/generate", body)
 
 
 def chat_turn(client: Client, session: Session, text: str, out: TextIO = sys.stdout) -> None:
@@ -79,6 +93,7 @@ def _print_stream(
     """Prints pieces as they come; returns (content, thinking, final record)."""
     content, thinking, final = [], [], None
     is_thinking = False
+    display = WordWrap(out, session.word_wrap)
     for record in client.stream(path, body):
         message = record.get("message") or {}
         piece = message.get("content", "") if message else record.get("response", "")
@@ -89,14 +104,15 @@ def _print_stream(
                 if not is_thinking:
                     out.write("Thinking...\n")
                     is_thinking = True
-                out.write(thought)
+                display.write(thought)
         if piece:
             if is_thinking:  # a line of its own, as Ollama's
                 ends_line = "".join(thinking).endswith("\n")
                 out.write(("" if ends_line else "\n") + "...done thinking.\n\n")
                 is_thinking = False
+                display = WordWrap(out, session.word_wrap)  # the answer starts a line
             content.append(piece)
-            out.write(piece)
+            display.write(piece)
         out.flush()
         if record.get("done"):
             final = record

@@ -3,23 +3,24 @@ input, /set, /show, /load, /save, /clear, /bye. Ctrl-C stops an answer, not the 
 /bye leaves. A model with vision takes image files by path, even a line that starts with one."""
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from prompt_toolkit import PromptSession
-from prompt_toolkit.history import FileHistory, History, InMemoryHistory
+from prompt_toolkit.history import FileHistory, History
 
 from ember import envconfig
 from ember.cli import commands
-from ember.cli.chat import Session, chat_turn
+from ember.cli.chat import Session, chat_turn, load_model
 from ember.cli.client import Client, CLIError
+from ember.cli.gotext import go_quote
 from ember.cli.images import HELP as IMAGES_HELP
 from ember.cli.images import has_vision, starts_with_image_path
-from ember.errors import EmberError, OptionsError
-from ember.options import Options
-from ember.store.modelfile import DEPRECATED_PARAMETERS
+from ember.cli.parameters import ParameterError, format_param
+from ember.errors import EmberError
 
+# Ollama's help texts, printed to stderr as its REPL prints them
 HELP = """Available Commands:
   /set            Set session variables
   /show           Show model information
@@ -28,27 +29,57 @@ HELP = """Available Commands:
   /clear          Clear session context
   /bye            Exit
   /?, /help       Help for a command
+  /? shortcuts    Help for keyboard shortcuts
 
 Use \"\"\" to begin a multi-line message.
 """
 SET_HELP = """Available Commands:
   /set parameter ...     Set a parameter
   /set system <string>   Set system message
+  /set history           Enable history
+  /set nohistory         Disable history
+  /set wordwrap          Enable wordwrap
+  /set nowordwrap        Disable wordwrap
   /set format json       Enable JSON mode
   /set noformat          Disable formatting
   /set verbose           Show LLM stats
   /set quiet             Disable LLM stats
-  /set think [level]     Enable thinking (a level: high, medium, low)
+  /set think             Enable thinking
   /set nothink           Disable thinking
 """
-SHOW_PARTS = ("info", "license", "modelfile", "parameters", "system", "template")
+SHOW_HELP = """Available Commands:
+  /show info         Show details for this model
+  /show license      Show model license
+  /show modelfile    Show Modelfile for this model
+  /show parameters   Show parameters for this model
+  /show system       Show system message
+  /show template     Show prompt template
+"""
+# Ollama's list less Ctrl + g (an external editor), which this prompt does not bind
+SHORTCUTS_HELP = """Available keyboard shortcuts:
+  Ctrl + a            Move to the beginning of the line (Home)
+  Ctrl + e            Move to the end of the line (End)
+   Alt + b            Move back (left) one word
+   Alt + f            Move forward (right) one word
+  Ctrl + k            Delete the sentence after the cursor
+  Ctrl + u            Delete the sentence before the cursor
+  Ctrl + w            Delete the word before the cursor
+
+  Ctrl + l            Clear the screen
+  Ctrl + c            Stop the model from responding
+  Ctrl + d            Exit ember (/bye)
+"""
+# /? TOPIC: Ollama's topics; another prints nothing, as Ollama's
+HELP_TOPICS = {"set": SET_HELP, "/set": SET_HELP, "show": SHOW_HELP, "/show": SHOW_HELP}
+HELP_TOPICS |= {"shortcut": SHORTCUTS_HELP, "shortcuts": SHORTCUTS_HELP}
 MULTILINE = '"""'
 
 
 class Repl:
     def __init__(self, client: Client, session: Session) -> None:
         self.client, self.session = client, session
-        self.prompt: PromptSession[str] = PromptSession(history=_history())
+        self.history = SessionHistory(Path("~/.ember/history").expanduser())
+        self.prompt: PromptSession[str] = PromptSession(history=self.history)
 
     def loop(self) -> None:
         while True:
@@ -111,10 +142,10 @@ class Repl:
         return False
 
     def _help(self, rest: str) -> None:
-        if rest == "set":
-            print(SET_HELP)
-        else:
-            print(HELP + (IMAGES_HELP if self.session.vision else ""))
+        if not rest:
+            _usage(HELP + (IMAGES_HELP if self.session.vision else ""))
+        elif rest.split()[0] in HELP_TOPICS:
+            _usage(HELP_TOPICS[rest.split()[0]])
 
     def _set(self, rest: str) -> None:
         what, _, value = rest.partition(" ")
@@ -124,8 +155,12 @@ class Repl:
             "think": ("think", True, "Set 'think' mode."),
             "nothink": ("think", False, "Set 'nothink' mode."),
             "noformat": ("format", None, "Disabled format."),
+            "wordwrap": ("word_wrap", True, "Set 'wordwrap' mode."),
+            "nowordwrap": ("word_wrap", False, "Set 'nowordwrap' mode."),
         }
-        if what == "think" and value.strip():  # a level: /set think high, as Ollama's
+        if what in ("history", "nohistory"):  # silent, as Ollama's
+            self.history.saving = what == "history"
+        elif what == "think" and value.strip():  # a level: /set think high, as Ollama's
             self.session.think = value.strip()
             self._warn_without_thinking()
             print(f"Set 'think' mode to '{value.strip()}'.")
@@ -137,6 +172,8 @@ class Repl:
             print(message)
         elif what == "parameter":
             self._set_parameter(value)
+        elif what == "system" and not value.strip():
+            _usage(SET_HELP)  # as Ollama's: no text is the help, not an empty message
         elif what == "system":
             self._set_system(value.strip())
         elif what == "format":
@@ -148,7 +185,7 @@ class Repl:
         elif what:
             print(f"Unknown command '/set {what}'. Type /? for help")
         else:
-            print(SET_HELP)
+            _usage(SET_HELP)
 
     def _warn_without_thinking(self) -> None:
         """As Ollama's: a model that cannot think is told at /set, not at the next message."""
@@ -164,17 +201,14 @@ class Repl:
         """As Ollama's: the words after the name are its value (stop takes each as one stop
         string), checked now rather than by every later message."""
         if len(text.split()) < 2:  # no name, or a name without a value: the help, as Ollama's
-            print(PARAMETERS_HELP, file=sys.stderr)
+            _usage(PARAMETERS_HELP)
             return
         name, *words = text.split()
-        value = words if name == "stop" else parameter_value(words[0])
         try:
-            if name not in DEPRECATED_PARAMETERS:  # accepted and ignored, as Ollama's
-                Options.parse({name: value})
-        except OptionsError as e:
-            print(f"Couldn't set parameter: {e}")
+            self.session.options[name] = format_param(name, words)
+        except ParameterError as e:
+            print(f"Couldn't set parameter: {go_quote(str(e))}")
             return
-        self.session.options[name] = value
         print(f"Set parameter '{name}' to '{', '.join(words)}'")
 
     def _set_system(self, text: str) -> None:
@@ -204,37 +238,58 @@ class Repl:
         print("Set system message.")
 
     def _show(self, rest: str) -> None:
-        part = rest or "info"
-        if part not in SHOW_PARTS:
-            print(f"Usage:\n  /show {' | '.join(SHOW_PARTS)}")
+        if not rest:
+            _usage(SHOW_HELP)
             return
         # the session's system and parameters, as Ollama's: they join /show modelfile's
         body: dict[str, Any] = {"model": self.session.model, "options": self.session.options}
         if self.session.system:
             body["system"] = self.session.system
         shown = self.client.request("POST", "/api/show", body)
+        part = rest.split()[0]
+        # info goes where Ollama's goes (stderr, with the help texts); the rest to stdout
+        print(self._shown_part(part, shown), file=sys.stderr if part == "info" else sys.stdout)
+
+    def _shown_part(self, part: str, shown: dict[str, Any]) -> str:
+        """/show PART's text, with Ollama's words for what the model does not have."""
         if part == "info":
-            print(commands.format_show(shown))
-            return
+            return commands.format_show(shown)
         if part == "parameters":
-            print(_parameters(shown.get("parameters", ""), self.session.options))
-            return
-        value = (self.session.system if part == "system" else "") or shown.get(part, "")
-        print(value or f"No {part} was specified for this model.")
+            return _parameters(shown.get("parameters", ""), self.session.options)
+        if part == "system":
+            system = self.session.system or shown.get("system")
+            return system + "\n" if system else "No system message was specified for this model."
+        if part == "template":
+            return shown.get("template") or "No prompt template was specified for this model."
+        if part == "license":
+            return shown.get("license") or "No license was specified for this model."
+        if part == "modelfile":
+            return str(shown.get("modelfile", ""))
+        return f"Unknown command '/show {part}'. Type /? for help"
 
     def _load(self, rest: str) -> None:
-        if not rest:
+        """/load MODEL, as Ollama's: a model that is not there leaves the session as it was."""
+        if len(rest.split()) != 1:
             print("Usage:\n  /load <modelname>")
             return
         print(f"Loading model '{rest}'")
-        shown = self.client.request("POST", "/api/show", {"model": rest})
-        self.client.request("POST", "/api/chat", {"model": rest, "messages": [], "stream": False})
-        self.session.model = rest
-        self.session.vision = has_vision(shown)
-        self.session.messages.clear()
+        before = (self.session.model, self.session.messages, self.session.vision)
+        self.session.model, self.session.messages = rest, []
+        try:
+            shown = self.client.request("POST", "/api/show", {"model": rest})
+            self.session.vision = has_vision(shown)
+            load_model(self.client, self.session)
+        except CLIError as e:
+            if "not found" in str(e):
+                print(f"Couldn't find model '{rest}'")
+                self.session.model, self.session.messages, self.session.vision = before
+            elif "does not support thinking" in str(e):
+                print(f"error: {e}")  # the model stays chosen, as Ollama's
+            else:
+                raise
 
     def _save(self, rest: str) -> None:
-        if not rest:
+        if len(rest.split()) != 1:
             print("Usage:\n  /save <modelname>")
             return
         body = {"model": rest, "from": self.session.model, "stream": False}
@@ -246,7 +301,13 @@ class Repl:
             # the model's own messages first (a new list replaces them), as Ollama's /save
             shown = self.client.request("POST", "/api/show", {"model": self.session.model})
             body["messages"] = list(shown.get("messages") or []) + self.session.messages
-        self.client.request("POST", "/api/create", body)
+        try:
+            self.client.request("POST", "/api/create", body)
+        except CLIError as e:
+            if "invalid model name" not in str(e):
+                raise
+            print(f"error: The model name '{rest}' is invalid")
+            return
         print(f"Created new model '{rest}'")
 
     def _clear(self, _: str) -> None:
@@ -271,14 +332,8 @@ PARAMETERS_HELP = """Available Parameters:
 """
 
 
-def parameter_value(text: str) -> int | float | bool | str:
-    """A /set parameter value as JSON types it (Options.parse then checks it)."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
+def _usage(text: str) -> None:
+    print(text, file=sys.stderr)
 
 
 def _parameters(model: str, session: dict[str, object]) -> str:
@@ -298,13 +353,27 @@ def _parameters(model: str, session: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
-def _history() -> History:
-    if envconfig.no_history():
-        return InMemoryHistory()
-    path = Path("~/.ember/history").expanduser()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
-    except OSError:
-        return InMemoryHistory()  # no writable home: a session without saved history
-    return FileHistory(str(path))
+class SessionHistory(History):
+    """The REPL's history, kept in ~/.ember/history while `saving`: EMBER_NOHISTORY and
+    /set nohistory stop writing it, /set history resumes (Ollama's HistoryDisable and
+    HistoryEnable); the lines of the session are recalled either way."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path, self.file = path, FileHistory(str(path))
+        self.saving = not envconfig.no_history()
+
+    def load_history_strings(self) -> Iterable[str]:
+        try:
+            return list(self.file.load_history_strings())
+        except OSError:
+            return []
+
+    def store_string(self, string: str) -> None:
+        if not self.saving:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file.store_string(string)
+        except OSError:
+            pass  # no writable home: a session without saved history

@@ -1,6 +1,7 @@
 """A small Ollama-API server for CLI tests: the real model routes (model_routes.py) on a store in
 a temporary folder, plus fake /api/chat, /api/generate, /api/ps and catalogue /api/pull that
-answer without a model. Runs under uvicorn on a free loopback port in a thread.
+answer without a model (a load with think on fails for a model not in `thinkers`, as the
+server's capability check). Runs under uvicorn on a free loopback port in a thread.
 
 The fake answer echoes the last user message and the temperature it was sent with (and how many
 images came with it); a message containing "story" streams 400 words slowly, so a test can
@@ -33,6 +34,7 @@ class FakeServer:
         self.loaded: set[str] = set()
         self.vision: set[str] = set()  # models whose /api/show lists "vision"
         self.embedders: set[str] = set()  # models whose /api/show lists only "embedding"
+        self.thinkers: set[str] = set()  # models that may load with think on
         self.url = ""
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -158,6 +160,9 @@ class FakeServer:
         return f"You said: {prompt.strip()} (temperature {temperature}{seen})"
 
     async def _load_or_unload(self, request: Request, body: dict[str, Any]) -> Response:
+        if body.get("think") not in (None, False) and body["model"] not in self.thinkers:
+            error = f'"{body["model"]}" does not support thinking'  # the server's 400
+            return JSONResponse({"error": error}, status_code=400)
         reason = "unload" if body.get("keep_alive") == 0 else "load"
         if reason == "unload" and body["model"] not in self.loaded:
             shown = await model_routes.show(request)  # a model not stored: its 404

@@ -521,3 +521,62 @@ def test_the_repl_starts_with_the_models_own_messages(capsys) -> None:
     _print_history([{"role": "user", "content": "Is the sky blue?"},
                     {"role": "assistant", "content": "Yes, it is."}])  # fmt: skip
     assert capsys.readouterr().out == ">>> Is the sky blue?\nYes, it is.\n\n"
+
+
+def test_run_keepalive_must_be_a_go_duration(ember: Ember, fake: FakeServer) -> None:
+    """As Ollama's time.ParseDuration, before anything is asked of the server."""
+    for given, error in [
+        ("5", 'time: missing unit in duration "5"'),
+        ("5x", 'time: unknown unit "x" in duration "5x"'),
+        ("soon", 'time: invalid duration "soon"'),
+    ]:
+        result = ember("run", "tiny", "--keepalive", given, "hi")
+        assert result.returncode == 1 and result.stderr == f"Error: {error}\n"
+    assert fake.requests == []
+
+
+def test_show_takes_one_part_at_a_time(ember: Ember) -> None:
+    result = ember("show", "tiny", "--license", "--system")
+    assert result.returncode == 1
+    assert result.stderr == (
+        "Error: only one of '--license', '--modelfile', '--parameters', '--system', or "
+        "'--template' can be specified\n"
+    )
+
+
+@pytest.fixture
+def repl_run(fake: FakeServer, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """`ember run` in this process as in a terminal, its REPL replaced: the models it opened."""
+    from ember.cli import app, repl
+
+    monkeypatch.setenv("EMBER_HOST", fake.url)
+    monkeypatch.setattr(app, "_prompt_text", lambda words: None)  # a terminal on both sides
+    opened: list[str] = []
+
+    class NoRepl:
+        def __init__(self, client: object, session: Any) -> None:
+            self.session = session
+
+        def loop(self) -> None:
+            opened.append(self.session.model)
+
+    monkeypatch.setattr(repl, "Repl", NoRepl)
+    return opened
+
+
+def test_run_loads_with_think_and_keepalive_before_the_repl(
+    fake: FakeServer, repl_run: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As Ollama's loadOrUnloadModel: a model that cannot think fails before the REPL opens."""
+    from ember.cli.app import main
+
+    assert main(["run", "tiny", "--think"]) == 1
+    assert capsys.readouterr().err.endswith('Error: "tiny" does not support thinking\n')
+    assert repl_run == []
+    assert main(["run", "tiny", "--keepalive", "5m"]) == 0
+    loaded = {"model": "tiny", "stream": False}
+    assert fake.bodies("/api/generate")[-1] == loaded | {"keep_alive": "5m"}
+    fake.thinkers.add("tiny")
+    assert main(["run", "tiny", "--think=high"]) == 0
+    assert fake.bodies("/api/generate")[-1] == loaded | {"think": "high"}
+    assert repl_run == ["tiny", "tiny"]
