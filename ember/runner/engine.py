@@ -244,14 +244,14 @@ class Engine:
         same seed repeats an answer (InputCache.load)."""
         assert seq.slot.logits is not None
         row = seq.slot.logits.clone()  # the kept logits stay as they are for the next request
-        mask = [seq.grammar.mask() if seq.grammar is not None else None]
         try:
+            mask = [seq.grammar.mask() if seq.grammar is not None else None]
             token = sample_rows([seq.sampler], row[None], mask)[0]
-        except Exception as err:  # as a failed forward pass: the sequence ends, not the loop
-            log.exception("sampling failed")
-            self._fail(seq, f"sampling failed: {err}")
-            return
-        self._emit(seq, row, token)
+            self._emit(seq, row, token)
+        except Exception as err:  # as a failed step: the sequence ends, never the loop (its
+            log.exception("sampling failed")  # thread gone, every later request would wait)
+            if seq in self._active:
+                self._fail(seq, f"sampling failed: {err}")
 
     def _step(self, parts: list[Part]) -> None:
         batch = make_batch(parts)
@@ -315,7 +315,10 @@ class Engine:
         seq.generated.append(token)
         piece = seq.decoder.push(token)
         if seq.repeats_too_often(piece):  # as Ollama: the repeat is not sent (nor its logprob)
-            self._finish(seq, STOP)
+            # a format's output cut before it is whole says so (Ollama's sends no done at all),
+            # never a normal end of JSON that does not parse
+            cut = seq.grammar is not None and not seq.grammar.is_accepting()
+            self._finish(seq, LENGTH if cut else STOP)
             return
         seq.sampler.accept(token)
         if seq.grammar is not None:

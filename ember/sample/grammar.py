@@ -14,6 +14,7 @@ import llguidance
 import numpy as np
 
 from ember.errors import EmberError
+from ember.sample.schema_values import admits_a_value
 
 if TYPE_CHECKING:  # torch loads where a mask is made: the server checks formats without it
     import torch
@@ -104,6 +105,11 @@ def grammar_text(fmt: str | dict[str, Any]) -> str:
             if len(fmt) != 1 or not isinstance(fmt[key], str):
                 raise GrammarError(f'a {key} format is {{"{key}": "<text>"}} and nothing else')
             return compile_(fmt[key])
+    if not admits_a_value(fmt):
+        raise GrammarError(
+            "invalid JSON schema: no JSON value satisfies it (a part it requires is false, or "
+            "would have to contain itself through a $ref)"
+        )
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps(closed_objects(fmt)),
@@ -192,7 +198,9 @@ class Grammar:
     def accept(self, token: int) -> None:
         """Advances past token; raises GrammarError (and stays broken) when it is not allowed."""
         if not self._matcher.consume_token(token):
-            raise GrammarError(f"token {token} is not allowed here: {self._matcher.get_error()}")
+            # llguidance's first line says why; the rest dumps its parser state and grammar
+            reason = self._matcher.get_error().strip().splitlines()[0][:300]
+            raise GrammarError(f"token {token} is not allowed here: {reason}")
 
     def is_done(self) -> bool:
         """Whether the output is complete and only EOS may follow."""

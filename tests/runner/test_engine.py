@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import torch
 from fakes import FakeModel, FakeTokenizer
 
 from ember.options import Options
@@ -294,6 +295,18 @@ def test_a_failure_after_the_forward_ends_its_sequence_not_the_loop(make):
     assert text == "bb"
 
 
+def test_a_failure_drawing_from_a_cached_prompt_ends_its_sequence_not_the_loop(make):
+    """A wholly cached prompt draws its first token outside the step: a grammar that failed
+    there (a looping schema's parser) killed the loop thread, and every later request hung."""
+    engine, _ = make()
+    collect(engine.submit(Request([1, 2, 3], opts(num_predict=1))))
+    broken = Request([1, 2, 3], opts(num_predict=2), logprobs=True, top_logprobs=2.5)  # type: ignore[arg-type]
+    _, done = collect(engine.submit(broken))
+    assert done.done_reason == "error" and "sampling failed" in (done.error or "")
+    text, _ = collect(engine.submit(Request([0], opts(num_predict=1))))
+    assert text == "bb"
+
+
 def test_closing_ends_waiting_requests_with_an_error(make):
     engine, _ = make()
     seq = engine.submit(Request([0], opts(num_predict=10**6)))
@@ -312,3 +325,24 @@ def test_a_token_text_repeated_more_than_30_times_in_a_row_ends_the_answer(make)
     # an answer whose token texts change goes on to num_predict
     text, done = collect(engine.submit(Request([0], opts(num_predict=70))))
     assert (done.done_reason, done.eval_count) == ("length", 70)
+
+
+class _Unfinished:
+    """A grammar that allows every token and is never complete (JSON cut mid-string)."""
+
+    def mask(self) -> torch.Tensor:
+        return torch.ones(TOK.vocab_size, dtype=torch.bool)
+
+    def accept(self, token: int) -> None:
+        pass
+
+    def is_accepting(self) -> bool:
+        return False
+
+
+def test_a_format_cut_by_the_repeat_guard_ends_with_length_not_stop(make):
+    # its JSON does not parse: a client must not take it for a whole answer
+    engine, _ = make(num_ctx=256)
+    forced = Request([0], opts(num_predict=100), logit_bias=((5, 1e9),), grammar=_Unfinished())  # type: ignore[arg-type]
+    text, done = collect(engine.submit(forced))
+    assert text == "ff" * 31 and done.done_reason == "length"

@@ -179,6 +179,23 @@ def test_regex_and_lark_formats(tokenizer: Tokenizer) -> None:
         ({"regex": "a", "type": "string"}, "and nothing else"),
         ("xml", "json"),
         (["json"], "dict"),
+        # no finite value: llguidance took these, then ended at once with no JSON or grew its
+        # parser without end mid-answer (a 500, or a hung runner when the prompt was cached)
+        ({"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}, "no JSON value"),
+        (
+            {
+                "$defs": {
+                    "N": {
+                        "type": "object",
+                        "properties": {"next": {"$ref": "#/$defs/N"}},
+                        "required": ["next"],
+                    }
+                },
+                "$ref": "#/$defs/N",
+            },
+            "no JSON value",
+        ),
+        ({"type": "array", "items": {"$ref": "#"}, "minItems": 1}, "no JSON value"),
     ],
 )
 def test_invalid_format_raises_at_construction(
