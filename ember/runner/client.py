@@ -5,17 +5,18 @@ Errors come back as RunnerError with the runner's own message and its HTTP statu
 """
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -48,9 +49,40 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class RunnerOutput:
+    """A runner's output, each line passed on to the server's stderr as it comes, as Ollama's
+    server log holds its runners' (a runner's traceback must not vanish with it); the last
+    lines kept for the error of a runner that exits."""
+
+    def __init__(self, pipe: IO[bytes] | None) -> None:
+        self.last: collections.deque[bytes] = collections.deque(maxlen=20)
+        self.reader = threading.Thread(target=self._forward, args=(pipe,), daemon=True)
+        if pipe is not None:
+            self.reader.start()
+
+    def _forward(self, pipe: IO[bytes]) -> None:
+        with pipe:
+            for line in iter(pipe.readline, b""):
+                self.last.append(line)
+                with contextlib.suppress(OSError, ValueError):  # the server's stderr is gone
+                    sys.stderr.write(line.decode("utf-8", "replace"))
+                    sys.stderr.flush()
+
+    def tail(self, *, ended: bool = False) -> str:
+        """The last line the runner wrote (its error); ended: the runner has exited, so its
+        last lines are read to the end first."""
+        if ended and self.reader.is_alive():
+            self.reader.join(timeout=2)
+        text = b"".join(self.last).decode("utf-8", "replace").strip()
+        return text.splitlines()[-1] if text else "no output"
+
+
 class RunnerClient:
-    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Any) -> None:
-        self.process, self.port, self._log = process, port, log
+    def __init__(
+        self, process: subprocess.Popen[bytes], port: int, output: RunnerOutput | None = None
+    ) -> None:
+        self.process, self.port = process, port
+        self.output = output or RunnerOutput(None)
         self.base = f"http://127.0.0.1:{port}"
         # no timeout on reads: a completion streams as long as it generates
         self.http = httpx.AsyncClient(base_url=self.base, timeout=httpx.Timeout(None, connect=5))
@@ -66,17 +98,16 @@ class RunnerClient:
         """Starts `python -m ember runner` for model_path (and its mmproj file, if any) and
         waits until it answers."""
         port = free_port()
-        log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close(): lives with the runner)
         args = ["runner", "--model", model_path, "--port", str(port)]
         args += ["--projector", projectors[0]] if projectors else []
         process = subprocess.Popen(
             [sys.executable, "-m", "ember", *args],
             stdin=subprocess.DEVNULL,
-            stdout=log,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
         )
-        client = cls(process, port, log)
+        client = cls(process, port, RunnerOutput(process.stdout))
         deadline = time.monotonic() + timeout
         while True:
             if process.poll() is not None:
@@ -91,13 +122,9 @@ class RunnerClient:
                 raise RunnerError(f"the runner did not start within {timeout:.0f}s")
             await asyncio.sleep(0.05)
 
-    def output_tail(self, limit: int = 2000) -> str:
-        """The last lines the runner wrote (its errors)."""
-        self._log.seek(0, os.SEEK_END)
-        size = self._log.tell()
-        self._log.seek(max(0, size - limit))
-        text = self._log.read().decode("utf-8", "replace").strip()
-        return text.splitlines()[-1] if text else "no output"
+    def output_tail(self) -> str:
+        """The last line the runner wrote (its error)."""
+        return self.output.tail(ended=not self.alive())
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -174,7 +201,6 @@ class RunnerClient:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 await asyncio.to_thread(self.process.wait)
-        self._log.close()
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:

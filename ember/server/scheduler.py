@@ -255,19 +255,17 @@ class Scheduler:
 
     async def unload(self, model_path: str) -> bool:
         """Unloads the model now if idle, else as soon as its requests end; False if not loaded.
-        As Ollama's expireRunner it only marks the model while another load or drain holds the
-        lock: an unload (`ember stop`) never waits for them."""
+        Without the lock, as Ollama's expireRunner: an unload (`ember stop`) never waits for
+        another model's load or drain, and an idle runner leaves nothing they need (_close
+        takes it out of `loaded` before its first await)."""
         loaded = self.loaded.get(model_path)
         if loaded is None:
             return False
         loaded.keep_alive = 0.0
         loaded.expires_at = time.time()  # as Ollama's /api/ps shows an expiring model
-        if loaded.refs == 0:
-            expiry = self._expire(loaded)
-            if self._lock.locked():
-                asyncio.get_running_loop().create_task(expiry)
-            else:
-                await expiry
+        if loaded.refs == 0 and not loaded.is_retired:
+            log.info("model unloaded", extra={"model": model_path})
+            await self._close(loaded)
         return True
 
     async def close(self) -> None:
