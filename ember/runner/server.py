@@ -39,7 +39,7 @@ from ember.runner.sequence import Done, Sequence
 from ember.runner.sequence import Request as SeqRequest
 from ember.runner.sequence_stream import final_record, ndjson_stream, subscribe
 from ember.sample.grammar import Grammar
-from ember.sample.sampler import MAX_TOP_LOGPROBS
+from ember.sample.sampler import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS
 from ember.tokenizer import Tokenizer
 
 log = logging.getLogger("ember.runner")
@@ -244,6 +244,8 @@ def _logit_bias(bias: dict[int, float], vocab_size: int) -> tuple[tuple[int, flo
     unknown = next((t for t in bias if not 0 <= t < vocab_size), None)
     if unknown is not None:
         raise EmberError(f"logit_bias names token {unknown}, outside the vocabulary ({vocab_size})")
+    if sum(b <= -MAX_LOGIT_BIAS for b in bias.values()) >= vocab_size:  # ids are distinct keys
+        raise EmberError("logit_bias bans every token of the vocabulary: none could be sampled")
     return tuple(bias.items())
 
 

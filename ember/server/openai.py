@@ -82,11 +82,13 @@ def _native_chat(req: ChatCompletionRequest, fetched: Fetched) -> ChatRequest:
 
 
 def _with_seed(native: Any, i: int) -> Any:
-    """The i-th choice's request: a given seed becomes seed + i, so choices differ."""
+    """The i-th choice's request: a given seed becomes seed + i, so choices differ; -1 (random)
+    stays random for every choice, and the count skips -1 and wraps as an int64."""
     seed = native.options.seed if native.options is not None else None
-    if i == 0 or seed is None:
+    if i == 0 or seed is None or seed == -1:
         return native
-    options = native.options.model_copy(update={"seed": seed + i})
+    shifted = seed + i + (1 if seed < -1 <= seed + i else 0)
+    options = native.options.model_copy(update={"seed": (shifted + 2**63) % 2**64 - 2**63})
     return native.model_copy(update={"options": options})
 
 

@@ -17,6 +17,13 @@ def test_logit_bias_ids_must_be_in_the_vocabulary() -> None:
         _logit_bias({10: 1.0}, 10)
 
 
+def test_a_logit_bias_that_bans_every_token_is_refused() -> None:
+    # sampling at a temperature had failed with NaN (a 500), greedy drawn token 0
+    with pytest.raises(EmberError, match="bans every token"):
+        _logit_bias({t: -100.0 for t in range(10)}, 10)
+    assert len(_logit_bias({t: -100.0 for t in range(9)}, 10)) == 9
+
+
 def test_a_completion_takes_a_format_or_a_grammar() -> None:
     req = CompletionRequest.model_validate(
         {"prompt": "x", "format": "json", "grammar": 'start: "a"', "logit_bias": {"3": 1}}

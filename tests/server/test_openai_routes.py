@@ -52,6 +52,21 @@ def test_debug_render_only_answers_the_prompt_on_v1(client, starter, stream):
     assert all(not r.prompts for r in starter.runners)
 
 
+@pytest.mark.parametrize(
+    ("seed", "seeds"),
+    [
+        (3, [3, 4, 5]),
+        (-1, [-1, -1, -1]),
+        (-3, [-3, -2, 0]),
+        (2**63 - 1, [2**63 - 1, -(2**63), -(2**63) + 1]),
+    ],
+)
+def test_n_choices_take_seed_plus_i_skipping_random_and_wrapping(client, starter, seed, seeds):
+    # -1 is random for every choice; no choice's seed is -1 or past an int64
+    completion(client, max_tokens=1, seed=seed, n=3)
+    assert sorted(f["options"]["seed"] for f in starter.runners[0].fields) == sorted(seeds)
+
+
 def test_a_developer_message_is_a_system_one(client, starter):
     """OpenAI's newer name for system, as /v1/responses takes it (a template knows system)."""
     messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Q"}]
