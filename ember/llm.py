@@ -6,6 +6,7 @@ their sequences share the batches of one loop.
 
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -71,36 +72,37 @@ class LLM:
         arch = self.gguf.metadata.get("general.architecture", "")
         self.template = template if isinstance(template, str) else BUILTIN.get(arch)
         self._lock = threading.Lock()  # guards the engine's replacement
-        self._engine: Engine | None = None
-        self._size = (0, 0)  # the engine is made (and its memory reserved) on first use
+        self._box = _EngineBox()  # the engine is made (and its memory reserved) on first use
+        self._size = (0, 0)
+        # an LLM let go without close() must not keep its KV cache and loop thread: the
+        # engine's thread holds the engine, never the LLM, so the box is closed with the LLM
+        weakref.finalize(self, self._box.close)
         self.load_duration = time.perf_counter_ns() - start
 
     def engine_for(self, opts: Options) -> Engine:
         """The engine sized for opts' num_ctx and num_batch, reloaded when they change."""
         size = (opts.num_ctx, opts.num_batch)
         with self._lock:
-            if self._engine is None or size != self._size:
-                if self._engine is not None:
-                    while self._engine.busy():  # as a scheduler: let the running ones finish
-                        time.sleep(0.01)
-                    self._engine.close()
-                    self._engine = None
-                self._engine = Engine(
+            engine = self._box.engine
+            if engine is None or size != self._size:
+                if engine is not None:
+                    while engine.busy():  # as a scheduler: let the running ones finish (close()
+                        time.sleep(0.01)  # ends them at once)
+                    self._box.close()
+                engine = Engine(
                     self.model,
                     self.tokenizer,
                     num_parallel=self.num_parallel,
                     num_ctx=opts.num_ctx,
                     num_batch=opts.num_batch,
                 )
-                self._size = size
-            return self._engine
+                self._box.engine, self._size = engine, size
+            return engine
 
     def close(self) -> None:
-        """Ends the engine (its KV cache and thread); a later call makes a new one."""
-        with self._lock:
-            if self._engine is not None:
-                self._engine.close()
-                self._engine = None
+        """Ends the engine (its KV cache and thread); a later call makes a new one. Not behind
+        the lock: a reload waiting for the engine's running requests ends its wait here."""
+        self._box.close()
 
     def __enter__(self) -> "LLM":
         return self
@@ -174,15 +176,36 @@ class LLM:
         return tokens.result
 
 
+class _EngineBox:
+    """The LLM's current engine, apart from the LLM so that a finalizer may close it."""
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+
+    def close(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+
+
 class TokenStream:
     """The text pieces of a generation as they come; `result` holds the GenerateResult once the
-    iteration has ended. Leaving the iteration early cancels the generation."""
+    iteration has ended. It iterates once (again: nothing). Leaving the iteration early, or
+    dropping a stream never iterated, cancels the generation."""
 
     def __init__(self, seq: Sequence) -> None:
         self.seq = seq
         self.result: GenerateResult | None = None
+        self._iterated = False
+
+    def __del__(self) -> None:
+        if self.result is None:  # never iterated, or left early: nobody will read the rest
+            self.seq.cancel()
 
     def __iter__(self) -> Iterator[str]:
+        if self._iterated:  # its events were read: a second pass would wait forever
+            return
+        self._iterated = True
         text: list[str] = []
         logprobs: list[TokenLogprob] = []
         try:

@@ -102,7 +102,7 @@ def test_an_llm_closes_as_a_context_manager(real_llm):
     with LLM("smollm2:135m", num_parallel=1) as llm:
         assert llm.generate("Hi", options={"num_predict": 1}).eval_count == 1
         engine = llm.engine_for(Options())
-    assert llm._engine is None and engine.busy() == 0
+    assert llm._box.engine is None and engine.busy() == 0
 
 
 def test_unknown_model_names_the_problem():
@@ -172,6 +172,65 @@ def test_leaving_a_stream_early_cancels_it(real_llm):
     while engine.busy() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.busy() == 0 and stream.result is None
+
+
+def test_a_stream_never_iterated_is_cancelled_when_dropped(real_llm):
+    import gc
+
+    from ember.options import Options
+
+    llm = real_llm("smollm2:135m")
+    stream = llm.generate("Tell a long story.", options={"num_predict": 5000}, stream=True)
+    engine = llm.engine_for(Options())
+    del stream
+    gc.collect()
+    assert _idle_within(engine, 5)
+
+
+def test_a_stream_iterates_once(real_llm):
+    llm = real_llm("smollm2:135m")
+    stream = llm.generate("Hi", options={**GREEDY, "num_predict": 4}, stream=True)
+    assert "".join(stream) == stream.result.text  # type: ignore[union-attr]
+    assert list(stream) == []  # a second pass had waited forever on the read events
+
+
+def test_close_ends_a_reload_waiting_for_a_running_stream():
+    import threading
+
+    llm = LLM("smollm2:135m", num_parallel=1)
+    stream = iter(llm.generate("Tell a long story.", options={"num_predict": 5000}, stream=True))
+    next(stream)
+    other_size = {"options": {"num_ctx": 1024, "num_predict": 1}}
+    reloaded = threading.Thread(target=llm.generate, args=("Hi",), kwargs=other_size)
+    reloaded.start()
+    llm.close()  # not behind the reload's wait: it ends the running stream, the reload goes on
+    reloaded.join(timeout=30)
+    assert not reloaded.is_alive()
+    llm.close()
+
+
+def test_an_llm_let_go_without_close_ends_its_engine():
+    import gc
+    import weakref
+
+    llm = LLM("smollm2:135m", num_parallel=1)
+    llm.generate("Hi", options={"num_predict": 1})
+    thread = llm._box.engine._thread  # type: ignore[union-attr]
+    gone = weakref.ref(llm)
+    del llm
+    gc.collect()
+    assert gone() is None
+    thread.join(timeout=10)
+    assert not thread.is_alive()  # its loop (and KV cache) went with the LLM
+
+
+def _idle_within(engine, seconds: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while engine.busy() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return engine.busy() == 0
 
 
 def test_logprobs_of_each_token_with_the_top_ones(real_llm):

@@ -213,7 +213,11 @@ class Engine:
                     for seq in {id(p.seq): p.seq for p in parts}.values():
                         if seq in self._active:
                             self._fail(seq, f"the step failed: {err}")
-        for seq in [*self._active, *self._waiting]:
+        with self._cond:  # busy() is 0 once closed: nothing waits on these any more
+            ended = [*self._active, *self._waiting]
+            self._active.clear()
+            self._waiting.clear()
+        for seq in ended:
             seq.fail("the model was unloaded")
 
     def _admit(self) -> list[Sequence]:
