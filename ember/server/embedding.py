@@ -5,6 +5,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 from fastapi import Request
 
 from ember.runner.client import RunnerError
@@ -70,4 +71,10 @@ def normalize(vector: list[float], dimensions: int | None = None) -> list[float]
     if not all(math.isfinite(x) for x in vector):
         raise APIError(500, "the embedding has NaN or infinite values")
     norm = math.sqrt(sum(x * x for x in vector))
-    return [x / norm for x in vector] if norm > 0 else list(vector)
+    return as_float32([x / norm for x in vector] if norm > 0 else vector)
+
+
+def as_float32(vector: list[float]) -> list[float]:
+    """vector's values rounded to float32, each the float whose repr is float32's shortest
+    form: JSON as Go writes a []float32 (-0.012556877, not -0.012556877331945932)."""
+    return [float(text) for text in np.asarray(vector, dtype=np.float32).astype(str)]

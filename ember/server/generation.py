@@ -11,10 +11,10 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import asdict, replace
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from ember.errors import EmberError
+from ember.gotime import utc_now
 from ember.runner.client import RunnerError
 from ember.server import budget, harmony
 from ember.server.api import ChatRequest, GenerateRequest, Generation
@@ -41,8 +41,8 @@ log = logging.getLogger("ember.server")
 
 
 def now() -> str:
-    """created_at as Ollama writes it (RFC 3339, UTC)."""
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    """created_at as Ollama writes it (Go's RFC 3339 in UTC)."""
+    return utc_now()
 
 
 def check_capabilities(
@@ -197,13 +197,12 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
     async with state.lease(plan, req.keep_alive) as lease:
         prompt = await _generate_prompt(lease, plan, req)
         parser = output_parser(plan.model, req, prompt.text)
-        text: list[str] = []
+        said: list[str] = []  # the model's text, its thinking included, as Ollama's context
         observer = state.metrics.completion(plan.model.name, start)
         grammar = generate_constraint(plan.model, req, prompt.text)
-        run = _run(lease, plan, req, prompt, parser, observer, grammar=grammar)
+        run = _run(lease, plan, req, prompt, parser, observer, grammar=grammar, raw=said)
         async with contextlib.aclosing(run):  # here, not by the collector: README's Soak
             async for part, lps, final in run:
-                text.append(part.content)
                 fields: Chunk = {"response": part.content}
                 if part.thinking:
                     fields["thinking"] = part.thinking
@@ -213,7 +212,7 @@ async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[C
                     yield {"model": req.model, "created_at": now(), **fields, "done": False}
                     continue
                 if not req.raw:  # as Ollama: the tokens of prompt and answer, to continue from
-                    context = prompt.text + "".join(text)
+                    context = prompt.text + "".join(said)
                     fields["context"] = await _tokens(lease, context, add_special=False)
                 yield _final(fields, req.model, final, start, lease.load_duration)
 
@@ -351,10 +350,12 @@ async def _run(
     *,
     grammar: str | None = None,
     thinking_budget: int | None = None,
+    raw: list[str] | None = None,
 ) -> AsyncGenerator[tuple[Part, list[dict[str, Any]], dict[str, Any] | None], None]:
     """(part, logprobs, None) per runner piece, then (rest, [], final record); the observer
     sees every record (metrics). grammar: the Lark text of tool_choice (tool_grammar.py), which
-    the runner takes instead of a format."""
+    the runner takes instead of a format. raw: gets the model's text as it came, before any
+    thinking or call was parsed out of it."""
     fields = runner_fields(lease, plan, req)
     if grammar is not None:  # it holds the format too, where there is one
         fields["grammar"], fields["format"] = grammar, None
@@ -377,7 +378,10 @@ async def _run(
             if record.get("done"):
                 yield parser.flush(), [], record
                 return
-            part = parser.add(record.get("content", ""))
+            content = record.get("content", "")
+            if raw is not None:
+                raw.append(content)
+            part = parser.add(content)
             lps = logprobs(record.get("logprobs") or [])
             if part or lps:
                 yield part, lps, None

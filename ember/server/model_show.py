@@ -12,6 +12,7 @@ import numpy as np
 from ember.errors import EmberError
 from ember.gguf import GGUFError, GGUFFile
 from ember.gguf.packed import PackedArray
+from ember.gotime import rfc3339_nano
 from ember.pooling import POOLING_RANK
 from ember.server.harmony import uses_harmony
 from ember.server.prompt import fill_in_middle
@@ -160,7 +161,7 @@ def show_response(
         "requires": model.config.get("requires") or "",
         "model_info": model_info(metadata, verbose=verbose),
         "capabilities": capabilities(metadata, model),
-        "modified_at": model.modified_at.astimezone().isoformat(),
+        "modified_at": rfc3339_nano(model.modified_at.astimezone()),
     }
     if model.projector_paths:  # as Ollama: the projector file's metadata beside the model's
         try:
@@ -168,6 +169,5 @@ def show_response(
             out["projector_info"] = model_info(projector, verbose=verbose)
         except (GGUFError, OSError):
             pass
-    if verbose:
-        out["tensors"] = tensors
+    out["tensors"] = tensors  # verbose or not, as Ollama's GetModelInfo (only its CLI hides them)
     return {k: v for k, v in out.items() if v not in ("", [], None) or k == "model_info"}

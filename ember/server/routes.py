@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from ember import OLLAMA_API_VERSION, __version__
+from ember.gotime import rfc3339_nano
 from ember.runner.client import RunnerError
 from ember.server import embedding, generation, rerank
 from ember.server.api import (
@@ -93,13 +94,16 @@ async def embed(request: Request) -> dict[str, Any]:
         dimensions=req.dimensions,
         keep_alive=req.keep_alive,
     )
-    return {
+    answer = {
         "model": req.model,
         "embeddings": result.vectors,
         "total_duration": result.total_duration,
         "load_duration": result.load_duration,
         "prompt_eval_count": result.prompt_eval_count,
     }
+    if not req.input:  # as Ollama's answer to no input: the model and an empty list only
+        return {"model": req.model, "embeddings": []}
+    return answer
 
 
 @router.post("/api/embeddings", openapi_extra=json_body(EmbeddingRequest))
@@ -148,7 +152,7 @@ def _running(loaded: Loaded) -> dict[str, Any]:
         "size": model.size + loaded.kv_bytes,
         "digest": model.digest,
         "details": model.details,
-        "expires_at": datetime.fromtimestamp(expires).astimezone().isoformat(),
+        "expires_at": rfc3339_nano(datetime.fromtimestamp(expires)),
         "size_vram": 0,  # the CPU holds it all
         "context_length": loaded.num_ctx,
         # Ember's own fields (clients of Ollama's API ignore them): the slots the model got

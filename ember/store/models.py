@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.errors import ModelNotFoundError
+from ember.gotime import rfc3339_nano
 from ember.store import manifest as mt
 from ember.store.errors import ManifestError, StoreError
 from ember.store.names import ModelName
@@ -56,7 +57,7 @@ class ModelEntry:
         return {
             "name": short,
             "model": short,
-            "modified_at": self.modified_at.astimezone().isoformat(),
+            "modified_at": rfc3339_nano(self.modified_at.astimezone()),
             "size": self.size,
             "digest": self.digest,
             "details": self.details.to_json(),

@@ -175,9 +175,7 @@ def test_show_reads_the_gguf_metadata(client: TestClient, tiny_gguf: Path) -> No
     assert shown["capabilities"] == ["completion"]
     assert shown["system"] == SYSTEM
     assert shown["details"]["format"] == "gguf"
-    assert "tensors" not in shown
-    verbose = client.post("/api/show", json={"model": "tiny", "verbose": True}).json()
-    assert {"name", "type", "shape"} <= set(verbose["tensors"][0])
+    assert {"name", "type", "shape"} <= set(shown["tensors"][0])  # verbose or not, as Ollama
 
 
 def test_model_info_nulls_long_arrays_unless_verbose() -> None:

@@ -201,6 +201,16 @@ def test_thinking_is_split_from_content(client, starter):
     assert r.json()["message"]["content"] == "The answer"
 
 
+def test_generates_context_holds_the_thinking_too(client, starter):
+    # as Ollama's: the tokens of the prompt and the model's text as it came, thinking included
+    starter.runner_args["reply"] = "<think>let me see</think> The answer"
+    body = {"model": "thinker", "prompt": "why", "think": True, "stream": False}
+    r = client.post("/api/generate", json=body).json()
+    assert r["thinking"] == "let me see" and r["response"] == "The answer"
+    said = starter.runners[0].prompts[0] + "<think>let me see</think> The answer"
+    assert r["context"] == list(range(len(said.split())))  # the fake: a token a word
+
+
 def test_tool_calls_are_parsed_with_ids(client, starter):
     call = '<tool_call> {"name": "get_weather", "arguments": {"location": "Paris"}} </tool_call>'
     starter.runner_args["reply"] = call
@@ -221,6 +231,18 @@ def test_history_that_does_not_fit_is_truncated(client, starter):
     r = chat(client, stream=False, messages=messages, options={"num_ctx": 20})
     assert r.json()["truncated"] is True
     assert "word" not in starter.runners[0].prompts[0]
+
+
+def test_embed_of_no_input_answers_the_model_and_an_empty_list(client):
+    for body in ({"model": "fake"}, {"model": "fake", "input": []}, {"model": "fake", "input": ""}):
+        assert client.post("/api/embed", json=body).json() == {"model": "fake", "embeddings": []}
+
+
+def test_embeddings_are_written_as_go_writes_float32():
+    from ember.server.embedding import normalize
+
+    vector = normalize([0.3, -0.12556877331945932, 1e-9, 5.0])
+    assert json.dumps(vector) == "[0.05987348, -0.025060799, 1.9957827e-10, 0.99789137]"
 
 
 def test_embed_normalises_and_cuts_dimensions(client):
