@@ -30,6 +30,7 @@ _NONE: Specials = {}
 SPACE = r"/[ \t\r\n]{0,4}/"
 _CALL_SEPARATOR = r"/[ \t\r\n]{0,4}(,[ \t\r\n]{0,4})?/"  # between the bare calls of a run
 _TEXT = r"/(.|\n)*/"
+_OPENS_JSON = r"/[ \t\r\n]*[{\[](.|\n)*/"  # what the parser takes for bare calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,15 +116,19 @@ def tool_grammar(
     elif fmt.is_bare_json:  # as the parser, bare calls count only at the start of the output
         body = f"PLAIN | SPACE {calls} SPACE"
         rules.append(r"PLAIN: /[ \t\r\n]*([^ \t\r\n{\[](.|\n)*)?/")
-    elif _is_special(fmt.opening, specials):  # free text, which the tag's token ends
-        body = "TEXT | TEXT? tagged_calls SPACE"
-        rules.append(f"TEXT: {_free(thinking, specials)}")
-    else:  # free text; its first opening tag starts the calls (a lazy lexeme ends there)
-        body = "TEXT | before_calls tagged_rest SPACE"
-        rules += [
-            f"before_calls[suffix={_literal(fmt.opening)}]: TEXT",
-            f"TEXT: {_free(thinking, specials)}",
-        ]
+    else:
+        # As the parser, an output that opens with JSON is a call even in a tagged format
+        # (small models leave the tag out): held to a tool as a tagged one, nothing after it,
+        # so text never opens with JSON here.
+        leading = " | SPACE bare_calls SPACE"
+        rules += _bare_rules(parallel)
+        text = f"{_free(thinking, specials)} & ~{_OPENS_JSON}"
+        if _is_special(fmt.opening, specials):  # free text, which the tag's token ends
+            body = "TEXT | TEXT? tagged_calls SPACE" + leading
+            rules.append(f"TEXT: {text}")
+        else:  # free text; its first opening tag starts the calls (a lazy lexeme ends there)
+            body = "TEXT | before_calls tagged_rest SPACE" + leading
+            rules += [f"before_calls[suffix={_literal(fmt.opening)}]: TEXT", f"TEXT: {text}"]
     start = f"start: {_thinking(thinking, rules, specials)}({body})"
     return "\n".join([start, *rules]) + "\n"
 

@@ -282,9 +282,14 @@ class ToolCallParser:
         return content, calls
 
     def flush(self) -> tuple[str, list[ToolCall]]:
-        """At the end of output: everything held back, as content."""
+        """At the end of output: everything held back, as content; but a call the end cut
+        short, after a call or an opening tag, is no content (as Ollama's parser, whose
+        Content() is empty once a call or a tag was found): a client asked for calls."""
         rest, self._buffer = self._buffer, ""
-        if self._state == _State.CALLING and not self._opened and _ends_calls(rest, self.fmt):
+        if self._state == _State.CALLING and (
+            self._count or self._is_tagged_run or (not self._opened and _ends_calls(rest, self.fmt))
+        ):
+            self._opened = ""
             return "", []
         rest, self._opened = self._opened + rest, ""
         return rest, []

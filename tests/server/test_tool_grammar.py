@@ -140,6 +140,24 @@ def test_auto_is_free_until_the_opening_tag(text: str, ok: bool) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "ok", "parallel"),
+    [
+        # the parser reads JSON at the start of a tagged format's output as a call (small
+        # models leave the tag out): the grammar holds it as a tagged call
+        (call("get_weather", city="Paris"), True, True),
+        (call("get_weather", city="Paris") + "\n" + call("get_time", tz="cet"), True, True),
+        (call("get_weather", city="Paris") + "\n" + call("get_time", tz="cet"), False, False),
+        (json.dumps({"name": "get_weather", "arguments": {"town": 42}}), False, True),
+        (call("get_weather", city="Paris") + '\n{"temp": "21C"}', False, True),  # text after
+        ('{"answer": 42}', False, True),
+        ("The answer is {42}.", True, True),  # JSON inside text is text
+    ],
+)
+def test_auto_holds_a_tagged_formats_output_that_opens_with_json(text, ok, parallel) -> None:
+    assert accepts(tool_grammar(TOOLS, QWEN, mode="auto", parallel=parallel), text) is ok
+
+
+@pytest.mark.parametrize(
     ("text", "ok"),
     [
         (call("get_weather", city="Paris"), True),

@@ -153,7 +153,13 @@ TAGGED_CASES = [
         [],
     ),
     ("<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
-    ('<tool_call>{"name": "get_weather", "argu', '<tool_call>{"name": "get_weather", "argu', []),
+    # a call the end cut short after its tag is no content, as Ollama's parser drops it
+    ('<tool_call>{"name": "get_weather", "argu', "", []),
+    (
+        f'<tool_call>{WEATHER}</tool_call>\n<tool_call>{{"na',
+        "",
+        [call("get_weather", city="Paris")],
+    ),
     ('{"answer": 42}', '{"answer": 42}', []),
     (f"<tool_call>{WEATHER}</tool_call> Done.", "Done.", [call("get_weather", city="Paris")]),
 ]
