@@ -4,7 +4,6 @@ chunks become Anthropic's message, or its stream of named events. Errors take An
 (errors.anthropic_error, chosen by path in app.py and the middleware)."""
 
 import contextlib
-import json
 import secrets
 import string
 from collections.abc import AsyncGenerator
@@ -13,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from ember.gofuncs import go_json_text
 from ember.server import generation
 from ember.server.anthropic_api import Conversation, MessagesRequest
 from ember.server.api_schema import json_body
@@ -166,7 +166,7 @@ class _Events:
     def _tool_use(self, call: Chunk) -> list[Chunk]:
         self.has_calls = True
         events = [*self._close(), self._start({**_tool_use(call), "input": {}})]
-        partial = {"type": "input_json_delta", "partial_json": json.dumps(_arguments(call))}
+        partial = {"type": "input_json_delta", "partial_json": go_json_text(_arguments(call))}
         events.append({"type": "content_block_delta", "index": self.index, "delta": partial})
         return [*events, *self._close()]
 

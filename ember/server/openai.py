@@ -5,7 +5,6 @@ into OpenAI's objects; streams are server-sent events. Errors use OpenAI's error
 import asyncio
 import base64
 import contextlib
-import json
 import secrets
 import struct
 import time
@@ -15,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from ember.gofuncs import go_json_text
 from ember.server import embedding, generation, rerank
 from ember.server.api import (
     ChatMessage,
@@ -216,7 +216,7 @@ def _message(native: dict[str, Any]) -> dict[str, Any]:
                 "type": "function",
                 "function": {
                     "name": call["function"]["name"],
-                    "arguments": json.dumps(call["function"].get("arguments", {})),
+                    "arguments": go_json_text(call["function"].get("arguments", {})),
                 },
             }
             for i, call in enumerate(calls)

@@ -2,12 +2,12 @@
 sequence_number) and the response object they end with. A request that does not stream gets
 that same object, built the same way. Ids are made here; storing is the route's."""
 
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ember.gofuncs import go_json_text
 from ember.server.errors import APIError
 from ember.server.openai import token_logprobs, usage
 from ember.server.output import call_id
@@ -180,7 +180,7 @@ class ResponseBuilder:
     def _call(self, call: Chunk) -> list[Chunk]:
         events = self._end()
         function = call["function"]
-        arguments = json.dumps(function.get("arguments", {}))
+        arguments = go_json_text(function.get("arguments", {}))
         item = {
             "id": new_id("fc"),
             "type": "function_call",

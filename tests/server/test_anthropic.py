@@ -151,7 +151,7 @@ def test_tool_use_stream(client, starter):
     [start] = [e for e in got if e["type"] == "content_block_start"]
     assert start["content_block"]["type"] == "tool_use" and start["content_block"]["input"] == {}
     [delta] = [e for e in got if e["type"] == "content_block_delta"]
-    assert delta["delta"] == {"type": "input_json_delta", "partial_json": '{"x": 1}'}
+    assert delta["delta"] == {"type": "input_json_delta", "partial_json": '{"x":1}'}
     assert got[-2]["delta"]["stop_reason"] == "tool_use"
 
 

@@ -122,7 +122,7 @@ def test_tool_calls_and_tool_choice(client, starter):
     body = completion(client, model="tooly", tools=tools).json()
     [call] = body["choices"][0]["message"]["tool_calls"]
     assert call["type"] == "function" and call["id"].startswith("call_")
-    assert call["function"] == {"name": "f", "arguments": '{"x": 1}'}
+    assert call["function"] == {"name": "f", "arguments": '{"x":1}'}  # as json.Marshal
     assert body["choices"][0]["finish_reason"] == "tool_calls"
     assert "<tools>2</tools>" in starter.runners[0].prompts[-1]
     choice = {"type": "function", "function": {"name": "g"}}
