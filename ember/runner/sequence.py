@@ -1,6 +1,7 @@
 """One request inside the runner: what it asks (Request), what it streams back (Piece, Done),
 and its state while it runs (Sequence): inputs still to evaluate, sampler, stops, counts."""
 
+import logging
 import queue
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ STOP, LENGTH, CLOSED = "stop", "length", "closed"
 # Ollama ends an answer whose token text, trimmed, came this many times in a row after its
 # first (a model stuck on one token: whitespace in JSON, say), where it would run to num_predict
 MAX_TOKEN_REPEATS = 30
+
+log = logging.getLogger("ember.runner")
 
 
 class InputTooLongError(EmberError):
@@ -156,6 +159,10 @@ class Sequence:
                     f"{num_ctx} allowed)"
                 )
             cut = truncate(inputs, num_ctx, self.num_keep, same_batch)
+            log.warning(  # as Ollama's runner: the answer will not see all of the prompt
+                "truncating input prompt limit=%d prompt=%d keep=%d new=%d",
+                num_ctx, len(inputs), self.num_keep, len(inputs) - cut,
+            )
             del inputs[self.num_keep : self.num_keep + cut]
             same_batch = without_cut(same_batch, self.num_keep, cut)
             multimodal = without_cut(multimodal, self.num_keep, cut)

@@ -127,13 +127,15 @@ def test_without_shift_a_full_context_ends_with_length(make):
     assert (done.done_reason, done.eval_count) == ("length", 5)
 
 
-def test_long_prompt_is_truncated_after_num_keep_or_refused(make):
+def test_long_prompt_is_truncated_after_num_keep_or_refused(make, caplog):
     engine, model = make(num_ctx=8, num_batch=8)
     prompt = list(range(12))
     with pytest.raises(InputTooLongError, match=r"^the input length exceeds the context length"):
         engine.submit(Request(prompt, opts(), truncate=False))
     _, done = collect(engine.submit(Request(prompt, opts(num_predict=1, num_keep=3))))
     assert done.prompt_eval_count == 8
+    # as Ollama's runner, a warning says so
+    assert "truncating input prompt limit=8 prompt=12 keep=3 new=8" in caplog.text
     assert model.batches[0].tokens == (0, 1, 2, 7, 8, 9, 10, 11)
 
 
