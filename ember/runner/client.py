@@ -174,8 +174,12 @@ class RunnerClient:
         except httpx.TransportError as err:
             raise self._gone(err) from None
 
-    async def embedding(self, content: str | list[str], *, truncate: bool = True) -> dict[str, Any]:
-        return await self._post("/embedding", {"content": content, "truncate": truncate})
+    async def embedding(
+        self, content: str | list[str], *, truncate: bool = True, cut_to: int = 0
+    ) -> dict[str, Any]:
+        """cut_to: the context a truncated input fits (0: the runner's)."""
+        body = {"content": content, "truncate": truncate, "cut_to": cut_to}
+        return await self._post("/embedding", body)
 
     async def rerank(
         self, query: str, documents: list[str], *, truncate: bool = True

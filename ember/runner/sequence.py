@@ -44,6 +44,9 @@ class Request:
     top_logprobs: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), OpenAI's logit_bias
     embedding: bool = False  # pooled hidden states instead of a generation
+    # an embedding truncated to fit: the request's own num_ctx where it is below the engine's
+    # (the scheduler loads at least 4 tokens; Ollama's embed handler cuts to what was asked)
+    cut_to: int = 0
     # input index -> how many following inputs must share its batch (multimodal groups)
     same_batch: dict[int, int] = field(default_factory=dict)
     # input index -> the encoder data (an image's embeddings) that input carries into the model
@@ -149,8 +152,9 @@ class Sequence:
         num_keep = min(len(inputs) if opts.num_keep < 0 else opts.num_keep, num_ctx - 1)
         self.num_keep = keep_whole_groups(num_keep, same_batch, num_ctx)
         image_hashes = dict(request.image_hashes)
-        if len(inputs) > num_ctx and request.embedding and request.truncate:
-            cut_embedding(inputs, num_ctx, tokenizer.vocabulary)
+        fits = min(num_ctx, request.cut_to or num_ctx)
+        if len(inputs) > fits and request.embedding and request.truncate:
+            cut_embedding(inputs, fits, tokenizer.vocabulary)
         if len(inputs) > num_ctx:
             if not request.truncate:
                 raise InputTooLongError(

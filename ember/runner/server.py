@@ -76,6 +76,7 @@ class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     content: str | list[str]
     truncate: bool = True
+    cut_to: int = Field(0, ge=0)  # the request's num_ctx, when the engine's is larger
 
 
 class RerankRequest(BaseModel):
@@ -267,7 +268,8 @@ async def embedding(request: Request) -> dict[str, Any]:
     if isinstance(engine.model, Ranker):
         raise HTTPError(400, "this model is a reranker: it scores pairs, it does not embed")
     requests = [
-        SeqRequest(tokenizer.encode(text), embedding=True, truncate=req.truncate) for text in texts
+        SeqRequest(tokenizer.encode(text), embedding=True, truncate=req.truncate, cut_to=req.cut_to)
+        for text in texts
     ]
     finals = await _run_all(request, engine, requests)
     failed = next((d for d in finals if d.embedding is None), None)

@@ -42,7 +42,8 @@ async def embed(
         vectors: list[list[float]] = []
         count = 0
         if inputs:
-            work = lease.runner.embedding(inputs, truncate=truncate)
+            # cut to the num_ctx asked for, below the 4 the scheduler loads at least
+            work = lease.runner.embedding(inputs, truncate=truncate, cut_to=plan.options.num_ctx)
             try:
                 result = await until_disconnected(request, work)
             except RunnerError as err:

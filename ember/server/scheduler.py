@@ -38,7 +38,7 @@ class Runner(Protocol):
     def completion(self, prompt: str, **fields: Any) -> AsyncGenerator[dict[str, Any], None]: ...
 
     async def embedding(
-        self, content: str | list[str], *, truncate: bool = True
+        self, content: str | list[str], *, truncate: bool = True, cut_to: int = 0
     ) -> dict[str, Any]: ...
 
     async def rerank(

@@ -9,6 +9,7 @@ causality, prefix reuse and shifts with plain lists.
 """
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
@@ -23,6 +24,8 @@ VOCAB = 27
 class FakeTokenizer:
     eos_ids = frozenset({EOS})
     vocab_size = VOCAB
+    # adds no token around a text (an embedding's cut keeps none)
+    vocabulary = SimpleNamespace(add_bos=False, bos_id=None, add_eos=False, eos_id=None)
 
     def token_bytes(self, id: int) -> bytes:
         return b"</s>" if id == EOS else bytes([97 + id]) * 2

@@ -260,6 +260,14 @@ def test_embedding_is_the_mean_of_hidden_states(make):
     assert done.embedding == [3.0, 1.5]  # mean token, mean position (split over two batches)
 
 
+def test_an_embedding_is_cut_to_the_context_its_request_asked_for(make):
+    # the scheduler loads at least 4 tokens; a request's num_ctx of 2 still cuts to 2, as
+    # Ollama's embed handler cuts to the num_ctx it was sent
+    engine, _ = make(num_ctx=8)
+    _, done = collect(engine.submit(Request([1, 2, 3, 6], opts(), embedding=True, cut_to=2)))
+    assert done.prompt_eval_count == 2 and done.embedding == [1.5, 0.5]
+
+
 def test_logprobs_come_with_their_tokens(make):
     engine, _ = make()
     seq = engine.submit(Request([0], opts(num_predict=2), logprobs=True, top_logprobs=2))

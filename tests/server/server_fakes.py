@@ -105,7 +105,10 @@ class FakeRunner:
         total = self.settings.kv_size if self.settings else 0
         return {"status": "ready", "kv_cells_used": used, "kv_cells": total, "num_slots": parallel}
 
-    async def embedding(self, content: str | list[str], *, truncate: bool = True) -> dict[str, Any]:
+    async def embedding(
+        self, content: str | list[str], *, truncate: bool = True, cut_to: int = 0
+    ) -> dict[str, Any]:
+        self.cut_to = cut_to
         texts = [content] if isinstance(content, str) else content
         vectors = [[float(len(t)), 0.0, 3.0, 4.0] for t in texts]
         if isinstance(content, str):

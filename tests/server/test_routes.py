@@ -245,6 +245,11 @@ def test_embeddings_are_written_as_go_writes_float32():
     assert json.dumps(vector) == "[0.05987348, -0.025060799, 1.9957827e-10, 0.99789137]"
 
 
+def test_embed_sends_the_runner_the_num_ctx_an_input_is_cut_to(client, starter):
+    client.post("/api/embed", json={"model": "fake", "input": "ab", "options": {"num_ctx": 2}})
+    assert starter.runners[0].cut_to == 2  # below the 4 the runner is loaded with
+
+
 def test_embed_normalises_and_cuts_dimensions(client):
     r = client.post("/api/embed", json={"model": "fake", "input": ["ab", "abcd"]})
     body = r.json()
