@@ -22,6 +22,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
 from ember.backend.threads import in_fresh_thread
 from ember.disconnect import ClientGone, until_disconnected
@@ -360,6 +361,8 @@ def _error(status: int, message: str) -> JSONResponse:
 async def _body(request: Request, kind: type[_Body]) -> _Body:
     try:
         return kind.model_validate_json(await request.body())
+    except ClientDisconnect:  # the server let the request go mid-body: no one to answer, no
+        raise HTTPError(499, "the server went away") from None  # traceback in its log
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"

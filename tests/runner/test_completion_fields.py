@@ -61,3 +61,20 @@ def test_an_embeddings_cut_keeps_the_tokens_around_its_text() -> None:
     assert inputs == [7, 8]
     with pytest.raises(InputTooLongError, match=r"^input after truncation exceeds maximum"):
         cut_embedding([101, 7, 102], 2, bert)  # type: ignore[arg-type]
+
+
+def test_a_body_the_server_let_go_mid_upload_is_a_499_not_a_traceback() -> None:
+    # the runner's log reaches the server's: the soak's server let embeddings go mid-body
+    import asyncio
+
+    from starlette.requests import Request
+
+    from ember.runner.server import EmbeddingRequest, HTTPError, _body
+
+    async def gone() -> dict[str, str]:
+        return {"type": "http.disconnect"}
+
+    request = Request({"type": "http", "method": "POST", "headers": []}, gone)
+    with pytest.raises(HTTPError) as err:
+        asyncio.run(_body(request, EmbeddingRequest))
+    assert err.value.status == 499
