@@ -231,17 +231,25 @@ def test_past_max_loaded_the_idle_model_is_evicted():
     run(test)
 
 
+async def a_loaded_while_b_loads(
+    **args: Any,
+) -> tuple[FakeStarter, Scheduler, asyncio.Event, "asyncio.Future[Any]"]:
+    """A loaded and idle, and B's load under way until the returned gate is set."""
+    gate = asyncio.Event()
+    gate.set()
+    starter = FakeStarter(load_gate=gate)
+    s = scheduler(starter, **args)
+    (await s.acquire(Shape(A), keep_alive=None)).release()
+    gate.clear()  # B's load takes its time
+    loading = asyncio.ensure_future(s.acquire(Shape(B), keep_alive=None))
+    await settle()
+    return starter, s, gate, loading
+
+
 def test_a_load_of_another_model_does_not_hold_up_the_loaded_one():
     # found by the soak: every request waited for the lock while a second model loaded
     async def test() -> None:
-        gate = asyncio.Event()
-        gate.set()
-        starter = FakeStarter(load_gate=gate)
-        s = scheduler(starter, num_parallel=2)
-        (await s.acquire(Shape(A), keep_alive=None)).release()
-        gate.clear()  # B's load takes its time
-        loading = asyncio.ensure_future(s.acquire(Shape(B), keep_alive=None))
-        await settle()
+        starter, s, gate, loading = await a_loaded_while_b_loads(num_parallel=2)
         lease = await asyncio.wait_for(s.acquire(Shape(A), keep_alive=None), 1)
         assert lease.runner is starter.runners[0] and not loading.done()
         lease.release()
@@ -384,14 +392,7 @@ def test_a_request_whose_client_left_while_it_waited_loads_nothing():
 def test_an_unload_does_not_wait_for_another_models_load():
     # `ember stop` sends it; as Ollama's expireRunner it marks the model and answers
     async def test() -> None:
-        gate = asyncio.Event()
-        gate.set()
-        starter = FakeStarter(load_gate=gate)
-        s = scheduler(starter, max_loaded=2)
-        (await s.acquire(Shape(A), keep_alive=None)).release()
-        gate.clear()
-        loading = asyncio.ensure_future(s.acquire(Shape(B), keep_alive=None))
-        await settle()
+        starter, s, gate, loading = await a_loaded_while_b_loads(max_loaded=2)
         assert await asyncio.wait_for(s.unload(A), 0.5)
         gate.set()
         (await loading).release()
