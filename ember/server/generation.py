@@ -71,7 +71,7 @@ async def chat(
     relax_thinking: as _checked_chat's."""
     start = time.perf_counter_ns()
     plan, req = _checked_chat(state, req, relax_thinking=relax_thinking)
-    if not req.messages:
+    if is_load_form(req):
         reason, load_ns = await load_or_unload(state, plan, req.keep_alive)
         empty = {"role": "assistant", "content": ""}
         yield _final({"message": empty}, req.model, reason, start, load_ns)
@@ -190,7 +190,7 @@ def thinking_by_default(req: _Request, model: ServedModel) -> _Request:
 async def generate(state: ServerState, req: GenerateRequest) -> AsyncGenerator[Chunk, None]:
     start = time.perf_counter_ns()
     plan, req = _checked_generate(state, req)
-    if not req.prompt and not req.images:
+    if is_load_form(req):
         reason, load_ns = await load_or_unload(state, plan, req.keep_alive)
         yield _final({"response": ""}, req.model, reason, start, load_ns)
         return
@@ -224,6 +224,14 @@ async def _tokens(lease: Lease, text: str, *, add_special: bool = True) -> list[
         return await lease.runner.tokenize(text, add_special=add_special)
     except RunnerError as err:
         raise await runner_failure(err, lease.runner) from None
+
+
+def is_load_form(req: GenerateRequest | ChatRequest) -> bool:
+    """A request with nothing to answer (no messages; no prompt nor images): it loads or unloads
+    the model, and its answer is one JSON object, streamed or not, as Ollama's c.JSON."""
+    if isinstance(req, ChatRequest):
+        return not req.messages
+    return not req.prompt and not req.images
 
 
 async def load_or_unload(

@@ -62,7 +62,8 @@ async def generate(request: Request) -> Response:
     if req.debug_render_only:
         return await _rendered(request, req)
     chunks = generation.generate(state_of(request), req)
-    return await respond(request, chunks, stream=req.stream, merge=generation.merge_generate)
+    stream = req.stream and not generation.is_load_form(req)
+    return await respond(request, chunks, stream=stream, merge=generation.merge_generate)
 
 
 @router.post("/api/chat", openapi_extra=json_body(ChatRequest))
@@ -71,7 +72,8 @@ async def chat(request: Request) -> Response:
     if req.debug_render_only:
         return await _rendered(request, req)
     chunks = generation.chat(state_of(request), req)
-    return await respond(request, chunks, stream=req.stream, merge=generation.merge_chat)
+    stream = req.stream and not generation.is_load_form(req)
+    return await respond(request, chunks, stream=stream, merge=generation.merge_chat)
 
 
 async def _rendered(request: Request, req: GenerateRequest | ChatRequest) -> Response:

@@ -172,6 +172,18 @@ def test_empty_prompt_loads_and_keep_alive_zero_unloads(client):
     assert client.get("/api/ps").json()["models"] == []
 
 
+def test_the_load_and_unload_forms_answer_one_json_object_when_streamed(client):
+    """Ollama answers them with c.JSON whatever `stream` says: Open WebUI's unload (stream left
+    out) reads the answer with aiohttp's json(), which refused application/x-ndjson."""
+    forms = [("/api/generate", {"prompt": ""}), ("/api/chat", {"messages": []})]
+    for path, body in forms:
+        for keep_alive in (None, 0):
+            extra = {} if keep_alive is None else {"keep_alive": keep_alive}
+            r = client.post(path, json={"model": "fake", **body, **extra})
+            assert r.headers["content-type"].startswith("application/json"), (path, keep_alive)
+            assert r.json()["done_reason"] == ("unload" if keep_alive == 0 else "load")
+
+
 def test_an_error_mid_stream_ends_with_an_error_line(client, starter):
     chat(client, stream=False)  # loads the runner
     starter.runners[0].error = "boom"
