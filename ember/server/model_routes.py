@@ -213,6 +213,8 @@ async def copy(request: Request) -> Response:
         source = _named("source", body.source)
         destination = _named("destination", body.destination)
         await run_in_threadpool(store_of(request).copy, source, destination)
+    except ModelNotFoundError:  # Ollama's CopyHandler: the source as sent, quoted as Go's %q
+        return error(404, f"model {json.dumps(body.source, ensure_ascii=False)} not found")
     except EmberError as e:
         return error(status_of(e), message_of(e))
     return Response(status_code=200)
@@ -231,6 +233,8 @@ async def delete(request: Request) -> Response:
         body = await parse(request, api.DeleteRequest)
         name = parse_name(body.model)
         await run_in_threadpool(store_of(request).delete, name)
+    except ModelNotFoundError:  # Ollama's DeleteHandler: the name as sent
+        return error(404, f"model '{body.model}' not found")
     except EmberError as e:
         return error(status_of(e), message_of(e))
     return Response(status_code=200)
