@@ -83,9 +83,9 @@ def reserve(
     activations = 0 if bound is None else bound.nbytes(num_batch, cells)
     need = (kv + mask + logits + activations) * _MARGIN
     free = psutil.virtual_memory().available + cache.nbytes()
-    what = (
-        f"{num_parallel} × {num_ctx} tokens of KV cache ({gib(kv)}) and its compute buffers "
-        f"need {gib(need)}, but only {gib(free)} of memory is free; "
+    what = (  # Ollama's words first: its clients look for them (integration/utils_test.go)
+        f"model requires more system memory ({gib(need)}) than is available ({gib(free)}): "
+        f"{num_parallel} × {num_ctx} tokens of KV cache ({gib(kv)}) and its compute buffers; "
         "lower num_ctx or the number of parallel requests"
     )
     if need > free:

@@ -49,7 +49,8 @@ def test_a_load_that_does_not_fit_fails_with_what_it_needs(tiny_models, monkeypa
     model = load_model(GGUFFile.open(tiny_models["llama"].path))
     free = SimpleNamespace(available=1 << 20)
     monkeypatch.setattr(memory.psutil, "virtual_memory", lambda: free)
-    with pytest.raises(InsufficientMemoryError, match=r"4 × 4096 tokens .* only 0\.0 GiB"):
+    ollamas = r"^model requires more system memory \(.* GiB\) than is available \(0\.0 GiB\): "
+    with pytest.raises(InsufficientMemoryError, match=ollamas + "4 × 4096 tokens"):
         reserve(model, model.make_cache(), num_parallel=4, num_ctx=4096, num_batch=512,
                 dtype="f16")  # fmt: skip
 
