@@ -64,11 +64,12 @@ async def chat_completions(request: Request) -> Response:
 
 
 def _native_chat(req: ChatCompletionRequest, fetched: Fetched) -> ChatRequest:
+    tools, tool_choice = req.ollama_tools()
     return ChatRequest.model_construct(
         model=req.model,
         messages=[ChatMessage.from_prompt(m) for m in req.ollama_messages(fetched)],
-        tools=req.tools,
-        tool_choice=req.tool_choice,
+        tools=tools,
+        tool_choice=tool_choice,
         parallel_tool_calls=req.parallel_tool_calls,
         format=req.ollama_format(),
         options=RequestOptions.model_validate(req.ollama_options()),

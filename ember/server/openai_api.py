@@ -224,6 +224,15 @@ class ChatCompletionRequest(Sampling):
             options["num_predict"] = self.max_completion_tokens
         return options
 
+    def ollama_tools(self) -> tuple[list[Tool], str | dict[str, Any] | None]:
+        """The native request's tools and tool_choice: a function named as chat names it or as
+        the Responses API does ({"type": "function", "name"}); allowed_tools as the tools it
+        lists under its mode."""
+        choice = self.tool_choice
+        if not isinstance(choice, dict):
+            return self.tools, choice
+        return native_tool_choice(self.tools, choice, choice.get("allowed_tools"))
+
     def ollama_format(self) -> str | dict[str, Any] | None:
         """response_format as Ollama's format: "json", a JSON schema, or None."""
         fmt = self.response_format
@@ -342,3 +351,40 @@ class EmbeddingsRequest(Body):
     encoding_format: Annotated[
         Literal["float", "base64"], BeforeValidator(_lower_or_float)
     ] = "float"  # any case, and "" for float, as Ollama's
+
+
+def native_tool_choice(
+    tools: list[Tool], choice: dict[str, Any], allowed: Any
+) -> tuple[list[Tool], str | dict[str, Any]]:
+    """An object tool_choice of OpenAI's as the native request's tools and tool_choice: a named
+    function, or "allowed_tools" (allowed: its {"mode": "auto" | "required", "tools": [...]})
+    as the tools it lists, in the request's order, and its mode. Other types (custom tools,
+    hosted ones) are a 400 naming them."""
+    kind = choice.get("type", "function")
+    name = _function_name(choice)
+    if kind == "function" and name is not None:
+        return tools, {"function": {"name": name}}
+    if kind != "allowed_tools":
+        raise RequestError(f"tool_choice of type {kind!r} is not supported", "tool_choice")
+    listed = allowed.get("tools") if isinstance(allowed, dict) else None
+    mode = allowed.get("mode") if isinstance(allowed, dict) else None
+    if mode not in ("auto", "required") or not isinstance(listed, list):
+        raise RequestError(
+            'allowed_tools needs a mode ("auto" or "required") and a list of tools', "tool_choice"
+        )
+    names = [_function_name(t) for t in listed]
+    known = {t.function.name for t in tools}
+    for name in names:
+        if name not in known:
+            raise RequestError(f"allowed_tools names an unknown function {name!r}", "tool_choice")
+    return [t for t in tools if t.function.name in names], mode
+
+
+def _function_name(entry: Any) -> str | None:
+    """The function an entry names, as chat writes it ({"function": {"name"}}) or the Responses
+    API ({"name"})."""
+    if not isinstance(entry, dict):
+        return None
+    inner = entry.get("function")
+    name = inner.get("name") if isinstance(inner, dict) else entry.get("name")
+    return name if isinstance(name, str) else None

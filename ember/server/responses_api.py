@@ -25,6 +25,7 @@ from ember.server.image_urls import NOTHING_FETCHED, Fetched, ImageRef, is_url
 from ember.server.openai_api import (
     Effort,
     data_uri_image,
+    native_tool_choice,
     openai_options,
     sampling_defaults,
     think_of_effort,
@@ -166,11 +167,12 @@ class ResponsesRequest(Body):
         if not messages:
             raise RequestError("input is required", "input")
         wants_logprobs = LOGPROBS_INCLUDE in self.include or self.top_logprobs > 0
+        tools, tool_choice = self._native_tools()
         return ChatRequest.model_construct(
             model=self.model,
             messages=[ChatMessage.from_prompt(m) for m in messages],
-            tools=[_native_tool(t) for t in self.tools],
-            tool_choice=self._native_tool_choice(),
+            tools=tools,
+            tool_choice=tool_choice,
             parallel_tool_calls=self.parallel_tool_calls,
             format=self._native_format(),
             options=RequestOptions.model_validate(self._options()),
@@ -216,16 +218,12 @@ class ResponsesRequest(Body):
         }
         return openai_options(given, self.options)
 
-    def _native_tool_choice(self) -> str | dict[str, Any] | None:
-        choice = self.tool_choice
+    def _native_tools(self) -> tuple[list[Tool], str | dict[str, Any] | None]:
+        """The native request's tools and tool_choice (allowed_tools written flat here)."""
+        tools, choice = [_native_tool(t) for t in self.tools], self.tool_choice
         if choice is None or isinstance(choice, str):
-            return choice
-        if choice.get("type") == "function" and isinstance(choice.get("name"), str):
-            return {"function": {"name": choice["name"]}}
-        raise RequestError(
-            'tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}',
-            "tool_choice",
-        )
+            return tools, choice
+        return native_tool_choice(tools, choice, choice)
 
     def _native_format(self) -> str | dict[str, Any] | None:
         fmt = self.text.format if self.text else None

@@ -134,6 +134,32 @@ def test_tool_calls_and_tool_choice(client, starter):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
 
 
+def test_tool_choices_other_forms(client, starter):
+    """OpenAI's allowed_tools keeps the tools it lists under its mode; a function named the
+    Responses API's way is taken too; an unknown type is a 400 naming it (it had been read as a
+    function named None)."""
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": {}}},
+        {"type": "function", "function": {"name": "g", "parameters": {}}},
+    ]
+    for mode in ("auto", "required"):
+        allowed = {"mode": mode, "tools": [{"type": "function", "function": {"name": "g"}}]}
+        choice = {"type": "allowed_tools", "allowed_tools": allowed}
+        assert completion(client, model="tooly", tools=tools, tool_choice=choice).status_code == 200
+        assert "<tools>1</tools>" in starter.runners[0].prompts[-1]
+    choice = {"type": "function", "name": "g"}
+    assert completion(client, model="tooly", tools=tools, tool_choice=choice).status_code == 200
+    assert "<tools>1</tools>" in starter.runners[0].prompts[-1]
+    for choice, message in [
+        ({"type": "custom", "custom": {"name": "f"}}, "tool_choice of type 'custom'"),
+        ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"name": "h"}]}},
+         "unknown function 'h'"),
+        ({"type": "allowed_tools", "allowed_tools": {"mode": "any", "tools": []}}, "mode"),
+    ]:  # fmt: skip
+        r = completion(client, model="tooly", tools=tools, tool_choice=choice)
+        assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+
+
 def test_response_format_becomes_the_format(client, starter):
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     completion(client, response_format={"type": "json_schema", "json_schema": {"schema": schema}})

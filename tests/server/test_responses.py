@@ -162,6 +162,10 @@ def test_tool_choice_and_parallel_tool_calls_reach_the_native_request(client, st
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
     r = create(client, model="tooly", tools=tools, tool_choice={"type": "function", "name": "x"})
     assert r.status_code == 400 and "unknown function" in r.json()["error"]["message"]
+    other = {"type": "function", "name": "other"}
+    allowed = {"type": "allowed_tools", "mode": "required", "tools": [other]}
+    assert create(client, model="tooly", tools=tools, tool_choice=allowed).status_code == 200
+    assert "<tools>1</tools>" in starter.runners[0].prompts[-1]
 
 
 def test_text_format_becomes_the_format(client, starter):
