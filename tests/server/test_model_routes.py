@@ -234,7 +234,8 @@ def test_copy_then_delete(client: TestClient, tiny_gguf: Path, store: Store) -> 
     [
         ("POST", "/api/show", {"model": "nope"}, 404, "model 'nope:latest' not found"),
         ("DELETE", "/api/delete", {"model": "nope"}, 404, "model 'nope' not found"),
-        ("POST", "/api/copy", {"source": "nope", "destination": "b"}, 404, 'model "nope" not found'),
+        ("POST", "/api/copy", {"source": "nope", "destination": "b"}, 404,
+         'model "nope" not found'),
         ("POST", "/api/copy", {"source": "a", "destination": "b/c/d/e"}, 400, "is invalid"),
         ("POST", "/api/show", {"model": "bad name!"}, 400, "invalid model name"),
         ("POST", "/api/show", {}, 400, "model is required"),
