@@ -1,5 +1,5 @@
 """Llama (and Mistral, SmolLM) checkpoints: Q/K rows permuted for ggml's adjacent-pair RoPE,
-linear RoPE scaling as keys, llama 3's frequency scaling as a `rope_freqs` tensor."""
+linear RoPE scaling and YaRN as keys, llama 3's frequency scaling as a `rope_freqs` tensor."""
 
 import math
 from typing import Any
@@ -25,7 +25,7 @@ class LlamaDecoder(TextDecoder):
         super().__init__(config)
         self.rope = self.text.rope()
         self.rope_type = self.rope.get("rope_type", self.rope.get("type", "default"))
-        if self.rope_type not in ("default", "linear", "llama3"):
+        if self.rope_type not in ("default", "linear", "llama3", "yarn"):
             raise ConvertError(f"RoPE scaling {self.rope_type!r} is not supported")
         if self.text.get("attention_bias", False) and not self.has_bias:
             raise ConvertError("attention_bias is not supported for llama")
@@ -64,6 +64,8 @@ class LlamaDecoder(TextDecoder):
         if self.rope_type == "linear":
             meta[f"{a}.rope.scaling.type"] = "linear"
             meta[f"{a}.rope.scaling.factor"] = HFConfig(self.rope, "rope").float("factor")
+        if self.rope_type == "yarn":
+            meta |= yarn_metadata(a, self.rope, self.text)
         return meta
 
     def extra_tensors(self) -> dict[str, torch.Tensor]:
@@ -72,6 +74,34 @@ class LlamaDecoder(TextDecoder):
         return {
             "rope_freqs.weight": llama3_rope_factors(HFConfig(self.rope, "rope"), self.head_dim)
         }
+
+
+def yarn_metadata(arch: str, rope: dict[str, Any], text: HFConfig) -> dict[str, Any]:
+    """YaRN's keys, its settings read as HF's _compute_yarn_parameters reads them: the pretrained
+    context (the config's original_max_position_embeddings, else the RoPE's, else
+    max_position_embeddings), the factor (else their ratio) and the factor on cosines and sines
+    (attention_factor, else from mscale over mscale_all_dim, else 0.1 ln factor + 1)."""
+    r, most = HFConfig(rope, "rope"), 1 << 28
+    if r.float("beta_fast", 32.0) != 32.0 or r.float("beta_slow", 1.0) != 1.0:
+        raise ConvertError(f"{arch}: YaRN with beta_fast 32 and beta_slow 1 only")
+    if not r.bool("truncate", True):
+        raise ConvertError(f"{arch}: YaRN without truncation is not supported")
+    longest = text.int("max_position_embeddings", 2048, maximum=most)
+    original = r.int("original_max_position_embeddings", longest, maximum=most)
+    original = text.int("original_max_position_embeddings", original, maximum=most)
+    factor = r.float("factor", longest / original)
+
+    def magnitude(m: float) -> float:
+        return 0.1 * m * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+
+    mscale, mscale_all = r.float("mscale", 0.0), r.float("mscale_all_dim", 0.0)
+    default = magnitude(mscale) / magnitude(mscale_all) if mscale and mscale_all else magnitude(1)
+    return {
+        f"{arch}.rope.scaling.type": "yarn",
+        f"{arch}.rope.scaling.factor": factor,
+        f"{arch}.rope.scaling.original_context_length": original,
+        f"{arch}.rope.scaling.attn_factor": r.float("attention_factor", default),
+    }
 
 
 def llama3_rope_factors(rope: HFConfig, dim: int) -> torch.Tensor:

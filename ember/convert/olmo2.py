@@ -3,10 +3,10 @@ post-attention and post-MLP norms, q/k norms over the whole projections, NeoX Ro
 HF has them). OLMo 3 adds sliding-window layers and YaRN on its full layers, written under
 Ollama's `olmo3` keys (llama.cpp writes the same keys under `olmo2`)."""
 
-import math
 from typing import Any
 
 from ember.convert.decoder import _LAYER, TextDecoder
+from ember.convert.llama import yarn_metadata
 from ember.convert.source import ConvertError, HFConfig
 
 _PRE_NORMS = ("attn_norm.weight", "ffn_norm.weight")
@@ -80,27 +80,13 @@ class Olmo3Decoder(Olmo2Decoder):
             raise ConvertError(f"olmo3: RoPE scaling {_rope_type(self.rope)!r} is not supported")
 
     def metadata(self) -> dict[str, Any]:
-        a, rope = self.arch, HFConfig(self.rope, "rope")
+        a = self.arch
         meta = super().metadata() | {
             f"{a}.attention.sliding_window": self.window,
             f"{a}.attention.sliding_window_pattern": self.sliding,
         }
         if _rope_type(self.rope) == "yarn":
-            if rope.float("beta_fast", 32.0) != 32.0 or rope.float("beta_slow", 1.0) != 1.0:
-                raise ConvertError("olmo3: YaRN with beta_fast 32 and beta_slow 1 only")
-            if not rope.bool("truncate", True):
-                raise ConvertError("olmo3: YaRN without truncation is not supported")
-            factor = rope.float("factor")
-            meta |= {
-                f"{a}.rope.scaling.type": "yarn",
-                f"{a}.rope.scaling.factor": factor,
-                f"{a}.rope.scaling.original_context_length": rope.int(
-                    "original_max_position_embeddings", maximum=1 << 28
-                ),
-                f"{a}.rope.scaling.attn_factor": rope.float(
-                    "attention_factor", 0.1 * math.log(factor) + 1.0
-                ),
-            }
+            meta |= yarn_metadata(a, self.rope, self.text)
         return meta
 
 

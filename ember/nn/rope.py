@@ -132,6 +132,7 @@ class RoPE:
     is_neox: bool
     scale: float = 1.0  # linear position scaling (positions are divided by it)
     factors: torch.Tensor | None = None  # per-frequency divisors (llama 3.1 rope_freqs)
+    magnitude: float = 1.0  # YaRN's factor on the cosines and sines (so on queries and keys)
 
     def inv_freq(self) -> torch.Tensor:
         exponents = torch.arange(0, self.dim, 2, dtype=torch.float64) / self.dim
@@ -141,7 +142,15 @@ class RoPE:
         return inv
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cosines and sines (T, 1, dim/2) for integer positions (T,)."""
+        """Cosines and sines (T, 1, dim/2) for integer positions (T,), times the magnitude."""
+        cos, sin = self.turns(positions)
+        if self.magnitude == 1.0:
+            return cos, sin
+        return cos * self.magnitude, sin * self.magnitude
+
+    def turns(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cosines and sines (T, 1, dim/2) of the angles alone: a shift's turn of a cached key,
+        which had its magnitude when it was first rotated."""
         angles = positions.to(torch.float64)[:, None] / self.scale * self.inv_freq()[None, :]
         return angles.cos().float()[:, None, :], angles.sin().float()[:, None, :]
 
@@ -183,5 +192,5 @@ class RoPE:
 
     def shift(self, key: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Re-rotates cached keys (H, n, D) whose positions moved by delta (n,)."""
-        cos, sin = self.cos_sin(delta)  # (n, 1, dim/2)
+        cos, sin = self.turns(delta)  # (n, 1, dim/2)
         return self.apply(key.transpose(0, 1), cos, sin).transpose(0, 1)

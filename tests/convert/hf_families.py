@@ -52,6 +52,14 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "attention_multiplier": 0.1, "logits_scaling": 2.5,
     }),
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", {"tie_word_embeddings": False}),
+    # Qwen 2.5's long-context setting (its model cards' rope_scaling): YaRN x4 over 32
+    # positions, which HF and llama.cpp apply at every position
+    "qwen2-yarn": ("Qwen2ForCausalLM", "Qwen2Config", {
+        "tie_word_embeddings": False, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    }),
     # layers 0-2 slide over 6 tokens with plain RoPE, layer 3 is full with YaRN x4 past 32
     "olmo3": ("Olmo3ForCausalLM", "Olmo3Config", {
         "tie_word_embeddings": False, "num_hidden_layers": 4, "sliding_window": 6,

@@ -101,6 +101,30 @@ def test_llama3_rope_scaling_becomes_rope_freqs(tmp_path):
     assert (ember_logits(path, PROMPT) - hf_logits(hf, PROMPT)).abs().max() < 1e-4
 
 
+def test_a_model_cards_yarn_rope_scaling_converts_and_matches(converted, tmp_path):
+    """Qwen 2.5's model cards add `"rope_scaling": {"factor": 4.0, "original_max_position_
+    embeddings": 32768, "type": "yarn"}` for long prompts (Ollama's converter takes it; Ember's
+    had refused it): the keys llama.cpp writes, and logits equal HF's from that config.json."""
+    import transformers
+
+    source = tmp_path / "yarn"
+    shutil.copytree(converted["qwen2"][2], source)
+    config = json.loads((source / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    config["rope_scaling"] = {"factor": 4.0, "original_max_position_embeddings": 16, "type": "yarn"}
+    (source / "config.json").write_text(json.dumps(config))
+    convert_directory(source, tmp_path / "out.gguf")
+    with GGUFFile.open(tmp_path / "out.gguf") as f:
+        meta = f.metadata
+    assert meta["qwen2.rope.scaling.type"] == "yarn"
+    assert meta["qwen2.rope.scaling.factor"] == 4.0
+    assert meta["qwen2.rope.scaling.original_context_length"] == 16
+    hf = transformers.Qwen2ForCausalLM.from_pretrained(source, attn_implementation="eager").eval()
+    expected = hf_logits(hf, PROMPT)
+    assert (ember_logits(tmp_path / "out.gguf", PROMPT) - expected).abs().max() < 1e-4
+    assert (expected - hf_logits(converted["qwen2"][1], PROMPT)).abs().max() > 0.1  # it counts
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])  # a saved lm_head, a tied one
 def test_a_config_silent_on_tying_follows_the_checkpoint(converted, tmp_path, arch):
     """Llama's and Qwen2's configs untie by default where HF's base config ties: without the

@@ -24,12 +24,14 @@ FAMILIES = {
     "mistral": "llama",
     "gemma2": "gemma2",
     "olmo2": "olmo2",
+    "qwen2-yarn": "qwen2",
     "olmo3": "olmo3",
     "phi3": "phi3",
     "phi3-longrope": "phi3",
     "granite": "granite",
 }
-NATIVE_LAYERS = ("qwen3", "mistral")  # families whose blocks bind the native layer call
+# families whose blocks bind the native layer call
+NATIVE_LAYERS = ("qwen3", "mistral", "qwen2-yarn")
 PROMPT = [5, 17, 42, 8, 99, 3, 64, 21, 7, 150, 11, 12, 13, 14, 15, 16, 30, 31, 32, 33]
 OTHER = [9, 200, 4, 77, 18, 6, 250, 61, 2, 40, 41]
 

@@ -20,6 +20,7 @@ from ember.model.weights import Weights
 from ember.nn import RoPE, Rotation, attention, rms_norm
 from ember.nn.native_layers import run_native
 from ember.nn.rope import RopeRows
+from ember.nn.yarn import yarn_attention_factor, yarn_factors
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +56,22 @@ class LlamaOptions:
 
 
 def llama_rope(c: Config, w: Weights, head_dim: int, *, is_neox: bool) -> RoPE:
-    """RoPE as llama-family files give it: linear scaling by its keys, llama 3's scaling as
+    """RoPE as llama-family files give it: linear scaling or YaRN (Qwen 2.5's and Qwen 3's
+    long-context setting, as llama.cpp applies it) by its keys, llama 3's scaling as
     per-frequency divisors in the `rope_freqs` tensor."""
     scaling = c.string("rope.scaling.type", "none")
-    scale = c.float("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0
+    factor = c.float("rope.scaling.factor", 1.0)
     rope_dim = c.uint("rope.dimension_count", head_dim)
+    base = c.float("rope.freq_base", 10000.0)
+    if scaling == "yarn" and factor > 1.0:
+        context = c.uint("context_length", 2048, maximum=1 << 28)
+        original = c.uint("rope.scaling.original_context_length", context, maximum=1 << 28)
+        magnitude = c.float("rope.scaling.attn_factor", yarn_attention_factor(factor))
+        return RoPE(rope_dim, base, is_neox, factors=yarn_factors(rope_dim, base, factor, original),
+                    magnitude=magnitude)  # fmt: skip
+    scale = factor if scaling == "linear" else 1.0
     factors = w.optional("rope_freqs.weight", (rope_dim // 2,))  # llama 3.1 long-context
-    return RoPE(rope_dim, c.float("rope.freq_base", 10000.0), is_neox, scale, factors)
+    return RoPE(rope_dim, base, is_neox, scale, factors)
 
 
 def layer_shape(o: LlamaOptions) -> LayerShape:

@@ -48,7 +48,8 @@ class MRoPE(RoPE):
         which = self._section_of_frequency()
         per_freq = positions.to(torch.float64)[which]  # (dim/2, T)
         angles = per_freq.T / self.scale * self.inv_freq()[None, :]
-        return angles.cos().float()[:, None, :], angles.sin().float()[:, None, :]
+        m = self.magnitude
+        return (angles.cos() * m).float()[:, None, :], (angles.sin() * m).float()[:, None, :]
 
     def _section_of_frequency(self) -> torch.Tensor:
         """Which of the 3 positions turns each frequency (dim/2,): the sections one after
@@ -68,7 +69,8 @@ def mrope(
 ) -> MRoPE:
     """rope with the file's M-RoPE sections (by default Qwen 2.5 VL's, or Qwen3-VL's)."""
     sections = _sections(c, rope.dim, default or ([24, 20, 20] if interleaved else [16, 24, 24]))
-    return MRoPE(rope.dim, rope.base, True, rope.scale, rope.factors, sections, interleaved)
+    return MRoPE(rope.dim, rope.base, True, rope.scale, rope.factors, rope.magnitude,
+                 sections=sections, interleaved=interleaved)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
